@@ -1,0 +1,42 @@
+# headwise: `make demo` and `make test` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# Extras installed for the test suite (the optional extras must be present so no test skips).
+EXTRAS ?= dev
+PYTEST_ARGS ?=
+
+.PHONY: venv install demo test lint bench clean browser
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, pinned to the CPU wheel on local disk: a plain `torch` requirement would pull a
+# multi-GB CUDA build. Skipped when any torch is already importable (e.g. a CUDA install).
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	touch $@
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS)
+
+demo: install
+	$(VENV)/bin/headwise demo
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: install
+	$(PY) benchmarks/attention.py
+
+clean:
+	rm -rf $(VENV) headwise-demo .pytest_cache .hypothesis

@@ -1,0 +1,26 @@
+"""headwise: multi-head attention that is fast and see-through.
+
+Axis legend used everywhere: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query
+position, ``j`` key position, ``d`` head dim, ``m`` model dim. Masks: True = may attend.
+"""
+
+from headwise import masks
+from headwise.attention import BACKENDS, attention, attention_weights, register_backend
+from headwise.heads import PerHeadAttention, fuse, merge_heads, split_heads, unfuse
+from headwise.layers import MultiHeadAttention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "MultiHeadAttention",
+    "PerHeadAttention",
+    "attention",
+    "attention_weights",
+    "fuse",
+    "masks",
+    "merge_heads",
+    "register_backend",
+    "split_heads",
+    "unfuse",
+]

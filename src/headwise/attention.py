@@ -1,0 +1,225 @@
+"""The attention core on split heads: ``softmax(q k^T * scale + mask) v``.
+
+Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads (``h % g == 0``), ``i`` query
+position, ``j`` key position, ``d`` head dim (``e`` the value head dim).
+
+:func:`attention` is the one entry point. It checks its inputs once, then calls a *backend* by
+name from :data:`BACKENDS`; every backend has the same signature and the same semantics:
+
+- masks are **True = may attend** (bool) or additive (float), broadcastable to ``(b, h, i, j)``;
+- ``causal=True`` is *bottom-right* aligned (see :func:`headwise.masks.causal`);
+- a query row whose keys are all masked gets **zero output and zero weights**, with finite
+  gradients (never NaN, never a uniform average over padding);
+- ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
+
+``"eager"`` is the readable reference. ``"sdpa"`` feeds ``F.scaled_dot_product_attention`` what
+its fused kernels are fast on: 4-D tensors, masks in their smallest broadcast form, causality as
+``is_causal`` where the kernel accepts it. ``"auto"`` takes ``"sdpa"`` unless weights are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import repeat
+
+from headwise import masks as _masks
+from headwise._record import active, record
+
+__all__ = ["attention", "attention_weights", "BACKENDS", "register_backend", "sdpa_kernel_name"]
+
+Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, fn: Backend | None = None):
+    """Register ``fn(q, k, v, *, mask, causal, dropout_p, scale, return_weights)`` under ``name``
+    (usable as a decorator). Inputs arrive already checked."""
+    def add(f: Backend) -> Backend:
+        BACKENDS[name] = f
+        return f
+    return add(fn) if fn is not None else add
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+              mask: torch.Tensor | None = None, causal: bool = False, dropout_p: float = 0.0,
+              scale: float | None = None, return_weights: bool = False,
+              backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scaled dot-product attention over heads.
+
+    Args:
+        q: ``(b, h, i, d)`` queries.
+        k: ``(b, g, j, d)`` keys; ``g`` divides ``h`` (grouped-query attention: query head ``x``
+            reads key/value head ``x // (h // g)``).
+        v: ``(b, g, j, e)`` values.
+        mask: bool (True = may attend) or float (additive), broadcastable to ``(b, h, i, j)``.
+        causal: query ``i`` attends only keys ``j <= i + (j_len - i_len)`` (bottom-right).
+        dropout_p: dropout on the attention probabilities (pass 0 in eval).
+        scale: score scale, default ``1 / sqrt(d)``.
+        return_weights: also return the per-head probabilities ``(b, h, i, j)``.
+        backend: ``"auto"``, ``"eager"``, ``"sdpa"`` or any name in :data:`BACKENDS`.
+
+    Returns:
+        ``(output (b, h, i, e), weights (b, h, i, j) or None)``.
+    """
+    _check(q, k, v, mask, dropout_p, backend)
+    if backend == "auto":
+        backend = "eager" if return_weights else "sdpa"
+    return BACKENDS[backend](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
+                             scale=scale, return_weights=return_weights)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
+                      causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """The per-head probabilities ``(b, h, i, j)`` alone (``k`` already has ``h`` heads).
+
+    Fully masked rows are all zero; every other row sums to 1 with exactly 0 on masked keys.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    record("scores", scores, "b h i j", note=f"q k^T * {scale:.4g}")
+    scores = _apply_masks(scores, mask, causal)
+    # A row with no allowed key would be softmax(-inf, ..., -inf) = NaN. Give it finite scores,
+    # then zero its probabilities: zero output and zero (not NaN) gradients.
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    scores = scores.masked_fill(dead, 0.0)
+    weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
+    record("softmax", weights, "b h i j", note="over j; fully masked rows -> 0")
+    return weights
+
+
+def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+        record("mask", scores, "b h i j", kind=_mask_kind(mask))
+    if causal:
+        nq, nk = scores.shape[-2:]
+        allowed = _masks.causal(nq, nk, device=scores.device)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        record("mask", scores, "b h i j", kind="causal (bottom-right)")
+    return scores
+
+
+@register_backend("eager")
+def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False):
+    """The reference math, step by step. Materialises ``(b, h, i, j)``: O(n^2) memory."""
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale)
+    probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    if dropout_p > 0:
+        record("dropout", probs, "b h i j", p=dropout_p)
+    out = torch.einsum("bhij,bhje->bhie", probs, v)
+    record("weighted sum", out, "b h i d", backend="eager", memory="O(n^2)",
+           reason=_eager_reason(return_weights))
+    return out, (weights if return_weights else None)
+
+
+@register_backend("sdpa")
+def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False):
+    """``F.scaled_dot_product_attention``; with ``return_weights`` it falls back to eager (no
+    fused kernel exposes the probabilities), and says so in a trace."""
+    if return_weights:
+        return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                     return_weights=True)
+    h, g = q.shape[1], k.shape[1]
+    nq, nk = q.shape[-2], k.shape[-2]
+    if causal and nq == 1:  # bottom-right: the single newest query sees every key
+        causal = False
+    is_causal = False
+    if causal:
+        if nq == nk and _flash_takes(q, k, v, mask, dropout_p, h != g):
+            is_causal = True  # keep the mask (b, 1, 1, j)-small; the kernel skips blocks
+        else:  # top-left is_causal would be wrong for nq != nk, or the kernel rejects the pair
+            mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale, enable_gqa=h != g)
+    if active():
+        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
+        record("fused attention", out, "b h i d", backend=f"sdpa[{kernel}]",
+               memory="O(n^2)" if kernel == "MATH" else "O(n)",
+               reason=_sdpa_reason(kernel, dropout_p, q, v),
+               mask=_mask_kind(mask) if mask is not None else "none",
+               causal="is_causal" if is_causal else ("in mask" if causal else "no"))
+    return out, None
+
+
+def sdpa_kernel_name(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=False) -> str:
+    """Which kernel ``F.scaled_dot_product_attention`` would run for these inputs."""
+    try:
+        from torch.nn.attention import SDPBackend
+        choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, enable_gqa=gqa)
+        return SDPBackend(choice).name
+    except Exception:  # private API: older or newer torch may differ
+        return "unknown"
+
+
+def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
+    """True when the chosen kernel accepts ``attn_mask`` together with ``is_causal`` (the CPU
+    flash kernel does, the math kernel raises)."""
+    if mask is None:
+        return True
+    return q.device.type == "cpu" and sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) \
+        == "FLASH_ATTENTION"
+
+
+def _expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
+    """``(b, g, j, d) -> (b, h, j, d)``: each key/value head serves ``h // g`` query heads."""
+    g = x.shape[1]
+    return x if g == h else repeat(x, "b g j d -> b (g r) j d", r=h // g)
+
+
+def _mask_kind(mask: torch.Tensor) -> str:
+    form = "bool" if mask.dtype == torch.bool else "float (additive)"
+    return f"{form} {tuple(mask.shape)}"
+
+
+def _eager_reason(return_weights: bool) -> str:
+    return "weights requested" if return_weights else "eager backend chosen"
+
+
+def _sdpa_reason(kernel: str, dropout_p: float, q, v) -> str:
+    if kernel != "MATH":
+        return "fused kernel"
+    if dropout_p > 0:
+        return "dropout > 0 (the CPU flash kernel has no dropout)"
+    if q.shape[-1] != v.shape[-1]:
+        return "value head dim differs from query head dim"
+    return "kernel constraints (dtype/device/shape)"
+
+
+def _check(q, k, v, mask, dropout_p, backend) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be 4-D (b, heads, n, d), got shape "
+                             f"{tuple(t.shape)}; use headwise.split_heads to go from (b, n, h*d)")
+        if not t.is_floating_point():
+            raise TypeError(f"attention: {name} must be floating point, got {t.dtype}")
+    (b, h, nq, d), (bk, g, nk, dk), (bv, gv, nv, _) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ValueError(f"attention: batch sizes differ: q {b}, k {bk}, v {bv}")
+    if d != dk:
+        raise ValueError(f"attention: q head dim {d} != k head dim {dk}; queries and keys must "
+                         "be projected to the same head size")
+    if nk != nv or g != gv:
+        raise ValueError(f"attention: k (b, g, j, d)={tuple(k.shape)} and v={tuple(v.shape)} "
+                         "must have the same number of heads and positions")
+    if h % g:
+        raise ValueError(f"attention: {h} query heads cannot share {g} key/value heads; "
+                         "h must be a multiple of g")
+    if mask is not None:
+        _masks.check(mask, "attention", (b, h, nq, nk))
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"attention: unknown backend {backend!r}; choose 'auto' or one of "
+                         f"{sorted(BACKENDS)}")

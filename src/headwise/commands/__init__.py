@@ -1,0 +1,1 @@
+"""One module per ``headwise`` subcommand, discovered by :mod:`headwise.cli`."""

@@ -1,0 +1,259 @@
+"""Multi-head attention as a module: project, split heads, attend, merge heads, project.
+
+Axis legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query position, ``j`` key
+position, ``d`` head dim, ``m`` model (query feature) dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from headwise import masks as _masks
+from headwise._record import record
+from headwise.attention import BACKENDS, attention
+from headwise.heads import MERGE, SPLIT
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with per-head weights, any q/k/v sizes and grouped heads.
+
+    Args:
+        embed_dim: feature size of the query input (``m``).
+        num_heads: number of query heads ``h``.
+        head_dim: size ``d`` of each head; default ``embed_dim // num_heads``. The hidden size
+            ``h * d`` need not equal ``embed_dim``.
+        kdim, vdim: feature sizes of the key and value inputs (default ``embed_dim``).
+        num_kv_heads: key/value heads ``g`` (grouped-query attention; 1 = multi-query);
+            default ``num_heads``.
+        out_dim: output feature size, default ``embed_dim``.
+        bias: whether the four projections have biases.
+        dropout: dropout on attention probabilities while training.
+        backend: attention backend (``"auto"``, ``"eager"``, ``"sdpa"``, ...).
+
+    "Queries of size 4, keys of size 3, values of size 2, hidden size 6 in 2 heads" is
+    ``MultiHeadAttention(4, 2, head_dim=3, kdim=3, vdim=2)``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None,
+                 num_kv_heads: int | None = None, out_dim: int | None = None, bias: bool = True,
+                 dropout: float = 0.0, backend: str = "auto"):
+        super().__init__()
+        _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim,
+                      dropout, backend)
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = head_dim or embed_dim // num_heads
+        self.kdim = kdim or embed_dim
+        self.vdim = vdim or self.kdim  # value defaults to key, so its size does too
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.out_dim = out_dim or embed_dim
+        self.dropout = dropout
+        self.backend = backend
+        hd, kvd = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # Each projection is h (or g) per-head projections side by side: column block x of
+        # q_proj.weight.T is head x's own W_q (see headwise.heads.unfuse).
+        self.q_proj = nn.Linear(embed_dim, hd, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, kvd, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)
+        self.out_proj = nn.Linear(hd, self.out_dim, bias=bias)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
+                value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
+                valid_lens: torch.Tensor | None = None, causal: bool = False,
+                head_mask: torch.Tensor | None = None, return_weights: bool = False,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``(b, i, m)``. key: ``(b, j, kdim)``, default ``query`` (self-attention).
+            value: ``(b, j, vdim)``, default ``key``.
+            mask: bool (True = may attend) or float (additive), broadcastable to
+                ``(b, h, i, j)``; ``(b, 1, 1, j)`` for key padding.
+            valid_lens: ``(b,)`` or ``(b, i)`` key lengths (d2l style), AND-ed with ``mask``.
+            causal: bottom-right causal masking.
+            head_mask: ``(h,)`` or ``(b, h)``, multiplies each head's output (0 removes it).
+            return_weights: also return per-head weights ``(b, h, i, j)`` (never averaged).
+
+        Returns:
+            ``(output (b, i, out_dim), weights (b, h, i, j) or None)``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        mask = self._check_inputs(query, key, value, mask, valid_lens, head_mask)
+        record("input", query, "b i m")
+        # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
+        q = self._split(self.q_proj(query), "q", self.num_heads)
+        k = self._split(self.k_proj(key), "k", self.num_kv_heads)
+        v = self._split(self.v_proj(value), "v", self.num_kv_heads)
+        # 3) attend, each head separately
+        out, weights = attention(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
+                                 dropout_p=self.dropout if self.training else 0.0,
+                                 backend=self.backend)
+        if head_mask is not None:
+            out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
+            record("head mask", out, "b h i d")
+        # 4) merge heads: (b, h, i, d) -> (b, i, h*d)  5) output projection
+        out = rearrange(out, MERGE)
+        record("merge heads", out, "b i (h d)", pattern=MERGE)
+        out = self.out_proj(out)
+        record("output projection", out, "b i m")
+        return out, weights
+
+    def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
+        record(f"{name} projection", x, "b n (h d)" if name == "q" else "b n (g d)")
+        x = rearrange(x, SPLIT, h=heads)
+        record(f"split heads {name}", x, "b h i d" if name == "q" else "b g j d", pattern=SPLIT)
+        return x
+
+    # ------------------------------------------------------------------ checks and conversion
+    def _check_inputs(self, query, key, value, mask, valid_lens, head_mask):
+        """Validate once at the boundary; return the combined (True = may attend) mask."""
+        for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim),
+                             ("value", value, self.vdim)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"MultiHeadAttention: {name} must be a torch.Tensor, got "
+                                f"{type(t).__name__}")
+            if t.dim() != 3:
+                raise ValueError(f"MultiHeadAttention: {name} must be batch-first (b, n, "
+                                 f"features), got shape {tuple(t.shape)}"
+                                 + ("; add a batch axis with x.unsqueeze(0)" if t.dim() == 2
+                                    else ""))
+            if t.shape[-1] != dim:
+                raise ValueError(f"MultiHeadAttention: {name} has {t.shape[-1]} features, "
+                                 f"expected {dim}; build the module with "
+                                 f"{ {'query': 'embed_dim', 'key': 'kdim', 'value': 'vdim'}[name]}"
+                                 f"={t.shape[-1]}")
+        b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
+        if key.shape[0] != b or value.shape[0] != b:
+            raise ValueError(f"MultiHeadAttention: batch sizes differ: query {b}, key "
+                             f"{key.shape[0]}, value {value.shape[0]}")
+        if value.shape[1] != nk:
+            raise ValueError(f"MultiHeadAttention: key has {nk} positions but value has "
+                             f"{value.shape[1]}; they must match")
+        scores_shape = (b, self.num_heads, nq, nk)
+        if mask is not None:
+            _masks.check(mask, "MultiHeadAttention", scores_shape)
+        if valid_lens is not None:
+            if not isinstance(valid_lens, torch.Tensor):
+                valid_lens = torch.as_tensor(valid_lens, device=query.device)
+            if valid_lens.shape not in ((b,), (b, nq)):
+                raise ValueError(f"MultiHeadAttention: valid_lens must be (b,)=({b},) or "
+                                 f"(b, i)=({b}, {nq}), got {tuple(valid_lens.shape)}")
+            mask = _masks.combine(mask, _masks.from_valid_lens(valid_lens, nk, nq))
+        if head_mask is not None:
+            if not isinstance(head_mask, torch.Tensor):
+                raise TypeError("MultiHeadAttention: head_mask must be a tensor of shape (h,) "
+                                f"or (b, h), got {type(head_mask).__name__}")
+            if head_mask.shape not in ((self.num_heads,), (b, self.num_heads)):
+                raise ValueError(f"MultiHeadAttention: head_mask must be (h,)=({self.num_heads},)"
+                                 f" or (b, h)=({b}, {self.num_heads}), got "
+                                 f"{tuple(head_mask.shape)}")
+        return mask
+
+    @property
+    def hidden_dim(self) -> int:
+        """``h * d``: the width of the concatenated heads."""
+        return self.num_heads * self.head_dim
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
+                f"num_kv_heads={self.num_kv_heads}, out_dim={self.out_dim}, "
+                f"backend={self.backend!r}")
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention, backend: str = "auto") -> MultiHeadAttention:
+        """A headwise copy of ``torch.nn.MultiheadAttention`` with identical outputs.
+
+        The weights are copied; inputs stay batch-first ``(b, n, features)`` here, and masks use
+        True = may attend (torch's bool masks use True = blocked: pass ``~attn_mask``).
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"from_torch expects torch.nn.MultiheadAttention, got "
+                            f"{type(mha).__name__}")
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("from_torch: add_bias_kv / add_zero_attn have no headwise "
+                             "equivalent (they append a learned or zero key); build without them")
+        e = mha.embed_dim
+        has_bias = mha.in_proj_bias is not None
+        out = cls(e, mha.num_heads, kdim=mha.kdim, vdim=mha.vdim, bias=has_bias,
+                  dropout=mha.dropout, backend=backend).to(mha.out_proj.weight)
+        with torch.no_grad():
+            if mha._qkv_same_embed_dim:
+                wq, wk, wv = mha.in_proj_weight.chunk(3)
+            else:
+                wq, wk, wv = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
+            for proj, w in ((out.q_proj, wq), (out.k_proj, wk), (out.v_proj, wv)):
+                proj.weight.copy_(w)
+            out.out_proj.weight.copy_(mha.out_proj.weight)
+            if has_bias:
+                for proj, bb in zip((out.q_proj, out.k_proj, out.v_proj),
+                                    mha.in_proj_bias.chunk(3), strict=True):
+                    proj.bias.copy_(bb)
+                out.out_proj.bias.copy_(mha.out_proj.bias)
+        return out
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """The equivalent ``torch.nn.MultiheadAttention`` (``batch_first=True``)."""
+        problems = []
+        if self.hidden_dim != self.embed_dim:
+            problems.append(f"num_heads*head_dim={self.hidden_dim} != embed_dim="
+                            f"{self.embed_dim} (torch ties head_dim to embed_dim // num_heads)")
+        if self.out_dim != self.embed_dim:
+            problems.append(f"out_dim={self.out_dim} != embed_dim={self.embed_dim}")
+        if self.num_kv_heads != self.num_heads:
+            problems.append(f"num_kv_heads={self.num_kv_heads} != num_heads={self.num_heads} "
+                            "(torch has no grouped-query attention)")
+        if problems:
+            raise ValueError("to_torch: this configuration has no torch.nn.MultiheadAttention "
+                             "equivalent: " + "; ".join(problems))
+        bias = self.q_proj.bias is not None
+        mha = nn.MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.dropout,
+                                    bias=bias, kdim=self.kdim, vdim=self.vdim, batch_first=True)
+        mha = mha.to(self.q_proj.weight)
+        with torch.no_grad():
+            ws = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+            if mha._qkv_same_embed_dim:
+                mha.in_proj_weight.copy_(torch.cat(ws))
+            else:
+                for name, w in zip(("q", "k", "v"), ws, strict=True):
+                    getattr(mha, f"{name}_proj_weight").copy_(w)
+            mha.out_proj.weight.copy_(self.out_proj.weight)
+            if bias:
+                mha.in_proj_bias.copy_(torch.cat((self.q_proj.bias, self.k_proj.bias,
+                                                  self.v_proj.bias)))
+                mha.out_proj.bias.copy_(self.out_proj.bias)
+        return mha
+
+
+def _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim, dropout,
+                  backend) -> None:
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
+                        ("kdim", kdim), ("vdim", vdim), ("num_kv_heads", num_kv_heads),
+                        ("out_dim", out_dim)):
+        if value is None and name not in ("embed_dim", "num_heads"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"MultiHeadAttention: {name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"MultiHeadAttention: {name} must be >= 1, got {value}")
+    if head_dim is None and embed_dim % num_heads:
+        divisors = [x for x in range(1, embed_dim + 1) if embed_dim % x == 0]
+        near = min(divisors, key=lambda x: (abs(x - num_heads), -x))
+        raise ValueError(f"MultiHeadAttention: embed_dim={embed_dim} is not divisible by "
+                         f"num_heads={num_heads}; pass head_dim={max(1, embed_dim // num_heads)} "
+                         f"or use num_heads={near}")
+    if num_kv_heads is not None and num_heads % num_kv_heads:
+        raise ValueError(f"MultiHeadAttention: num_heads={num_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}; each key/value head must serve the same "
+                         "number of query heads")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"MultiHeadAttention: unknown backend {backend!r}; choose 'auto' or "
+                         f"one of {sorted(BACKENDS)}")

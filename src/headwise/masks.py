@@ -1,0 +1,119 @@
+"""Attention masks, one vocabulary everywhere: **True = may attend**.
+
+A bool mask keeps a key where it is True. A float mask is *added* to the scores (``-inf``
+blocks). Every mask broadcasts to the scores' shape ``(b, h, i, j)``; helpers return the
+smallest broadcast form (e.g. ``(b, 1, 1, j)`` for padding) and never fold heads into the batch,
+so the fused kernel is fed an ``O(b * j)`` mask instead of an ``O(b * h * i * j)`` one.
+
+Axis legend: ``b`` batch, ``h`` heads, ``i`` query position, ``j`` key position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["causal", "from_valid_lens", "padding", "combine", "as_bias", "check"]
+
+_ALIGNS = ("bottom_right", "top_left")
+
+
+def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
+           device: torch.device | str | None = None) -> torch.Tensor:
+    """Causal mask ``(i, j)``: query ``i`` may attend key ``j`` only if ``j`` is not later.
+
+    ``align`` matters only when ``nq != nk``:
+
+    - ``"bottom_right"`` (default; FlashAttention >= 2.1, KV-cache decoding): the *last* query
+      lines up with the *last* key, i.e. the queries are the newest ``nq`` positions of a
+      sequence of ``nk``. Query ``i`` sees keys ``j <= i + (nk - nq)``.
+    - ``"top_left"`` (``F.scaled_dot_product_attention(is_causal=True)``): the *first* query
+      lines up with the first key. Query ``i`` sees keys ``j <= i``.
+    """
+    nk = nq if nk is None else nk
+    for name, n in (("nq", nq), ("nk", nk)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"causal: {name} must be a non-negative int, got {n!r}")
+    if align not in _ALIGNS:
+        raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
+    offset = nk - nq if align == "bottom_right" else 0
+    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) -> torch.Tensor:
+    """Key-padding mask from lengths (the d2l convention): key ``j`` is valid if ``j < len``.
+
+    ``valid_lens``: ``(b,)`` -> mask ``(b, 1, 1, j)``; or ``(b, i)`` (one length per query,
+    ``nq`` must then equal ``i`` if given) -> mask ``(b, 1, i, j)``.
+    """
+    if not isinstance(valid_lens, torch.Tensor):
+        valid_lens = torch.as_tensor(valid_lens)
+    if valid_lens.is_floating_point() or valid_lens.dtype == torch.bool:
+        raise TypeError(f"valid_lens must be an integer tensor, got dtype {valid_lens.dtype}; "
+                        "pass lengths such as torch.tensor([3, 5])")
+    keys = torch.arange(nk, device=valid_lens.device)
+    if valid_lens.dim() == 1:
+        return (keys < valid_lens[:, None])[:, None, None, :]
+    if valid_lens.dim() == 2:
+        if nq is not None and valid_lens.shape[1] != nq:
+            raise ValueError(f"valid_lens has shape {tuple(valid_lens.shape)} = (b, i) but "
+                             f"nq={nq}; give one length per query position")
+        return (keys < valid_lens[..., None])[:, None, :, :]
+    raise ValueError(f"valid_lens must have shape (b,) or (b, i), got {tuple(valid_lens.shape)}")
+
+
+def padding(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Key-padding mask ``(b, 1, 1, j)`` from token ids ``(b, j)``: False where ``tokens == pad_id``."""
+    if tokens.dim() != 2:
+        raise ValueError(f"padding: tokens must be (b, j), got shape {tuple(tokens.shape)}")
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def as_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a mask: 0 where attending is allowed, ``-inf`` where not."""
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        return torch.where(mask, zero, float("-inf"))
+    return mask.to(dtype)
+
+
+def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine masks (``None`` entries ignored) into one that allows only what all allow.
+
+    Bool masks are AND-ed and stay bool; if any mask is a float (additive) mask, the result is
+    the sum of their additive forms. The result broadcasts to every input's shape.
+    """
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    for m in present:
+        check(m, "combine")
+    if all(m.dtype == torch.bool for m in present):
+        out = present[0]
+        for m in present[1:]:
+            out = out & m
+        return out
+    dtype = next(m.dtype for m in present if m.is_floating_point())
+    out = as_bias(present[0], dtype)
+    for m in present[1:]:
+        out = out + as_bias(m, dtype)
+    return out
+
+
+def check(mask: torch.Tensor, where: str, shape: tuple[int, ...] | None = None) -> None:
+    """Raise a readable error unless ``mask`` is a bool or float tensor broadcastable to ``shape``
+    (the scores' ``(b, h, i, j)``)."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{where}: mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"{where}: mask must be bool (True = may attend) or float (added to the "
+                        f"scores), got dtype {mask.dtype}; use mask.bool() for a 0/1 mask")
+    if shape is None:
+        return
+    if mask.dim() > len(shape):
+        raise ValueError(f"{where}: mask has {mask.dim()} dims {tuple(mask.shape)}, expected at "
+                         f"most {len(shape)} broadcastable to (b, h, i, j) = {tuple(shape)}")
+    for got, want in zip(reversed(mask.shape), reversed(shape), strict=False):
+        if got not in (1, want):
+            raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to "
+                             f"(b, h, i, j) = {tuple(shape)}; use size 1 or the full size on "
+                             "each axis, e.g. (b, 1, 1, j) for key padding")
