@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # Extras installed for the test suite (the optional extras must be present so no test skips).
-EXTRAS ?= dev
+EXTRAS ?= dev,pretrained,data,browser
 PYTEST_ARGS ?=
 
 .PHONY: venv install demo test lint bench clean browser
@@ -29,8 +29,14 @@ install: $(VENV)/.installed-$(EXTRAS)
 demo: install
 	$(VENV)/bin/headwise demo
 
-test: install
+test: install browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Debian's chromium for the head-view browser tests; installed when missing and we are root.
+# Without root the browser tests skip with a reason (under CI=true they fail instead).
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
