@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from headwise import masks
+
+
+def test_causal_alignments_differ_when_lengths_differ():
+    br = masks.causal(2, 4)
+    tl = masks.causal(2, 4, align="top_left")
+    # bottom-right: the last query sees every key; top-left: query i sees keys <= i
+    assert br.tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert tl.tolist() == [[True, False, False, False], [True, True, False, False]]
+    assert torch.equal(masks.causal(5), masks.causal(5, align="top_left"))
+    assert torch.equal(masks.causal(5), torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_from_valid_lens_shapes_and_values():
+    lens = torch.tensor([1, 3])
+    m = masks.from_valid_lens(lens, 4)
+    assert m.shape == (2, 1, 1, 4)
+    assert m[0, 0, 0].tolist() == [True, False, False, False]
+    assert m[1, 0, 0].tolist() == [True, True, True, False]
+    per_query = masks.from_valid_lens(torch.tensor([[1, 2], [4, 0]]), 4, nq=2)
+    assert per_query.shape == (2, 1, 2, 4)
+    assert per_query[0, 0, 1].tolist() == [True, True, False, False]
+    assert not per_query[1, 0, 1].any()
+
+
+def test_padding_and_combine():
+    tokens = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])
+    pad = masks.padding(tokens, pad_id=0)
+    assert pad.shape == (2, 1, 1, 4)
+    both = masks.combine(pad, masks.causal(4))
+    assert both.shape == (2, 1, 4, 4)
+    assert both[0, 0, 3].tolist() == [True, True, False, False]
+    assert masks.combine(None, None) is None
+    bias = torch.randn(1, 1, 4, 4)
+    mixed = masks.combine(pad, bias)
+    assert mixed.dtype == torch.float32
+    assert torch.isneginf(mixed[0, 0, :, 2:]).all()
+    assert torch.allclose(mixed[0, 0, :, :2], bias[0, 0, :, :2])
+
+
+def test_mask_errors_are_readable():
+    with pytest.raises(ValueError, match="align"):
+        masks.causal(3, align="left")
+    with pytest.raises(TypeError, match="integer"):
+        masks.from_valid_lens(torch.tensor([1.5]), 3)
+    with pytest.raises(TypeError, match="bool"):
+        masks.check(torch.ones(2, 3, dtype=torch.int64), "x")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        masks.check(torch.ones(2, 1, 1, 5, dtype=torch.bool), "x", (2, 4, 3, 4))
