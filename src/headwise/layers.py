@@ -66,7 +66,7 @@ class MultiHeadAttention(nn.Module):
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
                 valid_lens: torch.Tensor | None = None, causal: bool = False,
                 head_mask: torch.Tensor | None = None, return_weights: bool = False,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                cache=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
         Args:
@@ -78,6 +78,10 @@ class MultiHeadAttention(nn.Module):
             causal: bottom-right causal masking.
             head_mask: ``(h,)`` or ``(b, h)``, multiplies each head's output (0 removes it).
             return_weights: also return per-head weights ``(b, h, i, j)`` (never averaged).
+            cache: a :mod:`headwise.cache` layer cache. Self-attention appends the new keys/values
+                and attends over every cached position (``j`` = cache length; with ``causal``
+                the newest queries line up bottom-right); cross-attention projects ``key``/
+                ``value`` once per source and reuses them.
 
         Returns:
             ``(output (b, i, out_dim), weights (b, h, i, j) or None)``.
@@ -88,8 +92,13 @@ class MultiHeadAttention(nn.Module):
         record("input", query, "b i m")
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q = self._split(self.q_proj(query), "q", self.num_heads)
-        k = self._split(self.k_proj(key), "k", self.num_kv_heads)
-        v = self._split(self.v_proj(value), "v", self.num_kv_heads)
+        if cache is not None and cache.ready:  # cross-attention: k/v already projected
+            k, v = cache.k, cache.v
+        else:
+            k = self._split(self.k_proj(key), "k", self.num_kv_heads)
+            v = self._split(self.v_proj(value), "v", self.num_kv_heads)
+            if cache is not None:  # self: append and return all positions; cross: store
+                k, v = cache.update(k, v)
         # 3) attend, each head separately
         out, weights = attention(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                  dropout_p=self.dropout if self.training else 0.0,

@@ -1,0 +1,267 @@
+"""The pieces every Transformer is stacked from: feed-forward, positions, encoder/decoder blocks.
+
+Axis legend: ``b`` batch, ``h`` heads, ``i`` query position, ``j`` key position, ``n`` sequence
+position, ``m`` model dim.
+
+Two residual orders (Xiong et al. 2020, "On Layer Normalization in the Transformer
+Architecture"):
+
+- pre-norm (default; GPT-2, the Trax ``TransformerLM``): ``x = x + drop(sublayer(norm(x)))``;
+- post-norm (Vaswani et al. 2017, BERT): ``x = norm(x + drop(sublayer(x)))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headwise._record import record
+from headwise.layers import MultiHeadAttention
+
+__all__ = [
+    "ACTIVATIONS",
+    "DecoderBlock",
+    "EncoderBlock",
+    "FeedForward",
+    "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+]
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# "gelu" is the exact erf form BERT uses; "gelu_tanh" the approximation of GPT-2.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
+
+
+def check_activation(activation: str, where: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{where}: activation must be one of {sorted(ACTIVATIONS)}, got "
+                         f"{activation!r}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward ``down(drop(act(up(x))))``, applied to every position alone.
+
+    Args:
+        d_model: model dim ``m``. d_ff: hidden width (usually ``4 * m``).
+        activation: ``"relu"``, ``"gelu"`` (exact erf, as BERT), ``"gelu_tanh"`` or ``"silu"``.
+        dropout: dropout after the activation while training.
+        bias: whether ``up`` and ``down`` have biases.
+
+    ``forward(x (b, n, m)) -> (b, n, m)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        check_activation(activation, "FeedForward")
+        self.activation = activation
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        self._act = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: (b, n, m) -> (b, n, m)``."""
+        return self.down(self.dropout(self._act(self.up(x))))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
+    """``(max_len, m)``: ``P[n, 2k] = sin(n / 10000^(2k/m))``, ``P[n, 2k+1] = cos(...)``
+    (Vaswani et al. 2017, section 3.5). Computed in float64, returned in float32."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64)
+                     / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table.float()
+
+
+def _check_positions(x: torch.Tensor, offset: int, max_len: int, where: str) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"{where}: x must be (b, n, m), got shape {tuple(x.shape)}")
+    if offset < 0 or offset + x.shape[1] > max_len:
+        raise ValueError(f"{where}: positions {offset}..{offset + x.shape[1] - 1} exceed "
+                         f"max_len={max_len}; build the model with a larger max_len or pass a "
+                         "shorter sequence")
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sine/cosine table: ``forward(x (b, n, m), offset=0) -> x + P[offset:offset+n]``.
+
+    The table is a non-persistent buffer: it is derived, so checkpoints do not carry it.
+    ``offset`` is the number of positions already processed (the KV cache's length).
+    """
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x: (b, n, m) -> (b, n, m)``."""
+        _check_positions(x, offset, self.max_len, "SinusoidalPositionalEncoding")
+        return x + self.pe[offset:offset + x.shape[1]].to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """Adds a learned vector per position (BERT, GPT-2):
+    ``forward(x (b, n, m), offset=0) -> x + weight[offset:offset+n]``."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x: (b, n, m) -> (b, n, m)``."""
+        _check_positions(x, offset, self.max_len, "LearnedPositionalEncoding")
+        return x + self.weight[offset:offset + x.shape[1]]
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class _Block(nn.Module):
+    """Shared constructor pieces of the two blocks."""
+
+    def _sublayer(self, x, norm, fn):
+        """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
+        ``((b, n, m), extra)``."""
+        if self.norm_first:
+            out, extra = fn(norm(x))
+            return x + self.dropout(out), extra
+        out, extra = fn(x)
+        return norm(x + self.dropout(out)), extra
+
+
+class EncoderBlock(_Block):
+    """Self-attention then feed-forward, each in a residual sublayer (pre- or post-norm).
+
+    Args:
+        d_model: model dim ``m``. num_heads: query heads ``h``. d_ff: feed-forward width.
+        dropout: on sublayer outputs (and attention probabilities, and after the activation).
+        norm_first: pre-norm (True) or post-norm (False, BERT / the original paper).
+        activation: of the feed-forward (see :class:`FeedForward`).
+        layer_norm_eps: LayerNorm epsilon (BERT uses 1e-12).
+        num_kv_heads: key/value heads for grouped-query attention. head_dim: per-head size.
+        bias: biases in every projection. backend: attention backend.
+
+    Submodules: ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
+                 norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
+                 num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
+                 backend: str = "auto"):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim,
+                                            num_kv_heads=num_kv_heads, bias=bias,
+                                            dropout=dropout, backend=backend)
+        self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.ff_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False,
+                head_mask: torch.Tensor | None = None, return_weights: bool = False,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x: (b, n, m)``; ``mask`` True = may attend, broadcastable to ``(b, h, n, n)``
+        (``(b, 1, 1, n)`` for padding); ``head_mask (h,)`` or ``(b, h)``.
+
+        Returns ``(x (b, n, m), weights (b, h, n, n) or None)``.
+        """
+        x, weights = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
+            y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights))
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
+        record("block output", x, "b n m")
+        return x, weights
+
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}"
+
+
+class DecoderBlock(_Block):
+    """Causal self-attention, cross-attention to the encoder output, feed-forward.
+
+    Same arguments as :class:`EncoderBlock`, plus ``cross_attention``: with ``False`` the block
+    has no ``cross_attn``/``cross_norm`` and is a decoder-only (language model) block.
+
+    Submodules: ``self_attn``, ``attn_norm``, ``cross_attn``, ``cross_norm``, ``ff``,
+    ``ff_norm``, ``dropout``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
+                 norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
+                 num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
+                 backend: str = "auto", cross_attention: bool = True):
+        super().__init__()
+        self.norm_first = norm_first
+        attn = dict(head_dim=head_dim, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
+                    backend=backend)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, **attn)
+        self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, **attn)
+            self.cross_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        else:
+            self.cross_attn = self.cross_norm = None
+        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.ff_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
+                self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                causal: bool = True, cache=None, head_mask: torch.Tensor | None = None,
+                cross_head_mask: torch.Tensor | None = None,
+                return_weights: bool | tuple[bool, bool] = False,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Decode ``x (b, i, m)`` attending to itself (causally) and to ``memory (b, j, m)``.
+
+        Args:
+            self_mask: True = may attend, broadcastable to ``(b, h, i, i)``.
+            memory_mask: broadcastable to ``(b, h, i, j)``; ``(b, 1, 1, j)`` for source padding.
+            causal: bottom-right causal self-attention (correct when ``x`` holds only the newest
+                positions of a cached sequence).
+            cache: a :class:`headwise.cache.LayerCache` (self: append; cross: computed once).
+            head_mask / cross_head_mask: ``(h,)`` or ``(b, h)`` for each attention.
+            return_weights: bool, or ``(self, cross)`` bools to ask for one kind only.
+
+        Returns ``(x (b, i, m), (self weights (b, h, i, i') | None, cross (b, h, i, j) | None))``.
+        """
+        want_self, want_cross = ((return_weights, return_weights)
+                                 if isinstance(return_weights, bool) else return_weights)
+        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn,
+                                                                      cache.cross_attn)
+        x, self_w = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
+            y, mask=self_mask, causal=causal, head_mask=head_mask, return_weights=want_self,
+            cache=self_cache))
+        cross_w = None
+        if memory is not None:
+            if self.cross_attn is None:
+                raise ValueError("DecoderBlock: this block was built with cross_attention=False "
+                                 "(a language-model block); call it with memory=None")
+            x, cross_w = self._sublayer(x, self.cross_norm, lambda y: self.cross_attn(
+                y, memory, mask=memory_mask, head_mask=cross_head_mask,
+                return_weights=want_cross, cache=cross_cache))
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
+        record("block output", x, "b i m")
+        return x, (self_w, cross_w)
+
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"

@@ -1,0 +1,61 @@
+"""Configs: JSON round trip, unknown keys rejected, every bad value a clear error."""
+
+import dataclasses
+import json
+
+import pytest
+
+from headwise.models import CONFIGS, LMConfig, TransformerConfig, config_from_dict
+
+
+def test_round_trip_through_json():
+    for cfg in (LMConfig(300, d_model=64, num_heads=4, num_kv_heads=2, positional="learned",
+                         tie_embeddings=True),
+                TransformerConfig(100, 120, d_model=32, num_heads=2, num_layers=2, d_ff=64,
+                                  max_len=40, dropout=0.0, num_decoder_layers=3, pad_id=1)):
+        d = json.loads(json.dumps(cfg.to_dict()))
+        assert type(cfg).from_dict(d) == cfg
+        assert config_from_dict(cfg.kind, d) == cfg
+        assert CONFIGS[cfg.kind] is type(cfg)
+    assert TransformerConfig(5, 6, num_layers=2, num_decoder_layers=3).decoder_layers == 3
+    assert LMConfig(10, d_model=64, num_heads=4, num_kv_heads=2).kv_heads == 2
+    assert LMConfig(10, d_model=64, num_heads=4).head_size == 16
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LMConfig(10).d_model = 4
+
+
+def test_from_dict_rejects_unknown_and_missing_keys():
+    with pytest.raises(ValueError, match=r"unknown keys \['n_layers'\]"):
+        LMConfig.from_dict({"vocab_size": 10, "n_layers": 3})
+    with pytest.raises(ValueError, match=r"missing required keys \['vocab_size'\]"):
+        LMConfig.from_dict({"d_model": 8})
+    with pytest.raises(ValueError, match="unknown model kind 'gpt'"):
+        config_from_dict("gpt", {})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(d_model=30, num_heads=4), "not divisible by num_heads=4; pass head_dim=7"),
+    (dict(num_heads=8, num_kv_heads=3), "not a multiple of num_kv_heads=3"),
+    (dict(activation="swish"), "activation must be one of"),
+    (dict(positional="rope"), "positional must be one of"),
+    (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    (dict(num_layers=0), "num_layers must be >= 1"),
+    (dict(pad_id=50), r"pad_id must be None or an id in \[0, 50\)"),
+    (dict(backend="flash9"), "unknown backend 'flash9'"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps must be > 0"),
+])
+def test_bad_values_are_value_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LMConfig(50, **kwargs)
+
+
+def test_bad_types_are_type_errors():
+    with pytest.raises(TypeError, match="d_model must be an int"):
+        LMConfig(50, d_model=64.0)
+    with pytest.raises(TypeError, match="tie_embeddings must be True or False"):
+        TransformerConfig(5, 5, tie_embeddings="yes")
+    with pytest.raises(ValueError, match=r"pad_id must be None or an id in \[0, 5\)"):
+        TransformerConfig(5, 9, pad_id=7)  # must be valid in both vocabularies
