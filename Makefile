@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 EXTRAS ?= dev,pretrained,data,browser
 PYTEST_ARGS ?=
 
-.PHONY: venv install demo test lint bench clean browser
+.PHONY: venv install demo test lint bench clean browser corpora
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ install: $(VENV)/.installed-$(EXTRAS)
 demo: install
 	$(VENV)/bin/headwise demo
 
-test: install browser
+test: install browser corpora
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Debian's chromium for the head-view browser tests; installed when missing and we are root.
@@ -37,6 +37,10 @@ test: install browser
 browser:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+
+# Real corpora (Jane Austen, Ding de-en) unpacked from Debian packages into corpora/; no R needed.
+corpora:
+	@sh scripts/fetch-corpora.sh corpora
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
