@@ -1,0 +1,316 @@
+"""BERT (Devlin et al. 2019): token + segment + learned position embeddings, then post-norm
+encoder blocks built from headwise's :class:`~headwise.MultiHeadAttention`.
+
+Axis legend: ``b`` batch, ``n`` token position (``i`` as a query, ``j`` as a key), ``h`` heads,
+``m`` model (hidden) dim.
+
+This module knows nothing about Hugging Face parameter names: the checkpoint mapping lives at the
+edge, in :mod:`headwise.pretrained` (a table applied once, at load time), so ``forward`` reads
+like the architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from headwise._record import record
+from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
+
+__all__ = ["BertConfig", "BertEmbeddings", "BertModel", "weights_request"]
+
+_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """A BERT-family encoder.
+
+    Args:
+        vocab_size: word-piece vocabulary. d_model: hidden size ``m``. num_heads: ``h``
+            (``d = m // h``). num_layers: encoder blocks. d_ff: feed-forward ("intermediate")
+            width. max_len: learned positions (longest input). type_vocab_size: segment ids.
+        layer_norm_eps: every LayerNorm's epsilon (BERT: 1e-12).
+        dropout: on embeddings, sublayer outputs and after the activation (HF
+            ``hidden_dropout_prob``). attention_dropout: on attention probabilities.
+        activation: feed-forward activation (``"gelu"`` = exact erf, as BERT).
+        pad_id: the padding token id.
+        pooler: whether the model has BERT's ``tanh(W x_[CLS] + b)`` pooler.
+        backend: attention backend of every block (``"auto"`` = fused unless weights wanted).
+
+    All-MiniLM-L6-v2 is ``BertConfig(30522, d_model=384, num_heads=12, num_layers=6,
+    d_ff=1536)``.
+    """
+
+    kind: ClassVar[str] = "bert"
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    num_heads: int = 12
+    num_layers: int = 12
+    d_ff: int = 3072
+    max_len: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    pad_id: int = 0
+    pooler: bool = True
+    backend: str = "auto"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len",
+                     "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"BertConfig: {name} must be an int >= 1, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"BertConfig: d_model={self.d_model} is not divisible by "
+                             f"num_heads={self.num_heads}; BERT uses head size d_model // "
+                             "num_heads, so pick a divisor of d_model")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"BertConfig: {name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
+            raise ValueError(f"BertConfig: layer_norm_eps must be > 0, got "
+                             f"{self.layer_norm_eps!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"BertConfig: activation must be one of {_ACTIVATIONS}, got "
+                             f"{self.activation!r}")
+        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"BertConfig: pad_id must be an id in [0, {self.vocab_size}), got "
+                             f"{self.pad_id!r}")
+        if not isinstance(self.pooler, bool):
+            raise TypeError(f"BertConfig: pooler must be True or False, got {self.pooler!r}")
+        from headwise.attention import BACKENDS
+        if self.backend != "auto" and self.backend not in BACKENDS:
+            raise ValueError(f"BertConfig: unknown backend {self.backend!r}; choose 'auto' or "
+                             f"one of {sorted(BACKENDS)}")
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head size ``d = d_model // num_heads``."""
+        return self.d_model // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of every field (``from_dict`` inverts it)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BertConfig:
+        """Build from ``to_dict()`` output; unknown keys raise ``ValueError``."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"BertConfig.from_dict expects a dict, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"BertConfig: unknown keys {unknown}; known keys are "
+                             f"{sorted(names)} (for a Hugging Face config.json use "
+                             "headwise.pretrained.bert_config_from_hf)")
+        return cls(**d)
+
+    def replace(self, **changes) -> BertConfig:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+class BertEmbeddings(nn.Module):
+    """``norm(word[ids] + token_type[types] + position[n])``, then dropout.
+
+    Submodules: ``word``, ``token_type`` (``nn.Embedding``), ``position``
+    (:class:`~headwise.models.LearnedPositionalEncoding`), ``norm``, ``dropout``.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
+        self.position = LearnedPositionalEncoding(config.d_model, config.max_len)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """``input_ids (b, n)``, ``token_type_ids (b, n)`` (default all 0) -> ``(b, n, m)``."""
+        x = self.word(input_ids)
+        record("token embedding", x, "b n m")
+        # the segment table's row 0 when no segments are given (BERT's default type ids)
+        x = x + (self.token_type.weight[0] if token_type_ids is None
+                 else self.token_type(token_type_ids))
+        x = self.position(x)
+        record("+ segment + learned position", x, "b n m")
+        x = self.dropout(self.norm(x))
+        record("embedding LayerNorm", x, "b n m")
+        return x
+
+
+class BertModel(nn.Module):
+    """A BERT encoder: embeddings, ``num_layers`` post-norm :class:`EncoderBlock` s, optional
+    pooler.
+
+    ``forward`` takes Hugging Face's argument meanings (``attention_mask`` 1 = real token) and
+    returns ``(last_hidden_state (b, n, m), attentions | None)`` where ``attentions`` is
+    ``{"encoder_self": [weights (b, h, n, n) | None per layer]}``.
+
+    Submodules: ``embeddings``, ``layers`` (each with ``self_attn``, ``attn_norm``, ``ff``,
+    ``ff_norm``), ``pooler`` (``nn.Linear`` or None).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if not isinstance(config, BertConfig):
+            raise TypeError(f"BertModel expects a BertConfig, got {type(config).__name__}")
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(_block(config) for _ in range(config.num_layers))
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, *,
+                head_mask: torch.Tensor | None = None,
+                return_weights: bool | Iterable | Mapping = False,
+                ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor | None]] | None]:
+        """Encode a batch.
+
+        Args:
+            input_ids: ``(b, n)`` token ids.
+            attention_mask: ``(b, n)``, 1/True = real token, 0/False = padding (Hugging Face's
+                meaning); becomes a ``(b, 1, 1, j)`` True = may attend key mask.
+            token_type_ids: ``(b, n)`` segment ids (default all 0).
+            head_mask: ``(num_layers, h)`` or ``(num_layers, b, h)``; multiplies each head's
+                output (0 removes the head).
+            return_weights: ``True``/``False``, ``{"encoder_self"}``, or
+                ``{"encoder_self": [layer, ...]}`` to keep every other layer on the fused path.
+
+        Returns:
+            ``(last_hidden_state (b, n, m), {"encoder_self": [(b, h, n, n) | None] * layers}
+            or None)``.
+        """
+        mask = self._check_inputs(input_ids, attention_mask, token_type_ids, head_mask)
+        wanted = weights_request(return_weights, self.config.num_layers, "encoder_self")
+        x = self.embeddings(input_ids, token_type_ids)
+        weights: list[torch.Tensor | None] = []
+        for index, layer in enumerate(self.layers):
+            x, w = layer(x, mask=mask, head_mask=None if head_mask is None else head_mask[index],
+                         return_weights=index in wanted)
+            weights.append(w)
+        return x, ({"encoder_self": weights} if wanted else None)
+
+    def pool(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler: ``tanh(W h_[CLS] + b)``: ``(b, n, m) -> (b, m)``."""
+        if self.pooler is None:
+            raise ValueError("BertModel.pool: this model has no pooler (config.pooler=False; "
+                             "the checkpoint carried no pooler weights)")
+        return torch.tanh(self.pooler(last_hidden_state[:, 0]))
+
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids, head_mask):
+        """Validate once; return the ``(b, 1, 1, j)`` bool key mask, or None if nothing is
+        padded (the fused kernel then runs without a mask)."""
+        cfg = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"BertModel: input_ids must be a torch.Tensor, got "
+                            f"{type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"BertModel: input_ids must be (b, n), got shape "
+                             f"{tuple(input_ids.shape)}"
+                             + ("; add a batch axis with ids.unsqueeze(0)"
+                                if input_ids.dim() == 1 else ""))
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise TypeError(f"BertModel: input_ids must be integer token ids, got "
+                            f"{input_ids.dtype}")
+        b, n = input_ids.shape
+        if n > cfg.max_len:
+            raise ValueError(f"BertModel: {n} tokens exceed max_len={cfg.max_len} learned "
+                             f"positions; truncate the input to {cfg.max_len} tokens")
+        _check_ids(input_ids, cfg.vocab_size, "input_ids", "vocab_size")
+        if token_type_ids is not None:
+            if not isinstance(token_type_ids, torch.Tensor) or token_type_ids.shape != (b, n):
+                raise ValueError(f"BertModel: token_type_ids must be a (b, n)=({b}, {n}) tensor,"
+                                 f" got {_shape(token_type_ids)}")
+            _check_ids(token_type_ids, cfg.type_vocab_size, "token_type_ids", "type_vocab_size")
+        if head_mask is not None:
+            h, layers = cfg.num_heads, cfg.num_layers
+            if (not isinstance(head_mask, torch.Tensor)
+                    or head_mask.shape not in ((layers, h), (layers, b, h))):
+                raise ValueError(f"BertModel: head_mask must be (layers, h)=({layers}, {h}) or "
+                                 f"(layers, b, h)=({layers}, {b}, {h}), got {_shape(head_mask)}")
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (b, n):
+            raise ValueError(f"BertModel: attention_mask must be a (b, n)=({b}, {n}) tensor of "
+                             f"1 (real token) / 0 (padding), got {_shape(attention_mask)}")
+        valid = attention_mask.bool()
+        if bool(valid.all()):
+            return None
+        return valid[:, None, None, :]  # (b, 1, 1, j): True = may attend
+
+
+def weights_request(return_weights, num_layers: int, kind: str) -> frozenset[int]:
+    """Layer indices whose weights are wanted, from ``True``/``False``, ``{kind}`` or
+    ``{kind: [layers]}`` (the selection form shared by every headwise model)."""
+    if isinstance(return_weights, bool):
+        return frozenset(range(num_layers)) if return_weights else frozenset()
+    if isinstance(return_weights, Mapping):
+        unknown = sorted(set(return_weights) - {kind})
+        if unknown:
+            raise ValueError(f"return_weights: this model has only {kind!r} attention, got "
+                             f"kinds {unknown}")
+        layers = return_weights.get(kind, ())
+        layers = range(num_layers) if layers is None or layers is True else layers
+        chosen = set()
+        for layer in layers:
+            if not isinstance(layer, int) or not -num_layers <= layer < num_layers:
+                raise ValueError(f"return_weights: layer {layer!r} is out of range for "
+                                 f"{num_layers} layers")
+            chosen.add(layer % num_layers)
+        return frozenset(chosen)
+    if isinstance(return_weights, Iterable) and not isinstance(return_weights, str):
+        kinds = set(return_weights)
+        if kinds - {kind}:
+            raise ValueError(f"return_weights: this model has only {kind!r} attention, got "
+                             f"kinds {sorted(map(str, kinds - {kind}))}")
+        return frozenset(range(num_layers)) if kinds else frozenset()
+    raise TypeError(f"return_weights must be a bool, a set of kinds or a dict kind -> layers, "
+                    f"got {return_weights!r}")
+
+
+def _block(config: BertConfig) -> EncoderBlock:
+    block = EncoderBlock(config.d_model, config.num_heads, config.d_ff, dropout=config.dropout,
+                         norm_first=False, activation=config.activation,
+                         layer_norm_eps=config.layer_norm_eps, backend=config.backend)
+    # BERT has its own rate for attention probabilities (attention_probs_dropout_prob)
+    block.self_attn.dropout = config.attention_dropout
+    return block
+
+
+def _init_weights(module: nn.Module) -> None:
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def _check_ids(ids: torch.Tensor, size: int, name: str, field: str) -> None:
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
+        raise ValueError(f"BertModel: {name} must lie in [0, {size}) ({field}), got values in "
+                         f"[{int(ids.min())}, {int(ids.max())}]; use the checkpoint's own "
+                         "tokenizer")
+
+
+def _shape(x) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
