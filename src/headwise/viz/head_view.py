@@ -1,0 +1,302 @@
+"""One self-contained, offline HTML file to explore every layer and head.
+
+The page (``assets/head_view.js`` + ``.css``, inlined) shows a layers x heads grid of thumbnails
+(the model view), a detail view of one layer (token-to-token lines as in BertViz's head view,
+a matrix view, and attention rollout), pickers for the attention kind and the batch example,
+head toggles, and head-importance scores on the grid.
+
+Storage, so that 1024 tokens x 48 heads fits in tens of MB and the page paints at once:
+
+- every head's ``(i, j)`` matrix (padding trimmed to the example's tokens) is quantised to
+  uint8 with a per-row scale (``w[i, j] ~= q[i, j] / 255 * rowmax[i]``, error <= rowmax / 510),
+  zlib-deflated and base64-encoded into its own inert ``<script type="application/octet-stream">``
+  block at the *end* of the body; the browser inflates it with the built-in
+  ``DecompressionStream`` only when that head is shown;
+- thumbnails are max-pooled to at most ``thumbnail`` x ``thumbnail`` cells in Python and sit in
+  the small JSON header, so the grid draws before the big blocks are even parsed.
+
+No request of any kind leaves the page: no CDN, no fonts, no fetch.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from headwise.viz.rollout import attention_rollout
+
+__all__ = ["head_view", "KINDS"]
+
+# kind -> (query side, key side) of the token dict
+KINDS = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}
+KIND_LABELS = {"encoder_self": "Encoder self-attention", "decoder_self": "Decoder self-attention",
+               "cross": "Cross-attention (decoder → encoder)"}
+
+
+def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike, *,
+              importance: Mapping[str, object] | None = None, title: str | None = None,
+              rollout: bool = True, thumbnail: int = 48, max_mb: float | None = 40.0,
+              compress_level: int = 6) -> Path:
+    """Write the interactive head view to ``path`` and return it.
+
+    Args:
+        attentions: ``{"encoder_self" | "decoder_self" | "cross": [per layer (b, h, i, j) tensor
+            or None]}`` as returned by headwise models (batch axis kept; layers may differ in
+            head count after pruning; ``None`` marks a layer that was not recorded).
+        tokens: ``{"src": [[str, ...] per example], "tgt": [[...]]}``, or one list (or list of
+            per-example lists) for a model with a single self-attention kind. A side may also be
+            one flat list shared by every example. An example's list may be shorter than the
+            tensor's ``i``/``j`` (padding is trimmed), never longer.
+        path: the ``.html`` file to write (written atomically).
+        importance: optional ``{kind: (layers, heads) array}`` of head-importance scores, shown
+            on the grid (NaN = no score).
+        title: page title (default "headwise head view").
+        rollout: precompute attention rollout for self-attention kinds (needs every layer).
+        thumbnail: largest side of the max-pooled thumbnails in the model view.
+        max_mb: size budget of the file. Weights are stored with 255 levels per row; if the file
+            would exceed the budget (long, flat attention compresses poorly) they are stored
+            again with 63, then 15 levels, and the page states the precision used. ``None``
+            keeps 255 levels whatever the size.
+        compress_level: zlib level (1 fastest .. 9 smallest) for the stored weights.
+    """
+    path = Path(path)
+    kinds = _check_attentions(attentions)
+    batch = next(iter(kinds.values()))["batch"]
+    sides = _check_tokens(tokens, kinds, batch)
+    imp = _check_importance(importance, kinds)
+    matrices: list[tuple[str, np.ndarray]] = []  # (block key, (i, j) weights)
+    meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
+            "kinds": {}, "thumbnail": int(thumbnail)}
+    for kind, info in kinds.items():
+        q_side, k_side = KINDS[kind]
+        lens = [(len(sides[q_side][b]), len(sides[k_side][b])) for b in range(batch)]
+        entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
+                 "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
+                 "importance": imp.get(kind), "thumbs": [], "rollout": None}
+        for b, (n_q, n_k) in enumerate(lens):
+            thumbs_b = []
+            for l, w in enumerate(info["layers"]):
+                if w is None:
+                    thumbs_b.append(None)
+                    continue
+                thumbs_l = []
+                for h in range(w.shape[1]):
+                    m = w[b, h, :n_q, :n_k]
+                    matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
+                    thumbs_l.append(_thumbnail(m, thumbnail))
+                thumbs_b.append(thumbs_l)
+            entry["thumbs"].append(thumbs_b)
+        if rollout and q_side == k_side:
+            entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
+        meta["kinds"][kind] = entry
+    for levels in LEVELS:
+        blocks = [_block(key, m, levels, compress_level) for key, m in matrices]
+        meta["levels"] = levels
+        page = _page(meta, blocks)
+        if max_mb is None or len(page.encode("utf-8")) <= max_mb * 1e6:
+            break
+    _write_atomic(path, page)
+    return path
+
+
+# ----------------------------------------------------------------------------- encoding
+
+LEVELS = (255, 63, 15)  # quantisation levels per row, tried in order until the file fits
+
+
+def _quantise(m: np.ndarray, levels: int = 255) -> bytes:
+    """(i, j) float -> row maxima as float32 (4 i bytes) then uint8 q (i j bytes), where
+    ``w[i, j] ~= q[i, j] / levels * rowmax[i]`` (error <= rowmax[i] / (2 levels))."""
+    rowmax = m.max(axis=1).astype(np.float32)
+    safe = np.where(rowmax > 0, rowmax, 1.0)[:, None]
+    q = np.rint(np.clip(m / safe, 0.0, 1.0) * levels).astype(np.uint8)
+    return rowmax.tobytes() + q.tobytes()
+
+
+def _block(key: str, m: np.ndarray, levels: int, compress_level: int) -> str:
+    data = base64.b64encode(zlib.compress(_quantise(m, levels), compress_level)).decode("ascii")
+    return f'<script type="application/octet-stream" data-key="{key}">{data}</script>'
+
+
+def _thumbnail(m: np.ndarray, size: int) -> str:
+    """Max-pool an (i, j) matrix to at most size x size, scale to its max, uint8, base64."""
+    for axis in (0, 1):
+        n = m.shape[axis]
+        if n > size:
+            edges = np.linspace(0, n, size + 1).astype(int)[:-1]
+            m = np.maximum.reduceat(m, edges, axis=axis)
+    top = float(m.max()) if m.size else 0.0
+    q = np.rint(m / (top if top > 0 else 1.0) * 255.0).astype(np.uint8)
+    return f"{m.shape[0]}x{m.shape[1]}:" + base64.b64encode(q.tobytes()).decode("ascii")
+
+
+def _rollouts(kind, layers, lens, matrices) -> dict:
+    if any(w is None for w in layers):
+        missing = [l for l, w in enumerate(layers) if w is None]
+        return {"error": f"rollout needs every layer; layers {missing} were not recorded"}
+    for b, (n, _) in enumerate(lens):
+        per_layer = [torch.from_numpy(w[b, :, :n, :n]) for w in layers]
+        r = attention_rollout(per_layer).numpy()  # (layers, i, i)
+        for l in range(r.shape[0]):
+            matrices.append((f"r/{kind}/{b}/{l}", r[l]))
+    return {"error": None}
+
+
+# ----------------------------------------------------------------------------- checking
+
+def _check_attentions(attentions) -> dict:
+    if not isinstance(attentions, Mapping):
+        raise TypeError(f"attentions must be a dict kind -> list of per-layer (b, h, i, j) "
+                        f"tensors (kinds {list(KINDS)}), got {type(attentions).__name__}; "
+                        "e.g. {'encoder_self': weights}")
+    if not attentions:
+        raise ValueError(f"attentions is empty; expected at least one of {list(KINDS)}")
+    kinds, ref = {}, None
+    for kind in KINDS:
+        if kind not in attentions:
+            continue
+        layers = attentions[kind]
+        if isinstance(layers, (torch.Tensor, np.ndarray)) and layers.ndim == 5:
+            layers = list(layers)
+        if not isinstance(layers, (list, tuple)) or not layers:
+            raise TypeError(f"attentions[{kind!r}] must be a non-empty list with one (b, h, i, j)"
+                            f" tensor (or None) per layer, got {type(layers).__name__}")
+        arrays = [None if w is None else _as_array(kind, l, w) for l, w in enumerate(layers)]
+        shapes = {(w.shape[0], w.shape[2], w.shape[3]) for w in arrays if w is not None}
+        if not shapes:
+            raise ValueError(f"attentions[{kind!r}] has no recorded layer (all None)")
+        if len(shapes) > 1:
+            raise ValueError(f"attentions[{kind!r}] layers disagree on (b, i, j): {sorted(shapes)}"
+                             "; every layer must come from the same batch")
+        (b, i, j), = shapes
+        if ref is not None and b != ref:
+            raise ValueError(f"attentions[{kind!r}] has batch size {b} but another kind has {ref}"
+                             "; pass the attentions of one forward pass")
+        ref = b
+        if kind != "cross" and i != j:
+            raise ValueError(f"attentions[{kind!r}] is self-attention, so i must equal j, got "
+                             f"(i, j) = ({i}, {j})")
+        kinds[kind] = {"layers": arrays, "batch": b, "i": i, "j": j}
+    unknown = sorted(set(attentions) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown attention kinds {unknown}; expected keys from {list(KINDS)}")
+    return kinds
+
+
+def _as_array(kind: str, l: int, w) -> np.ndarray:
+    a = torch.as_tensor(w).detach().to("cpu", torch.float32).numpy()
+    if a.ndim != 4:
+        raise ValueError(f"attentions[{kind!r}][{l}] must be (b, h, i, j), got shape {a.shape}"
+                         + ("; add the batch axis with w[None]" if a.ndim == 3 else ""))
+    if not np.isfinite(a).all() or (a < 0).any():
+        raise ValueError(f"attentions[{kind!r}][{l}] must hold finite, non-negative weights "
+                         "(softmax probabilities), found NaN/inf or negative values")
+    return a
+
+
+def _check_tokens(tokens, kinds: dict, batch: int) -> dict:
+    needed = {side for kind in kinds for side in KINDS[kind]}
+    if not isinstance(tokens, Mapping):
+        if len(needed) > 1 or len(kinds) > 1:
+            raise ValueError(f"a plain token list is ambiguous for kinds {list(kinds)}; pass "
+                             "{'src': [...], 'tgt': [...]}")
+        tokens = {next(iter(needed)): tokens}
+    sides = {}
+    for side in sorted(needed):
+        if side not in tokens:
+            raise ValueError(f"tokens has no {side!r} entry, needed by kinds "
+                             f"{[k for k in kinds if side in KINDS[k]]}; pass tokens={{'src': "
+                             "[...], 'tgt': [...]}")
+        sides[side] = _per_example(side, tokens[side], batch)
+    for kind, info in kinds.items():
+        q_side, k_side = KINDS[kind]
+        for b in range(batch):
+            for side, n in ((q_side, info["i"]), (k_side, info["j"])):
+                if len(sides[side][b]) > n:
+                    raise ValueError(f"tokens[{side!r}] example {b} has {len(sides[side][b])} "
+                                     f"tokens but attentions[{kind!r}] has only {n} positions on "
+                                     "that axis")
+                if not sides[side][b]:
+                    raise ValueError(f"tokens[{side!r}] example {b} is empty")
+    return sides
+
+
+def _per_example(side: str, value, batch: int) -> list[list[str]]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(f"tokens[{side!r}] must be a list of strings (or one list per example), "
+                        f"got {type(value).__name__}")
+    if value and all(isinstance(t, str) for t in value):
+        return [list(value)] * batch
+    if len(value) != batch or not all(isinstance(e, Sequence) and not isinstance(e, str)
+                                      and all(isinstance(t, str) for t in e) for e in value):
+        raise ValueError(f"tokens[{side!r}] must be one list of strings or {batch} lists (one "
+                         f"per example), got {len(value)} entries")
+    return [list(e) for e in value]
+
+
+def _check_importance(importance, kinds: dict) -> dict:
+    if importance is None:
+        return {}
+    if not isinstance(importance, Mapping):
+        raise TypeError(f"importance must be a dict kind -> (layers, heads) array, got "
+                        f"{type(importance).__name__}")
+    out = {}
+    for kind, scores in importance.items():
+        if kind not in kinds:
+            raise ValueError(f"importance has kind {kind!r} but attentions has only "
+                             f"{list(kinds)}")
+        a = torch.as_tensor(scores).detach().to("cpu", torch.float64).numpy()
+        n_layers = len(kinds[kind]["layers"])
+        n_heads = max(w.shape[1] for w in kinds[kind]["layers"] if w is not None)
+        if a.ndim != 2 or a.shape[0] != n_layers or a.shape[1] < n_heads:
+            raise ValueError(f"importance[{kind!r}] must be (layers, heads) = ({n_layers}, "
+                             f"{n_heads}), got shape {a.shape}")
+        out[kind] = [[None if not np.isfinite(x) else float(x) for x in row] for row in a]
+    return out
+
+
+# ----------------------------------------------------------------------------- page
+
+def _asset(name: str) -> str:
+    return resources.files("headwise.viz").joinpath("assets", name).read_text("utf-8")
+
+
+def _page(meta: dict, blocks: list[str]) -> str:
+    # "<" escaped so no token can close the <script> element.
+    meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+    title = html.escape(meta["title"])
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:;\">",
+        f"<title>{title}</title><style>{_asset('head_view.css')}</style></head>\n<body>",
+        f'<script type="application/json" id="hw-meta">{meta_json}</script>\n',
+        f"<script>{_asset('head_view.js')}</script>\n",
+        "\n".join(blocks),
+        "\n<script>window.headwise && window.headwise._dataLoaded();</script></body></html>\n",
+    ])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"head_view path {str(path)!r} must end in .html")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,170 @@
+"""Static per-head heatmaps: a matplotlib grid with rows = layers and columns = heads.
+
+Drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas, so it never touches
+pyplot's global state or needs a display.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["heatmaps"]
+
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+MAX_LABELLED_TOKENS = 48  # above this, ticks show positions instead of every token
+
+
+def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequence[str] | None,
+             path: str | os.PathLike, layers: Sequence[int] | None = None,
+             heads: Sequence[int] | None = None, title: str | None = None,
+             cmap: str = "Blues", dpi: int = 130) -> Path:
+    """Save a grid of attention heatmaps (rows = layers, columns = heads) as PNG, SVG or PDF.
+
+    Args:
+        weights: ``(layers, heads, i, j)`` tensor/array, or a list over layers of ``(h, i, j)``
+            tensors (batch already chosen; ``None`` entries for unrecorded layers are skipped).
+        query_tokens: ``i`` labels for the rows of each heatmap (``None``: positions).
+        key_tokens: ``j`` labels for the columns (``None``: positions).
+        path: output file; the format comes from the extension (``.png``, ``.svg``, ``.pdf``).
+        layers, heads: indices to draw (default all), in the order given.
+        title: optional figure title.
+        cmap: matplotlib colormap; the default runs light (0) to dark (max).
+        dpi: resolution of PNG output.
+
+    Returns:
+        The written path. Each panel is titled ``L{l} H{h}``; one colour bar is shared by all
+        panels (0 to the largest weight shown).
+    """
+    path = Path(path)
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"heatmaps path {str(path)!r} has extension {path.suffix!r}; expected one "
+                         f"of {sorted(FORMATS)} (e.g. heads.png)")
+    per_layer = _as_layer_list(weights)
+    layers = _pick("layers", layers, [l for l, w in enumerate(per_layer) if w is not None])
+    for l in layers:
+        if per_layer[l] is None:
+            raise ValueError(f"layer {l} has no recorded weights (None); drop it from layers=")
+    n_heads = max(per_layer[l].shape[0] for l in layers)
+    heads = _pick("heads", heads, list(range(n_heads)))
+    n_i, n_j = per_layer[layers[0]].shape[1:]
+    q_labels = _labels("query_tokens", query_tokens, n_i)
+    k_labels = _labels("key_tokens", key_tokens, n_j)
+    for l in layers:
+        if per_layer[l].shape[1:] != (n_i, n_j):
+            raise ValueError(f"layer {l} weights are {tuple(per_layer[l].shape)}, but layer "
+                             f"{layers[0]} gives (i, j) = ({n_i}, {n_j}); all layers must match")
+        if max(heads) >= per_layer[l].shape[0]:
+            raise ValueError(f"heads={list(heads)} asks for head {max(heads)} but layer {l} has "
+                             f"{per_layer[l].shape[0]} heads")
+
+    vmax = max(float(per_layer[l][heads].max()) for l in layers) or 1.0
+    panel = float(np.clip(0.16 * max(n_i, n_j), 1.7, 3.2))  # inches per heatmap
+    fig = Figure(figsize=(panel * len(heads) + 1.6, panel * len(layers) + 0.9 + (title is not None) * 0.3),
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(layers), len(heads), squeeze=False, sharex=True, sharey=True)
+    image = None
+    for r, l in enumerate(layers):
+        for c, h in enumerate(heads):
+            ax = axes[r, c]
+            image = ax.imshow(per_layer[l][h], cmap=cmap, vmin=0.0, vmax=vmax,
+                              interpolation="nearest", aspect="auto")
+            ax.set_title(f"L{l} H{h}", fontsize=9, pad=3)
+            for spine in ax.spines.values():
+                spine.set_edgecolor("#9aa3ad")
+            _ticks(ax, q_labels, k_labels, first_col=c == 0, last_row=r == len(layers) - 1)
+    axes[-1, 0].set_xlabel("key", fontsize=8)
+    axes[-1, 0].set_ylabel("query", fontsize=8)
+    bar = fig.colorbar(image, ax=axes, shrink=min(0.8, 0.35 + 0.1 * len(layers)), aspect=30)
+    bar.set_label("attention weight", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    _save_atomic(fig, path, fmt, dpi)
+    return path
+
+
+def _ticks(ax, q_labels, k_labels, *, first_col: bool, last_row: bool) -> None:
+    for labels, axis, show in ((q_labels, ax.yaxis, first_col), (k_labels, ax.xaxis, last_row)):
+        if labels is not None and len(labels) <= MAX_LABELLED_TOKENS:
+            axis.set_ticks(range(len(labels)))
+            axis.set_ticklabels(labels, fontsize=7)
+        ax.tick_params(axis="both", length=2, labelsize=7)
+    ax.tick_params(axis="x", labelrotation=90, labelbottom=last_row)
+    ax.tick_params(axis="y", labelleft=first_col)
+
+
+def _labels(name: str, tokens, n: int) -> list[str] | None:
+    if tokens is None:
+        return None
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise TypeError(f"{name} must be a list of {n} strings, got {type(tokens).__name__}")
+    if len(tokens) != n:
+        raise ValueError(f"{name} has {len(tokens)} labels but the weights have {n} positions "
+                         "on that axis; pass one label per position")
+    return [_display(str(t)) for t in tokens]
+
+
+def _display(token: str) -> str:
+    """Make whitespace tokens visible in labels."""
+    token = token.replace("\n", "⏎")
+    return "␣" * len(token) if token.strip() == "" else token
+
+
+def _pick(name: str, chosen, available: list[int]) -> list[int]:
+    if chosen is None:
+        return available
+    chosen = [int(x) for x in chosen]
+    bad = [x for x in chosen if x not in available]
+    if not chosen or bad:
+        raise ValueError(f"{name}={chosen} must be a non-empty subset of {available}")
+    return chosen
+
+
+def _as_layer_list(weights) -> list[np.ndarray | None]:
+    if isinstance(weights, (torch.Tensor, np.ndarray)):
+        if weights.ndim != 4:
+            raise ValueError(f"weights must be (layers, heads, i, j), got shape "
+                             f"{tuple(weights.shape)}; pick one example first, e.g. w[:, 0]")
+        weights = list(weights)
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise TypeError(f"weights must be a (layers, heads, i, j) tensor or a list of (h, i, j) "
+                        f"tensors, got {type(weights).__name__}")
+    out: list[np.ndarray | None] = []
+    for l, w in enumerate(weights):
+        if w is None:
+            out.append(None)
+            continue
+        a = torch.as_tensor(w).detach().to("cpu", torch.float32).numpy()
+        if a.ndim != 3:
+            hint = "; pick one example first, e.g. w[0]" if a.ndim == 4 else ""
+            raise ValueError(f"layer {l} weights must be (h, i, j), got shape {a.shape}{hint}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"layer {l} weights contain NaN or inf")
+        out.append(a)
+    if all(w is None for w in out):
+        raise ValueError("every layer is None: nothing to draw (record weights with "
+                         "return_weights=True)")
+    return out
+
+
+def _save_atomic(fig: Figure, path: Path, fmt: str, dpi: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=dpi, facecolor="white",
+                        metadata={"Software": "headwise"} if fmt == "png" else None)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
