@@ -7,6 +7,7 @@ position, ``d`` head dim, ``m`` model (query feature) dim.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -61,6 +62,8 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kvd, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)
         self.out_proj = nn.Linear(hd, self.out_dim, bias=bias)
+        self._qkv_sizes = (hd, kvd, kvd)
+        self._qkv_cache = None  # (version key, W_qkv, b_qkv) for inference
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
@@ -91,14 +94,7 @@ class MultiHeadAttention(nn.Module):
         mask = self._check_inputs(query, key, value, mask, valid_lens, head_mask)
         record("input", query, "b i m")
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
-        q = self._split(self.q_proj(query), "q", self.num_heads)
-        if cache is not None and cache.ready:  # cross-attention: k/v already projected
-            k, v = cache.k, cache.v
-        else:
-            k = self._split(self.k_proj(key), "k", self.num_kv_heads)
-            v = self._split(self.v_proj(value), "v", self.num_kv_heads)
-            if cache is not None:  # self: append and return all positions; cross: store
-                k, v = cache.update(k, v)
+        q, k, v = self._project(query, key, value, cache)
         # 3) attend, each head separately
         out, weights = attention(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                  dropout_p=self.dropout if self.training else 0.0,
@@ -112,6 +108,40 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(out)
         record("output projection", out, "b i m")
         return out, weights
+
+    def _project(self, query, key, value, cache):
+        """q ``(b, h, i, d)``, k and v ``(b, g, j, d)``, through the cache when one is given."""
+        if cache is not None and cache.ready:  # cross-attention: k/v already projected
+            return self._split(self.q_proj(query), "q", self.num_heads), cache.k, cache.v
+        if key is query and value is query and self.kdim == self.vdim == self.embed_dim:
+            # Self-attention: the three projections as one GEMM over the concatenated weights
+            # (what a fused in_proj does), then cut the result back into q, k, v.
+            qkv = F.linear(query, *self._qkv_weight())
+            q, k, v = qkv.split(self._qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        q = self._split(q, "q", self.num_heads)
+        k = self._split(k, "k", self.num_kv_heads)
+        v = self._split(v, "v", self.num_kv_heads)
+        if cache is not None:  # self: append and return all positions; cross: store
+            k, v = cache.update(k, v)
+        return q, k, v
+
+    def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``cat(W_q, W_k, W_v)`` (and biases). Without autograd (inference) the concatenation
+        is cached until a weight changes (tracked by the tensors' version counters)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        has_bias = self.q_proj.bias is not None
+        if torch.is_grad_enabled():
+            return (torch.cat([p.weight for p in projs]),
+                    torch.cat([p.bias for p in projs]) if has_bias else None)
+        params = [t for p in projs for t in (p.weight, p.bias) if t is not None]
+        key = tuple((t.data_ptr(), t._version) for t in params)
+        if self._qkv_cache is None or self._qkv_cache[0] != key:
+            w = torch.cat([p.weight for p in projs])
+            b = torch.cat([p.bias for p in projs]) if has_bias else None
+            self._qkv_cache = (key, w, b)
+        return self._qkv_cache[1], self._qkv_cache[2]
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
         record(f"{name} projection", x, "b n (h d)" if name == "q" else "b n (g d)")

@@ -1,0 +1,147 @@
+"""headwise.MultiHeadAttention vs hand-written projections + SDPA and torch's MHA.
+
+b=4, embed 512, 8 heads, fp32, n = 128 ... 4096; forward (no_grad) and forward+backward.
+Candidates, interleaved in one process (medians of per-round ratios):
+  raw          F.linear (fused QKV weight) + F.scaled_dot_product_attention + F.linear  (anchor)
+  headwise     headwise.MultiHeadAttention, default backend
+  torch        torch.nn.MultiheadAttention(need_weights=False)
+  torch+w      torch.nn.MultiheadAttention(need_weights=True) (n <= 2048)
+  hw pad       headwise with a key-padding mask (valid_lens)        vs headwise unmasked
+  hw causal+pad headwise with causal=True and valid_lens             vs headwise unmasked
+Peak memory (fresh process per point, n = 1024 and 4096) for raw, headwise and the masks.
+
+    python benchmarks/attention.py [--seqs 128 256 ...] [--modes fwd fwdbwd] [--no-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+import headwise as hw  # noqa: E402
+
+B, H, E = 4, 8, 512
+
+
+def valid_lens(n: int) -> torch.Tensor:
+    """Batch element x has x * n / 8 padded keys at the end (as the anchors do)."""
+    return torch.tensor([n - x * n // 8 for x in range(B)])
+
+
+def build(name: str, n: int, mode: str, seed: int = 0):
+    """Return ``step()`` running one forward (fwd) or forward+backward (fwdbwd)."""
+    torch.manual_seed(seed)
+    grad = mode == "fwdbwd"
+    x = torch.randn(B, n, E, requires_grad=grad)
+    gout = torch.randn(B, n, E)
+    lens = valid_lens(n)
+    if name == "raw":
+        wqkv = nn.Parameter(torch.randn(3 * E, E) / E**0.5)
+        wo = nn.Parameter(torch.randn(E, E) / E**0.5)
+
+        def call():
+            qkv = F.linear(x, wqkv).view(B, n, 3, H, -1).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+            return F.linear(o.transpose(1, 2).reshape(B, n, E), wo)
+        params = [wqkv, wo]
+    elif name.startswith("torch"):
+        m = nn.MultiheadAttention(E, H, bias=False, batch_first=True)
+        if not grad:
+            m.eval()
+        need = name == "torch+w"
+
+        def call():
+            return m(x, x, x, need_weights=need, average_attn_weights=False)[0]
+        params = list(m.parameters())
+    else:
+        m = hw.MultiHeadAttention(E, H, bias=False)
+        kwargs = {"hw pad": dict(valid_lens=lens),
+                  "hw causal+pad": dict(valid_lens=lens, causal=True),
+                  "hw causal": dict(causal=True)}.get(name, {})
+
+        def call():
+            return m(x, **kwargs)[0]
+        params = list(m.parameters())
+
+    if grad:
+        def step():
+            for p in params + [x]:
+                p.grad = None
+            call().backward(gout)
+    else:
+        def step():
+            with torch.no_grad():
+                call()
+    return step
+
+
+def time_point(n: int, mode: str) -> dict:
+    names = ["raw", "headwise", "torch", "hw pad", "hw causal+pad"]
+    if n <= 2048:
+        names.append("torch+w")
+    steps = {name: build(name, n, mode) for name in names}
+    budget = 6.0 if n <= 1024 else 14.0
+    times = C.interleave(steps, min_rounds=3 if n < 4096 else 2, budget_s=budget)
+    row = {"n": n, "mode": mode, "raw ms": C.median_ms(times["raw"])}
+    row["headwise/raw"] = C.ratio(times["headwise"], times["raw"])
+    row["torch/raw"] = C.ratio(times["torch"], times["raw"])
+    row["headwise/torch"] = C.ratio(times["headwise"], times["torch"])
+    row["torch+w/raw"] = C.ratio(times["torch+w"], times["raw"]) if "torch+w" in times else "-"
+    row["pad/unmasked"] = C.ratio(times["hw pad"], times["headwise"])
+    row["causal+pad/unmasked"] = C.ratio(times["hw causal+pad"], times["headwise"])
+    return row
+
+
+def memory_child(name: str, n: int, mode: str) -> None:
+    step = build(name, n, mode)
+    step()
+    base = C.rss_mb()
+    C.reset_peak()
+    step()
+    print(json.dumps({"peak_mb": C.rss_mb("VmHWM") - base}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seqs", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
+    p.add_argument("--mem-seqs", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--child", nargs=3, metavar=("NAME", "N", "MODE"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return memory_child(args.child[0], int(args.child[1]), args.child[2])
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, b={B}, embed={E}, "
+          f"heads={H}, fp32\n")
+    rows = []
+    for mode in args.modes:
+        for n in args.seqs:
+            rows.append(time_point(n, mode))
+            print(C.table(rows[-1:], list(rows[-1])), flush=True)
+    print("\n## Time (medians of per-round ratios; < 1 is faster)\n")
+    print(C.table(rows, list(rows[0])))
+    if args.no_memory:
+        return
+    mem_rows = []
+    for mode in args.modes:
+        for n in args.mem_seqs:
+            peaks = {name: C.peak_in_subprocess(__file__, "--child", name, str(n), mode)["peak_mb"]
+                     for name in ("raw", "headwise", "hw pad", "hw causal+pad", "torch")}
+            mem_rows.append({"n": n, "mode": mode, "raw MB": peaks["raw"],
+                             **{f"{k}/raw": peaks[k] / peaks["raw"]
+                                for k in ("headwise", "hw pad", "hw causal+pad", "torch")}})
+    print("\n## Peak memory above the resting RSS (fresh process per point)\n")
+    print(C.table(mem_rows, list(mem_rows[0])))
+
+
+if __name__ == "__main__":
+    main()
