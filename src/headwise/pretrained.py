@@ -263,17 +263,12 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
         state = path_or_state_dict
     elif isinstance(path_or_state_dict, (str, Path)):
         path = Path(path_or_state_dict)
-        if config is None:
-            config = _read_config(path)
+        config = _as_config(_read_config(path) if config is None else config)
         state = _read_weights(path, device)
     else:
         raise TypeError(f"load_bert expects a folder, a .safetensors path or a state dict, got "
                         f"{type(path_or_state_dict).__name__}")
-    if isinstance(config, Mapping):
-        config = bert_config_from_hf(config)
-    if not isinstance(config, BertConfig):
-        raise TypeError(f"load_bert: config must be a BertConfig or a config.json dict, got "
-                        f"{type(config).__name__}")
+    config = _as_config(config)
     if not any(k.removeprefix("bert.").startswith("pooler.") for k in state):
         config = config.replace(pooler=False)  # e.g. BertForMaskedLM checkpoints have none
     if backend is not None:
@@ -284,6 +279,15 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
     _check_shapes(model, renamed)
     model.load_state_dict(renamed, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _as_config(config) -> BertConfig:
+    if isinstance(config, Mapping):
+        config = bert_config_from_hf(config)
+    if not isinstance(config, BertConfig):
+        raise TypeError(f"load_bert: config must be a BertConfig or a config.json dict, got "
+                        f"{type(config).__name__}")
+    return config
 
 
 def _read_config(path: Path) -> dict[str, Any]:
