@@ -8,6 +8,7 @@ from headwise import masks
 from headwise.attention import BACKENDS, attention, attention_weights, register_backend
 from headwise.heads import PerHeadAttention, fuse, merge_heads, split_heads, unfuse
 from headwise.layers import MultiHeadAttention
+from headwise.trace import Trace, trace
 
 __version__ = "0.1.0"
 
@@ -22,5 +23,7 @@ __all__ = [
     "merge_heads",
     "register_backend",
     "split_heads",
+    "trace",
+    "Trace",
     "unfuse",
 ]

@@ -1,0 +1,83 @@
+"""`headwise trace`: the learner's LM command, fused vs fallback, bad input in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from headwise.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_lm_command_shows_the_annotated_shapes_in_order(capsys):
+    code, out, _ = run(capsys, "trace", "lm", "--vocab", "33300", "--embed-dim", "512",
+                       "--heads", "8", "--batch", "1", "--seq", "8")
+    assert code == 0
+    lines = out.splitlines()
+
+    def at(text, after=-1):
+        for n, line in enumerate(lines):
+            if n > after and text in line:
+                return n
+        raise AssertionError(f"{text!r} not found after line {after}:\n{out}")
+
+    n = at("input tokens")
+    assert "(b=1, n=8)" in lines[n]
+    n = at("embed: Embeddings", n)
+    assert "(b=1, n=8, m=512)" in lines[n]
+    for name, pos in (("split heads q", "i"), ("split heads k", "j"), ("split heads v", "j")):
+        n = at(name, n)
+        assert f"(b=1, h=8, {pos}=8, d=64)" in lines[n]
+    n = at("scores (not materialised)", n)
+    assert "(b=1, h=8, i=8, j=8)" in lines[n]
+    n = at("merge heads", n)
+    assert "(b=1, i=8, (h d)=512)" in lines[n]
+    n = at("output projection", n)
+    assert "(b=1, i=8, m=512)" in lines[n]
+    assert "5 more DecoderBlock" in out
+    assert "6 calls, 6 fused" in out
+
+
+def test_sdpa_fused_then_weights_fall_back(capsys):
+    base = ("trace", "transformer", "--embed-dim", "16", "--heads", "2", "--layers", "1",
+            "--vocab", "30", "--seq", "4", "--kv-seq", "5", "--backend", "sdpa")
+    code, out, _ = run(capsys, *base)
+    assert code == 0 and "3 calls, 3 fused" in out and "fell back" not in out
+    code, out, _ = run(capsys, *base, "--weights", "cross")
+    assert code == 0 and "3 calls, 2 fused" in out
+    line = next(x for x in out.splitlines() if x.startswith("  decoder.blocks.0.cross_attn "))
+    assert line.split() == ["decoder.blocks.0.cross_attn", "cross", "eager", "O(n^2)", "fell",
+                            "back", "to", "eager:", "weights", "requested"]
+    code, out, _ = run(capsys, *base, "--dropout", "0.1")
+    assert code == 0 and "dropout > 0" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("trace", "gpt"), "unknown model kind 'gpt'; choose one of mha, encoder, decoder"),
+    (("trace", "mha", "--embed-dim", "510", "--heads", "8"), "embed_dim=510 is not divisible"),
+    (("trace", "lm", "--heads", "4", "--kv-heads", "3"), "not a multiple of num_kv_heads"),
+    (("trace", "mha", "--seq", "0"), "--seq must be >= 1"),
+    (("trace", "mha", "--pad", "8"), "--pad 8 leaves no real key position"),
+    (("trace", "lm", "--weights", "cross"), "unknown kind 'cross'"),
+    (("trace",), "give a kind"),
+    (("trace", "--checkpoint", "/nonexistent/ckpt"), "/nonexistent/ckpt"),
+])
+def test_bad_input_is_one_readable_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code != 0
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_formats(capsys):
+    code, out, _ = run(capsys, "trace", "mha", "--embed-dim", "8", "--heads", "2", "--format",
+                       "markdown")
+    assert code == 0 and out.startswith("### Trace of `MultiHeadAttention`")
+    code, out, _ = run(capsys, "trace", "mha", "--embed-dim", "8", "--heads", "2", "--format",
+                       "json")
+    assert code == 0 and '"named_shape": "(b=1, h=2, i=8, d=4)"' in out

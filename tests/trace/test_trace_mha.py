@@ -1,0 +1,170 @@
+"""headwise.trace on MultiHeadAttention: outputs unchanged, every step with the right named
+shape, honest about what the fused kernel materialised, hooks cleaned up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import headwise as hw
+from headwise import _record
+
+
+def _by_name(t, name):
+    found = t.find(name)
+    assert found, f"no step {name!r} in {[s.name for s in t.steps]}"
+    return found[0]
+
+
+@st.composite
+def configs(draw):
+    h = draw(st.sampled_from([1, 2, 3, 4]))
+    g = draw(st.sampled_from([x for x in (1, 2, 4) if h % x == 0] + [h]))
+    d = draw(st.integers(1, 6))
+    m = draw(st.integers(2, 12))
+    cross = draw(st.booleans())
+    kdim = draw(st.integers(1, 7)) if cross else None
+    vdim = draw(st.integers(1, 7)) if cross else None
+    b, nq = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    nk = draw(st.integers(1, 6)) if cross else nq
+    backend = draw(st.sampled_from(["auto", "eager", "sdpa"]))
+    weights = draw(st.booleans())
+    causal = draw(st.booleans())
+    return dict(h=h, g=g, d=d, m=m, kdim=kdim, vdim=vdim, b=b, nq=nq, nk=nk, backend=backend,
+                weights=weights, causal=causal, cross=cross)
+
+
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_trace_keeps_outputs_and_names_every_shape(c, seed):
+    torch.manual_seed(seed)
+    mha = hw.MultiHeadAttention(c["m"], c["h"], head_dim=c["d"], kdim=c["kdim"], vdim=c["vdim"],
+                                num_kv_heads=c["g"], backend=c["backend"])
+    b, nq, nk, h, g, d = c["b"], c["nq"], c["nk"], c["h"], c["g"], c["d"]
+    q = torch.randn(b, nq, c["m"])
+    args = (q,) if not c["cross"] else (q, torch.randn(b, nk, mha.kdim),
+                                        torch.randn(b, nk, mha.vdim))
+    lens = torch.randint(1, nk + 1, (b,))
+    kwargs = dict(valid_lens=lens, causal=c["causal"], return_weights=c["weights"])
+    expected = mha(*args, **kwargs)
+    t = hw.trace(mha, *args, **kwargs)
+    out, w = t.output
+    assert torch.equal(out, expected[0])
+    assert (w is None) == (expected[1] is None)
+    if w is not None:
+        assert torch.equal(w, expected[1])
+    assert _record._recorder is None
+    assert not mha._forward_hooks and not mha._forward_pre_hooks
+
+    heads_kv = "h" if g == h else "g"
+    want = {
+        "input": ((b, nq, c["m"]), ("b", "i", "m")),
+        "q projection": ((b, nq, h * d), ("b", "i", "(h d)")),
+        "split heads q": ((b, h, nq, d), ("b", "h", "i", "d")),
+        "k projection": ((b, nk, g * d), ("b", "j", f"({heads_kv} d)")),
+        "split heads k": ((b, g, nk, d), ("b", heads_kv, "j", "d")),
+        "split heads v": ((b, g, nk, d), ("b", heads_kv, "j", "d")),
+        "scores": ((b, h, nq, nk), ("b", "h", "i", "j")),
+        "merge heads": ((b, nq, h * d), ("b", "i", "(h d)")),
+        "output projection": ((b, nq, c["m"]), ("b", "i", "m")),
+    }
+    for name, (shape, axes) in want.items():
+        step = _by_name(t, name)
+        assert step.shape == shape, name
+        assert step.axes == axes, name
+        assert step.named_shape == "(" + ", ".join(
+            f"{a}={s}" for a, s in zip(axes, shape, strict=True)) + ")"
+    order = [s.name for s in t.steps]
+    assert order.index("split heads q") < order.index("scores") < order.index("merge heads") \
+        < order.index("output projection")
+    eager = c["backend"] == "eager" or c["weights"]
+    scores = _by_name(t, "scores")
+    assert scores.materialised == eager
+    assert bool(t.find("softmax")) == eager
+    [run] = t.attention
+    assert run.fused == (not eager and run.ran != "sdpa[MATH]")
+    assert run.kind == ("cross" if c["cross"] else "self")
+
+
+def test_fused_kernel_is_reported_and_fallback_reasons_are_given():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32)
+    mha = hw.MultiHeadAttention(32, 4, backend="sdpa")
+    fused = hw.trace(mha, x)
+    [run] = fused.attention
+    assert run.fused and run.ran == "sdpa[FLASH_ATTENTION]" and run.memory == "O(n)"
+    assert "not materialised" in str(fused)
+    assert "1 fused" in fused.summary()
+    assert not _by_name(fused, "scores").materialised
+
+    weights = hw.trace(mha, x, return_weights=True)
+    [run] = weights.attention
+    assert not run.fused and run.ran == "eager" and run.memory == "O(n^2)"
+    assert run.reason == "weights requested"
+    assert "fell back to eager: weights requested" in weights.summary()
+    assert _by_name(weights, "scores").materialised
+
+    mha_drop = hw.MultiHeadAttention(32, 4, dropout=0.5, backend="sdpa").train()
+    dropped = hw.trace(mha_drop, x)
+    [run] = dropped.attention
+    assert run.ran == "sdpa[MATH]" and not run.fused and "dropout > 0" in run.reason
+    assert "fell back to sdpa's math kernel" in run.verdict
+
+    eager = hw.trace(hw.MultiHeadAttention(32, 4, backend="eager"), x)
+    assert eager.attention[0].verdict.startswith("eager (chosen)")
+
+
+def test_masks_and_grouped_heads_are_described():
+    torch.manual_seed(1)
+    mha = hw.MultiHeadAttention(16, 4, num_kv_heads=2)
+    x = torch.randn(1, 5, 16)
+    t = hw.trace(mha, x, mask=hw.masks.from_valid_lens(torch.tensor([3]), 5), causal=True)
+    text = str(t)
+    assert "mask bool (b=1, h=1, i=1, j=5) = key padding" in text
+    assert "causal" in text
+    split_k = _by_name(t, "split heads k")
+    assert split_k.info["pattern"] == "b n (g d) -> b g n d"
+    assert "2 key/value heads, each shared by 2 query heads" in split_k.info["note"]
+    eager = hw.trace(mha, x, mask=hw.masks.from_valid_lens(torch.tensor([3]), 5),
+                     return_weights=True)
+    assert _by_name(eager, "mask").info["kind"] == "bool (1, 1, 1, 5)"
+
+
+def test_unfused_per_head_loop_is_traced_head_by_head():
+    torch.manual_seed(2)
+    mha = hw.MultiHeadAttention(4, 2, head_dim=3, kdim=3, vdim=2)
+    per_head = hw.unfuse(mha)
+    q, k, v = torch.randn(1, 5, 4), torch.randn(1, 6, 3), torch.randn(1, 6, 2)
+    t = hw.trace(per_head, q, k, v)
+    assert torch.equal(t.output[0], per_head(q, k, v)[0])
+    projections = [s for s in t.steps if s.path.startswith("q_heads.")]
+    assert [s.path for s in projections] == ["q_heads.0", "q_heads.1"]
+    assert all(s.shape == (1, 5, 3) for s in projections)
+    assert [s.shape for s in t.find("scores")] == [(1, 1, 5, 6)] * 2
+
+
+def test_exports_and_errors_leave_no_hooks():
+    mha = hw.MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="features"):
+        hw.trace(mha, torch.randn(1, 3, 5))
+    assert _record._recorder is None
+    assert not mha._forward_hooks
+    with pytest.raises(TypeError, match="nn.Module"):
+        hw.trace(lambda x: x, torch.randn(1))
+
+
+def test_markdown_and_json_carry_every_step():
+    torch.manual_seed(3)
+    mha = hw.MultiHeadAttention(8, 2)
+    t = hw.trace(mha, torch.randn(1, 3, 8), return_weights=True)
+    data = json.loads(t.to_json())
+    assert [s["name"] for s in data["steps"]] == [s.name for s in t.steps]
+    assert data["steps"][2]["shape"] == list(t.steps[2].shape)
+    assert data["attention"][0]["reason"] == "weights requested"
+    md = t.to_markdown()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(t.steps)
+    assert "`(b=1, h=2, i=3, d=4)`" in md
