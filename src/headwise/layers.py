@@ -117,6 +117,8 @@ class MultiHeadAttention(nn.Module):
             # Self-attention: the three projections as one GEMM over the concatenated weights
             # (what a fused in_proj does), then cut the result back into q, k, v.
             qkv = F.linear(query, *self._qkv_weight())
+            record("q, k, v projection", qkv, "b i qkv",
+                   note="one GEMM over cat(W_q, W_k, W_v), then cut into q, k, v")
             q, k, v = qkv.split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
