@@ -27,6 +27,7 @@ import os
 import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
@@ -46,7 +47,7 @@ KIND_LABELS = {"encoder_self": "Encoder self-attention", "decoder_self": "Decode
 def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike, *,
               importance: Mapping[str, object] | None = None, title: str | None = None,
               rollout: bool = True, thumbnail: int = 48, max_mb: float | None = 40.0,
-              compress_level: int = 6) -> Path:
+              compress_level: int = 4) -> Path:
     """Write the interactive head view to ``path`` and return it.
 
     Args:
@@ -100,7 +101,9 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
         meta["kinds"][kind] = entry
     for levels in LEVELS:
-        blocks = [_block(key, m, levels, compress_level) for key, m in matrices]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
+            blocks = list(pool.map(_block, *zip(*matrices, strict=True),
+                                   [levels] * len(matrices), [compress_level] * len(matrices)))
         meta["levels"] = levels
         page = _page(meta, blocks)
         if max_mb is None or len(page.encode("utf-8")) <= max_mb * 1e6:

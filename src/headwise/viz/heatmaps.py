@@ -94,7 +94,7 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
 
 
 def _ticks(ax, q_labels, k_labels, *, first_col: bool, last_row: bool) -> None:
-    for labels, axis, show in ((q_labels, ax.yaxis, first_col), (k_labels, ax.xaxis, last_row)):
+    for labels, axis in ((q_labels, ax.yaxis), (k_labels, ax.xaxis)):
         if labels is not None and len(labels) <= MAX_LABELLED_TOKENS:
             axis.set_ticks(range(len(labels)))
             axis.set_ticklabels(labels, fontsize=7)

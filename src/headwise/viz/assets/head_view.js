@@ -18,6 +18,8 @@
   const S = {
     kind: KINDS[0], example: 0, layer: firstLayer(KINDS[0]), head: 0, tab: "lines",
     active: new Array(maxHeads).fill(true), hover: null, cell: null, matrixMode: "head", gamma: 1,
+    // colour scale of the matrix views: false = ÷ the matrix max, true = ÷ each row's max
+    rowScale: { matrix: false, rollout: true },
   };
   const hw = {
     meta: META, state: S, lastDraw: {}, dataLoaded: false, errors: [],
@@ -239,7 +241,8 @@
     ui.matrixBar = colorbar();
     ui.matrixCaption = el("p", { class: "hw-caption" });
     ui.matrix = el("div", { class: "hw-view", id: "hw-matrix" },
-      el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Show" }), ui.matrixMode),
+      el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Show" }), ui.matrixMode,
+        el("span", { class: "hw-label", text: "Colour" }), scaleSeg("matrix")),
       ui.matrixCaption, ui.matrixBox, ui.matrixBar.node);
 
     ui.rollCanvas = el("canvas", { id: "hw-rollout-canvas" });
@@ -247,7 +250,8 @@
     ui.rollBar = colorbar();
     ui.rollCaption = el("p", { class: "hw-caption" });
     ui.rollMessage = el("div", { class: "hw-message" });
-    ui.rollout = el("div", { class: "hw-view", id: "hw-rollout" }, ui.rollCaption, ui.rollMessage, ui.rollBox, ui.rollBar.node);
+    ui.rollTools = el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Colour" }), scaleSeg("rollout"));
+    ui.rollout = el("div", { class: "hw-view", id: "hw-rollout" }, ui.rollTools, ui.rollCaption, ui.rollMessage, ui.rollBox, ui.rollBar.node);
 
     ui.readout = el("div", { class: "hw-readout", id: "hw-readout" });
     const detail = el("section", { class: "hw-panel hw-detail", "aria-label": "detail view" },
@@ -267,6 +271,11 @@
     window.addEventListener("resize", () => scheduleDetail());
   }
 
+  function scaleSeg(view) {
+    return el("div", { class: "hw-seg hw-scale", "data-view": view },
+      el("button", { "data-row": "0", onclick: () => setRowScale(view, false), text: "÷ matrix max", title: "one colour scale for the whole matrix" }),
+      el("button", { "data-row": "1", onclick: () => setRowScale(view, true), text: "÷ row max", title: "each query row scaled to its own largest value" }));
+  }
   function colorbar() {
     const canvas = el("canvas", { width: 180, height: 10 });
     const lo = el("span", { text: "0" }), hi = el("span");
@@ -386,6 +395,9 @@
     ui.matrix.hidden = S.tab !== "matrix";
     ui.rollout.hidden = S.tab !== "rollout";
     for (const b of ui.matrixMode.children) b.setAttribute("aria-pressed", String(b.dataset.mode === S.matrixMode));
+    for (const seg of document.querySelectorAll(".hw-scale")) {
+      for (const b of seg.children) b.setAttribute("aria-pressed", String((b.dataset.row === "1") === S.rowScale[seg.dataset.view]));
+    }
     for (const b of document.querySelectorAll("#hw-kind button")) b.setAttribute("aria-pressed", String(b.dataset.kind === S.kind));
     for (const b of document.querySelectorAll("#hw-gamma button")) b.setAttribute("aria-pressed", String(+b.dataset.gamma === S.gamma));
     document.getElementById("hw-example").value = String(S.example);
@@ -574,9 +586,12 @@
     ctx.beginPath(); ctx.roundRect ? ctx.roundRect(x, y, w, h, r) : ctx.rect(x, y, w, h);
   }
   function canvasSignature(canvas) { // cheap checksum of the drawn pixels (tests compare these)
-    const ctx = canvas.getContext("2d");
     const { width, height } = canvas;
     if (!width || !height) return 0;
+    const copy = document.createElement("canvas"); // read a copy: the view's canvas stays GPU-friendly
+    copy.width = width; copy.height = height;
+    const ctx = copy.getContext("2d", { willReadFrequently: true });
+    ctx.drawImage(canvas, 0, 0);
     const d = ctx.getImageData(0, 0, width, height).data;
     let s = 0;
     for (let i = 0; i < d.length; i += 4 * 7) s = (s * 31 + d[i] + 3 * d[i + 1] + 7 * d[i + 2] + 11 * d[i + 3]) % 2147483647;
@@ -653,6 +668,13 @@
     let max = 0;
     for (let x = 0; x < values.length; x++) if (values[x] > max) max = values[x];
     st.max = max;
+    const rowScale = S.rowScale[label];
+    const rowInv = new Float32Array(nq);
+    for (let i = 0; i < nq; i++) {
+      let m = 0;
+      for (let j = 0; j < nk; j++) if (values[i * nk + j] > m) m = values[i * nk + j];
+      rowInv[i] = rowScale ? (m > 0 ? 1 / m : 0) : (max > 0 ? 1 / max : 0);
+    }
     const width = Math.max(320, box.clientWidth || 600);
     const avail = Math.max(240, Math.min(width, window.innerHeight - 300));
     const ctxm = canvas.getContext("2d");
@@ -672,14 +694,16 @@
     const off = document.createElement("canvas");
     off.width = pw; off.height = ph;
     const octx = off.getContext("2d"), img = octx.createImageData(pw, ph);
-    const inv = max > 0 ? 255 / max : 0;
     for (let r = 0; r < ph; r++) {
       const i0 = Math.floor((r * nq) / ph), i1 = Math.max(i0 + 1, Math.floor(((r + 1) * nq) / ph));
       for (let c = 0; c < pw; c++) {
         const j0 = Math.floor((c * nk) / pw), j1 = Math.max(j0 + 1, Math.floor(((c + 1) * nk) / pw));
         let v = 0;
-        for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) { const x = values[i * nk + j]; if (x > v) v = x; }
-        const idx = Math.min(255, Math.round(v * inv)) * 3, o = (r * pw + c) * 4;
+        for (let i = i0; i < i1; i++) {
+          const s = rowInv[i];
+          for (let j = j0; j < j1; j++) { const x = values[i * nk + j] * s; if (x > v) v = x; }
+        }
+        const idx = Math.min(255, Math.round(v * 255)) * 3, o = (r * pw + c) * 4;
         img.data[o] = LUT[idx]; img.data[o + 1] = LUT[idx + 1]; img.data[o + 2] = LUT[idx + 2]; img.data[o + 3] = 255;
       }
     }
@@ -706,10 +730,14 @@
       }
       ctx.restore();
     } else {
-      ctx.fillStyle = "#5f6877"; ctx.textBaseline = "alphabetic"; ctx.textAlign = "left";
-      ctx.fillText("key position →", ml, mt - 7);
-      ctx.save(); ctx.translate(ml - 10, mt); ctx.rotate(Math.PI / 2); ctx.fillText("query position →", 0, 0); ctx.restore();
+      ctx.fillStyle = "#5f6877"; ctx.textBaseline = "alphabetic"; ctx.textAlign = "center";
+      ctx.fillText("key position", ml + dw / 2, mt - 7);
+      ctx.textAlign = "left"; ctx.fillText("0", ml, mt - 7);
       ctx.textAlign = "right"; ctx.fillText(String(nk - 1), ml + dw, mt - 7);
+      ctx.save(); ctx.translate(ml - 8, mt + dh / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center";
+      ctx.fillText("query position (0 at the top)", 0, 0); ctx.restore();
+      ctx.textAlign = "right"; ctx.textBaseline = "bottom"; ctx.fillText(String(nq - 1), ml - 4, mt + dh);
+      ctx.textBaseline = "top"; ctx.fillText("0", ml - 4, mt);
     }
     // hover cross-hair: a query row, a key column, or a cell
     const h = S.hover;
@@ -720,7 +748,8 @@
       const j = h.side === "k" ? h.index : h.key;
       ctx.strokeRect(ml + j * cw, mt, Math.max(cw, 1.5), dh);
     }
-    paintColorbar(bar, max, label === "rollout" ? "rollout" : "weight");
+    if (rowScale) paintColorbar(bar, 1, label === "rollout" ? "rollout ÷ row max" : "weight ÷ row max");
+    else paintColorbar(bar, max, label === "rollout" ? "rollout" : "weight");
   }
   function onMatrixMove(e, which) {
     const st = which === "matrix" ? matrixState : rollState;
@@ -769,6 +798,7 @@
   function solo(h) { S.active = S.active.map((_, i) => i === h); refreshGridClasses(); scheduleDetail(); }
   function setTab(t) { S.tab = t; S.hover = null; scheduleDetail(); }
   function setMatrixMode(m) { S.matrixMode = m; scheduleDetail(); }
+  function setRowScale(view, row) { S.rowScale[view] = row; scheduleDetail(); }
   function setGamma(g) {
     S.gamma = g; LUT = lut(g);
     for (const c of ui.grid.querySelectorAll("canvas[data-drawn]")) drawThumb(c);
@@ -777,7 +807,7 @@
 
   // ------------------------------------------------------------------ scripting / test API
   Object.assign(hw, {
-    setKind, setExample, select, toggleHead, solo, setTab, setMatrixMode, setGamma,
+    setKind, setExample, select, toggleHead, solo, setTab, setMatrixMode, setGamma, setRowScale,
     /** checksum of a view's canvas pixels ("lines" | "matrix" | "rollout"); tests compare them */
     signature: (view) => canvasSignature({ lines: ui.linesCanvas, matrix: ui.matrixCanvas, rollout: ui.rollCanvas }[view]),
     setHover: (side, index) => setHover(side === null ? null : { side, index }),

@@ -1,0 +1,295 @@
+"""The head view in a real headless Chromium (Debian's /usr/bin/chromium via Playwright).
+
+Without a browser (a user's machine without root) these skip with the reason; under CI=true a
+missing browser is a failure. The page is opened from file:// in an offline context and every
+request is recorded: the only one allowed is the file itself.
+"""
+
+import io
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from headwise.viz import attention_rollout, head_view
+
+CHROMIUM = os.environ.get("HEADWISE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install 'headwise[browser]')"
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium, or `make browser` as root)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser_context():
+    reason = _unavailable()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"CI=true but the head-view browser tests cannot run: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    profile = tempfile.mkdtemp(prefix="headwise-chromium-")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=ARGS, offline=True,
+            viewport={"width": 1400, "height": 900})
+        yield context
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+class Page:
+    """One opened head-view page plus everything it logged and requested."""
+
+    def __init__(self, context, path):
+        self.page = context.new_page()
+        self.console, self.requests = [], []
+        self.page.on("console", lambda m: self.console.append((m.type, m.text)))
+        self.page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.url = path.resolve().as_uri()
+        self.page.goto(self.url)
+        self.page.wait_for_function("window.headwise && window.headwise.dataLoaded")
+        self.page.evaluate("window.headwise.ready")
+
+    def js(self, expr, arg=None):
+        return self.page.evaluate(expr, arg)
+
+    def settle(self):
+        """Wait for two animation frames and any pending decode (renders are rAF-scheduled)."""
+        self.page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        self.page.wait_for_timeout(60)
+
+    def lines(self):
+        return self.js("window.headwise.lastDraw.lines")
+
+    def hover_token(self, side, index):
+        pt = self.js(f"window.headwise.tokenPoint('{side}', {index})")
+        self.page.mouse.move(pt["x"], pt["y"])
+        self.settle()
+
+    def close(self):
+        problems = [m for m in self.console if m[0] in ("error", "pageerror", "warning")]
+        errors = self.js("window.headwise.errors")
+        self.page.close()
+        assert problems == [] and errors == []
+        assert self.requests == [self.url], f"unexpected requests: {self.requests}"
+
+
+def softmaxed(*shape, seed=0, scale=2.0, causal=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * scale
+    if causal:
+        n = shape[-1]
+        x = x.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return x.softmax(-1)
+
+
+L, H, B, NS, NT = 3, 4, 2, 9, 7
+SRC = [["the", "cat", "sat", "on", "the", "mat", "and", "slept", "."],
+       ["a", "dog", "ran", "."]]
+TGT = [["<s>", "le", "chat", "s'", "est", "assis", "."], ["<s>", "un", "chien"]]
+
+
+@pytest.fixture(scope="module")
+def seq2seq():
+    return {"encoder_self": [softmaxed(B, H, NS, NS, seed=l) for l in range(L)],
+            "decoder_self": [softmaxed(B, H, NT, NT, seed=10 + l, causal=True) for l in range(L)],
+            "cross": [softmaxed(B, H, NT, NS, seed=20 + l) for l in range(L)]}
+
+
+@pytest.fixture(scope="module")
+def seq2seq_file(seq2seq, tmp_path_factory):
+    importance = {"encoder_self": torch.arange(L * H, dtype=torch.float).reshape(L, H) / 10}
+    return head_view(seq2seq, {"src": SRC, "tgt": TGT},
+                     tmp_path_factory.mktemp("hv") / "view.html", importance=importance,
+                     title="test model")
+
+
+@pytest.fixture
+def page(browser_context, seq2seq_file):
+    p = Page(browser_context, seq2seq_file)
+    yield p
+    p.close()
+
+
+def test_opens_offline_with_a_full_grid(page):
+    assert page.js("document.title") == "test model"
+    cells = page.page.locator(".hw-cell:not(.hw-empty)")
+    assert cells.count() == L * H
+    drawn = page.js("[...document.querySelectorAll('.hw-cell canvas')].filter(c => c.dataset.drawn).length")
+    assert drawn == L * H
+    assert page.js("window.headwise.lastDraw.grid") == {"cells": L * H, "layers": L, "heads": H}
+    # importance scores appear on the grid: layer 2 head 3 = 1.1
+    assert page.page.locator('.hw-cell[data-layer="2"][data-head="3"] .hw-imp-val').inner_text() == "1.100"
+    png = page.page.screenshot(full_page=True)
+    from PIL import Image
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    assert img.std() > 15 and len(np.unique(img.reshape(-1, 3) // 8, axis=0)) > 200  # not blank
+
+
+def test_hover_highlights_exactly_the_attended_keys(page, seq2seq):
+    page.js("window.headwise.solo(1)")  # one head, so the highlighted edges are its row
+    page.settle()
+    before = page.js("window.headwise.signature('lines')")
+    seen = {}
+    for i in (0, 5):
+        page.hover_token("q", i)
+        drawn = page.lines()
+        assert drawn["hover"] == {"side": "q", "index": i} and drawn["heads"] == [1]
+        want = seq2seq["encoder_self"][0][0, 1, i].numpy()
+        got = np.zeros(NS)
+        for e in drawn["highlighted"]:
+            assert e["query"] == i and e["head"] == 1
+            got[e["key"]] = e["weight"]
+        top = np.argsort(-want)[: len(drawn["highlighted"])]
+        assert set(top[want[top] > want.max() / 255]) <= {e["key"] for e in drawn["highlighted"]}
+        np.testing.assert_allclose(got[top], want[top], atol=want.max() / 510 + 1e-7)
+        seen[i] = page.js("window.headwise.signature('lines')")
+    assert len({before, seen[0], seen[5]}) == 3  # each hover redraws differently
+    # hovering a key shows the queries that attend to it (a column of the matrix)
+    page.hover_token("k", 2)
+    drawn = page.lines()
+    assert drawn["hover"] == {"side": "k", "index": 2}
+    col = seq2seq["encoder_self"][0][0, 1, :, 2].numpy()
+    for e in drawn["highlighted"]:
+        assert e["key"] == 2 and abs(e["weight"] - col[e["query"]]) < 1 / 510 + 1e-7
+    assert "query" in page.js("document.getElementById('hw-readout').textContent") or \
+        "key" in page.js("document.getElementById('hw-readout').textContent")
+    page.page.mouse.move(5, 5)
+    page.settle()
+    assert page.lines()["hover"] is None
+
+
+def test_toggling_a_head_changes_the_drawing(page):
+    page.settle()
+    before = (page.lines()["heads"], page.js("window.headwise.signature('lines')"))
+    assert before[0] == list(range(H))
+    page.page.locator('#hw-heads .hw-chip[data-head="2"]').click()
+    page.settle()
+    after = (page.lines()["heads"], page.js("window.headwise.signature('lines')"))
+    assert after[0] == [0, 1, 3] and after[1] != before[1]
+    assert "hw-off" in page.page.locator('.hw-cell[data-layer="0"][data-head="2"]').get_attribute("class")
+    assert page.page.locator('#hw-grid .hw-chip[data-head="2"]').get_attribute("aria-pressed") == "false"
+    page.page.locator('#hw-heads .hw-chip[data-head="2"]').click()
+    page.settle()
+    assert page.lines()["heads"] == list(range(H))
+    assert page.js("window.headwise.signature('lines')") == before[1]  # same state, same pixels
+
+
+def test_switching_kind_and_example(page, seq2seq):
+    page.page.click('#hw-kind button[data-kind="cross"]')
+    page.settle()
+    drawn = page.lines()
+    assert drawn["kind"] == "cross"
+    assert page.js("window.headwise.state.kind") == "cross"
+    assert page.page.locator("#hw-kind button[aria-pressed=true]").inner_text() == "Cross"
+    page.hover_token("q", 3)  # a target token attends over source tokens
+    drawn = page.lines()
+    assert max(e["key"] for e in drawn["highlighted"]) < NS
+    e = drawn["highlighted"][0]
+    want = seq2seq["cross"][0][0, e["head"], 3, e["key"]].item()
+    assert abs(e["weight"] - want) < 1 / 510 + 1e-7
+    # example 1 is shorter (padding trimmed): 4 source and 3 target tokens
+    page.page.select_option("#hw-example", "1")
+    page.settle()
+    got = page.js("window.headwise.weights('cross', 1, 2, 0)")
+    assert np.array(got).shape == (3, 4)
+    np.testing.assert_allclose(got, seq2seq["cross"][2][1, 0, :3, :4].numpy(), atol=1 / 510)
+    assert page.lines()["example"] == 1
+    # the grid thumbnails changed with the kind/example
+    assert page.page.locator(".hw-cell:not(.hw-empty)").count() == L * H
+
+
+def test_matrix_view_and_select_a_head(page, seq2seq):
+    page.page.click('button[data-tab="matrix"]')
+    page.page.click('.hw-cell[data-layer="1"][data-head="2"]')
+    page.settle()
+    m = page.js("window.headwise.lastDraw.matrix")
+    assert m["heads"] == [2] and (m["nq"], m["nk"]) == (NS, NS)
+    assert abs(m["max"] - seq2seq["encoder_self"][1][0, 2].max().item()) < 1e-3
+    assert page.js("document.getElementById('hw-detail-title').textContent") == "Layer 1 · head 2"
+    sig = page.js("window.headwise.signature('matrix')")
+    page.page.click('#hw-matrix-mode button[data-mode="mean"]')
+    page.settle()
+    assert page.js("window.headwise.lastDraw.matrix.heads") == list(range(H))
+    assert page.js("window.headwise.signature('matrix')") != sig
+    # hovering a cell reports its weight
+    box = page.page.locator("#hw-matrix-canvas").bounding_box()
+    page.page.mouse.move(box["x"] + box["width"] - 12, box["y"] + box["height"] - 30)
+    page.settle()
+    assert "weight" in page.page.locator("#hw-tip").inner_text()
+
+
+def test_rollout_panel(page, seq2seq):
+    page.page.click('button[data-tab="rollout"]')
+    page.page.click('.hw-cell[data-layer="2"][data-head="0"]')
+    page.settle()
+    assert page.js("window.headwise.lastDraw.rollout")["layer"] == 2
+    got = np.array(page.js("window.headwise.rollout('encoder_self', 0, 2)"))
+    want = attention_rollout([w[0] for w in seq2seq["encoder_self"]])[2].numpy()
+    assert np.all(np.abs(got - want) <= want.max(1, keepdims=True) / 510 + 1e-6)
+    assert page.page.locator("#hw-rollout-canvas").is_visible()
+    page.page.click('#hw-kind button[data-kind="cross"]')
+    page.settle()
+    assert "self-attention" in page.page.locator("#hw-rollout .hw-message").inner_text()
+    assert not page.page.locator("#hw-rollout-canvas").is_visible()
+
+
+def test_long_sequence_stays_responsive(browser_context, tmp_path):
+    n = 512
+    att = {"decoder_self": [softmaxed(1, 4, n, n, seed=l, scale=3, causal=True) for l in range(2)]}
+    path = head_view(att, [f"w{i}" for i in range(n)], tmp_path / "long.html")
+    p = Page(browser_context, path)
+    p.hover_token("q", 400)  # scrolls the virtualised lines view there
+    drawn = p.lines()
+    assert drawn["hover"] == {"side": "q", "index": 400}
+    assert all(e["key"] <= 400 for e in drawn["highlighted"])  # causal
+    took = p.js("""(async () => { const t = performance.now();
+        for (let i = 0; i < 20; i++) window.headwise.setHover('q', 100 + 10 * i);
+        return performance.now() - t; })()""")
+    assert took < 2000  # 20 full redraws of 4 heads x 512 keys; generous for a loaded CI box
+    p.close()
+
+
+def test_real_tiny_transformer(browser_context, tmp_path):
+    from headwise.models import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, num_heads=2,
+                            num_layers=2, d_ff=32, max_len=16, dropout=0.0)
+    model = Transformer(cfg).eval()
+    src = torch.randint(1, 20, (2, 6))
+    tgt = torch.randint(1, 20, (2, 5))
+    with torch.no_grad():
+        _, att = model(src, tgt, src_valid_lens=torch.tensor([6, 4]), return_weights=True)
+    src_tok = [[f"s{t}" for t in row[:n]] for row, n in zip(src.tolist(), (6, 4), strict=True)]
+    tgt_tok = [[f"t{t}" for t in row] for row in tgt.tolist()]
+    path = head_view(att, {"src": src_tok, "tgt": tgt_tok}, tmp_path / "real.html")
+    p = Page(browser_context, path)
+    assert p.page.locator(".hw-cell:not(.hw-empty)").count() == 2 * 2
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        p.js(f"window.headwise.setKind('{kind}')")
+        p.settle()
+        assert p.lines()["kind"] == kind
+        got = np.array(p.js(f"window.headwise.weights('{kind}', 1, 1, 1)"))
+        n_q = 4 if kind == "encoder_self" else 5
+        n_k = 5 if kind == "decoder_self" else 4
+        want = att[kind][1][1, 1, :n_q, :n_k].numpy()
+        np.testing.assert_allclose(got, want, atol=1 / 510 + 1e-6)
+        if kind == "decoder_self":
+            assert np.all(np.triu(got, 1) == 0)  # causal, as the model computed it
+    p.close()
