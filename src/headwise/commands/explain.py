@@ -1,0 +1,128 @@
+"""``headwise explain``: run a real pretrained BERT on your text and look at its heads.
+
+    headwise explain "The cat sat on the mat." -o view.html
+    headwise explain "Who is there?" --pair "The heads are." --model-dir path/to/bert -o view.html
+    headwise explain "first text" "second text" --layers 0,5 --heads 0-3 -o view.html
+
+Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
+heatmaps, then prints the trace summary of the run (which attention kernel each layer used).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "explain", help="run a real pretrained BERT (all-MiniLM-L6-v2) and show its heads",
+        description="Run a real pretrained BERT on TEXT, write the interactive head view and "
+                    "heatmaps of every head, and print the trace summary of the run.")
+    p.add_argument("text", nargs="+", help="one or more texts (several = an example picker)")
+    p.add_argument("--pair", nargs="+", metavar="TEXT",
+                   help="second segment of each text (sentence pairs, token_type_ids = 1)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", choices=("minilm",), default="minilm",
+                        help="bundled checkpoint: minilm = all-MiniLM-L6-v2 (needs the "
+                             "'pretrained' extra)")
+    source.add_argument("--model-dir", metavar="DIR",
+                        help="a Hugging Face BERT folder (config.json, model.safetensors, "
+                             "tokenizer.json)")
+    p.add_argument("-o", "--output", default="view.html", metavar="HTML",
+                   help="head view file (default view.html)")
+    p.add_argument("--heatmaps", metavar="PNG",
+                   help="heatmap grid file, .png/.svg/.pdf (default: OUTPUT with -heads.png)")
+    p.add_argument("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all)")
+    p.add_argument("--heads", help="heatmap heads, e.g. 0-3 (default all)")
+    p.add_argument("--example", type=int, default=0, help="which text the heatmaps show")
+    p.add_argument("--trace", action="store_true",
+                   help="print the full named-axis trace, not only its summary")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from headwise import pretrained, viz
+    from headwise.trace import trace
+
+    console = Console()
+    texts, pairs = list(args.text), args.pair
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"--pair: got {len(pairs)} second segments for {len(texts)} texts; "
+                         "give one per text")
+    if not 0 <= args.example < len(texts):
+        raise ValueError(f"--example {args.example} is out of range for {len(texts)} texts")
+    device = _device(args.device)
+    folder = Path(args.model_dir) if args.model_dir else pretrained.find_minilm()
+    encoder = pretrained.load_sentence_encoder(folder, device=device)
+    model, tokenizer = encoder.model, encoder.tokenizer
+    n_layers, n_heads = model.config.num_layers, model.config.num_heads
+    layers = _indices(args.layers, n_layers, "--layers")
+    heads = _indices(args.heads, n_heads, "--heads")
+
+    inputs = tokenizer.batch(texts, pairs, device=device)
+    lengths = inputs["attention_mask"].sum(1).tolist()
+    tokens = [tokenizer.tokens(ids[:n]) for ids, n in zip(inputs["input_ids"].tolist(), lengths,
+                                                           strict=True)]
+    with torch.no_grad():
+        record = trace(model, **inputs, return_weights=True)
+    _hidden, attentions = record.output
+
+    name = "all-MiniLM-L6-v2" if not args.model_dir else str(folder)
+    html = viz.head_view(attentions, {"src": tokens}, args.output,
+                         title=f"{name}: {texts[0][:60]}" + ("..." if len(texts[0]) > 60 else ""))
+    png = Path(args.heatmaps) if args.heatmaps else _default_png(Path(args.output))
+    b, n = args.example, lengths[args.example]
+    chosen = [w[b, :, :n, :n].float().cpu() for w in attentions["encoder_self"]]
+    viz.heatmaps(chosen, query_tokens=tokens[b], key_tokens=tokens[b], path=png, layers=layers,
+                 heads=heads, title=f"{name}: example {b}, {n} tokens")
+
+    console.print(f"[bold]{name}[/]: {n_layers} layers x {n_heads} heads, hidden "
+                  f"{model.config.d_model}, on {device}")
+    for i, toks in enumerate(tokens):
+        print(f"example {i} ({len(toks)} tokens): " + " ".join(toks))
+    print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
+    print(f"head view: {html}\nheatmaps:  {png}")
+    return 0
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device; use cpu, cuda or cuda:N") \
+            from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
+    return device
+
+
+def _indices(spec: str | None, size: int, flag: str) -> list[int] | None:
+    """``"0,2,5"`` / ``"0-3"`` / ``"-1"`` -> sorted indices within ``range(size)``."""
+    if spec is None:
+        return None
+    chosen: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
+                chosen += range(int(lo), int(hi) + 1)
+            else:
+                chosen.append(int(part))
+    except ValueError:
+        raise ValueError(f"{flag} {spec!r}: expected indices like 0,2,5 or a range 0-3") from None
+    bad = [i for i in chosen if not -size <= i < size]
+    if bad:
+        raise ValueError(f"{flag} {spec!r}: {bad} out of range; the model has {size} "
+                         f"({flag.lstrip('-')} 0..{size - 1})")
+    return sorted({i % size for i in chosen})
+
+
+def _default_png(html: Path) -> Path:
+    return html.with_name(html.stem + "-heads.png")
