@@ -1,0 +1,82 @@
+"""``headwise view`` end to end on tiny saved checkpoints (LM and encoder-decoder)."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from headwise.cli import main
+
+
+def page_meta(path):
+    text = path.read_text(encoding="utf-8")
+    return json.loads(re.search(r'id="hw-meta">(.*?)</script>', text, re.S).group(1))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from headwise import checkpoint
+    from headwise.data.tokenizers import CharTokenizer
+    from headwise.models import LMConfig, TransformerConfig, build
+
+    torch.manual_seed(0)
+    tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz ")
+    root = tmp_path_factory.mktemp("ckpt")
+    lm_cfg = LMConfig(vocab_size=tok.vocab_size, d_model=16, num_heads=2, num_layers=2, d_ff=32,
+                      max_len=32, dropout=0.0)
+    mt_cfg = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                               d_model=16, num_heads=2, num_layers=2, d_ff=32, max_len=32,
+                               dropout=0.0)
+    lm = checkpoint.save(root / "lm", build(lm_cfg), lm_cfg, tok)
+    mt = checkpoint.save(root / "mt", build(mt_cfg), mt_cfg, tok)
+    return {"lm": lm, "mt": mt}
+
+
+def test_view_lm(checkpoints, tmp_path, capsys):
+    out = tmp_path / "lm.html"
+    assert main(["view", "--checkpoint", str(checkpoints["lm"]), "--text", "to be or not",
+                 "-o", str(out), "--heatmaps", str(tmp_path / "lm.png")]) == 0
+    meta = page_meta(out)
+    assert list(meta["kinds"]) == ["decoder_self"]
+    assert meta["tokens"]["tgt"] == [list("to be or not")]
+    assert meta["kinds"]["decoder_self"]["heads"] == [2, 2]
+    assert (tmp_path / "lm.png").stat().st_size > 1000
+    assert "head view:" in capsys.readouterr().out
+
+
+def test_view_seq2seq_with_and_without_target(checkpoints, tmp_path):
+    out = tmp_path / "mt.html"
+    assert main(["view", "--checkpoint", str(checkpoints["mt"]), "--src", "the cat",
+                 "--tgt", "le chat", "-o", str(out)]) == 0
+    meta = page_meta(out)
+    assert set(meta["kinds"]) == {"encoder_self", "decoder_self", "cross"}
+    assert meta["tokens"]["src"] == [list("the cat")]
+    assert meta["tokens"]["tgt"] == [["<bos>", *"le chat"]]
+    # no --tgt: the model's own greedy output is the target
+    out2 = tmp_path / "mt2.html"
+    assert main(["view", "--checkpoint", str(checkpoints["mt"]), "--src", "abc",
+                 "--max-new-tokens", "5", "-o", str(out2)]) == 0
+    tgt = page_meta(out2)["tokens"]["tgt"][0]
+    assert tgt[0] == "<bos>" and 1 <= len(tgt) <= 6
+
+
+@pytest.mark.parametrize("which, extra, message", [
+    ("mt", ["--text", "abc"], "encoder-decoder model; pass --src"),
+    ("lm", ["--src", "abc"], "decoder-only language model; pass --text"),
+    ("lm", ["--text", "a" * 40], "max_len=32"),
+    ("lm", ["--text", "abc", "--heatmaps", "x.png", "--kind", "cross"], "not an attention"),
+    ("lm", [], "--text"),
+])
+def test_view_errors_are_one_line(checkpoints, tmp_path, capsys, which, extra, message):
+    code = main(["view", "--checkpoint", str(checkpoints[which]), "-o", str(tmp_path / "v.html"),
+                 *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "v.html").exists()
+
+
+def test_view_missing_checkpoint(tmp_path, capsys):
+    assert main(["view", "--checkpoint", str(tmp_path / "nope"), "--text", "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("headwise view: error:") and len(err.strip().splitlines()) == 1
