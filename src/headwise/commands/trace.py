@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     run.add_argument("--weights", nargs="?", const="all", default=None, metavar="WHICH",
                      help="ask for attention weights: all (no value), a kind (encoder_self, "
                           "decoder_self, cross) or kind:layer,layer (e.g. cross:0)")
+    run.add_argument("--print-weights", action="store_true",
+                     help="also print each head's attention weights (example 0); implies "
+                          "--weights unless --weights selects layers")
     run.add_argument("--pad", type=int, default=0,
                      help="the last N key/source positions of the last example are padding")
     run.add_argument("--causal", action="store_true", help="mha: causal masking")
@@ -71,6 +74,8 @@ def run_command(args: argparse.Namespace) -> int:
     from headwise.trace import trace
 
     _check_args(args)
+    if args.print_weights and args.weights is None:
+        args.weights = "all"
     torch.manual_seed(args.seed)
     if args.checkpoint:
         model, inputs, kwargs = _from_checkpoint(args)
@@ -86,6 +91,9 @@ def run_command(args: argparse.Namespace) -> int:
         print(result.to_markdown(), end="")
     else:
         print(result.render(full=args.full))
+    if args.print_weights:
+        print()
+        print(format_weights(result.output))
     for path in (args.svg, args.png):
         if path:
             from headwise.diagram import draw
@@ -95,6 +103,40 @@ def run_command(args: argparse.Namespace) -> int:
                            valid_lens=kwargs.get("valid_lens"), causal=kwargs.get("causal", False))
             print(f"diagram written to {written}", file=sys.stderr)
     return 0
+
+
+def format_weights(output) -> str:
+    """Each head's ``(i, j)`` weights of example 0, for every layer that returned them."""
+    _, weights = output
+    if isinstance(weights, torch.Tensor):
+        named = [("attention", weights)]
+    elif isinstance(weights, dict):
+        named = [(f"{kind}[{n}]", w) for kind, layers in weights.items()
+                 for n, w in enumerate(layers) if w is not None]
+    else:
+        named = []
+    if not named:
+        return "no attention weights were returned"
+    blocks = []
+    for name, w in named:
+        w = w[0].detach().float().cpu()
+        h, nq, nk = w.shape
+        lines = [f"{name}: example 0, (h={h}, i={nq}, j={nk}); rows are queries i, columns "
+                 "keys j; 0 = masked"]
+        header = "  ".join(f"{f'j={j}':>4}" for j in range(nk))
+        for x in range(h):
+            lines.append(f"  head {x}  {header}")
+            for i in range(nq):
+                cells = "  ".join(f"{_cell(v):>4}" for v in w[x, i].tolist())
+                lines.append(f"    i={i:<2}  {cells}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _cell(v: float) -> str:
+    if v == 0:
+        return "0"
+    return "1.00" if v >= 0.995 else f"{v:.2f}"[1:]
 
 
 # -------------------------------------------------------------------------------- building
@@ -245,6 +287,11 @@ def _from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
     model, config = loaded.model.eval(), loaded.config
     kind = config.kind
     if args.backend:
+        from headwise.attention import BACKENDS
+
+        if args.backend != "auto" and args.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {args.backend!r}; choose 'auto' or one of "
+                             f"{sorted(BACKENDS)}")
         for sub in model.modules():
             if hasattr(sub, "backend") and hasattr(sub, "num_heads"):
                 sub.backend = args.backend
@@ -257,6 +304,10 @@ def _from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
         ids = torch.tensor([loaded.tokenizer.encode(args.text)], device=device)
         if ids.shape[1] == 0:
             raise ValueError("--text is empty after tokenization")
+        shown = (loaded.tokenizer.tokens(ids[0].tolist()) if hasattr(loaded.tokenizer, "tokens")
+                 else ids[0].tolist())
+        print(f"{folder}: {kind} checkpoint; text {args.text!r} -> {ids.shape[1]} tokens "
+              f"{shown}")
         args.seq = ids.shape[1]
         args.batch = 1
         if kind == "lm":
