@@ -278,6 +278,8 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
         model = BertModel(config)
     _check_shapes(model, renamed)
     model.load_state_dict(renamed, strict=True, assign=True)
+    unloaded = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    assert not unloaded, f"built on the meta device but never loaded: {unloaded}"
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -445,17 +447,21 @@ class SentenceEncoder:
     def embed(self, texts: Sequence[str] | str, *, batch_size: int = 32) -> torch.Tensor:
         """``(len(texts), m)`` sentence vectors (unit length when ``normalize``)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("embed: got no texts")
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise TypeError("embed: texts must be a str or a non-empty list of str")
+        # batch texts of similar length together (less padding), then restore the order
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = []
         for start in range(0, len(texts), batch_size):
-            inputs = self.tokenizer.batch(texts[start:start + batch_size], device=self.device)
+            chunk = [texts[i] for i in order[start:start + batch_size]]
+            inputs = self.tokenizer.batch(chunk, device=self.device)
             hidden, _ = self.model(**inputs)
             pooled = (mean_pool(hidden, inputs["attention_mask"]) if self.pooling == "mean"
                       else hidden[:, 0])
             out.append(torch.nn.functional.normalize(pooled, dim=-1) if self.normalize
                        else pooled)
-        return torch.cat(out)
+        vectors = torch.cat(out)
+        return vectors[torch.argsort(torch.tensor(order, device=vectors.device))]
 
     __call__ = embed
 

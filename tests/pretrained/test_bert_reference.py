@@ -93,6 +93,8 @@ def test_sentence_embeddings_match_sentence_transformers(minilm, minilm_folder, 
     ref = st.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
     ours = pretrained.embed(sentences)
     one_by_one = minilm.embed(sentences, batch_size=1)  # no padding at all
+    chunked = minilm.embed(sentences, batch_size=2)  # sorted by length, then put back in order
+    assert (chunked - ref).abs().max().item() <= TOL
     diff = (ours - ref).abs().max().item()
     print(f"\nsentence embeddings max|diff| vs sentence-transformers: {diff:.3g}; "
           f"batched vs one at a time: {(ours - one_by_one).abs().max().item():.3g}")
