@@ -61,8 +61,9 @@ class Page:
         self.page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.url = path.resolve().as_uri()
-        self.page.goto(self.url)
-        self.page.wait_for_function("window.headwise && window.headwise.dataLoaded")
+        self.page.goto(self.url)  # waits for "load": every weight block is parsed
+        # the page's CSP forbids eval, so poll nothing: await the page's own promise
+        assert self.page.evaluate("window.headwise.dataLoaded")
         self.page.evaluate("window.headwise.ready")
 
     def js(self, expr, arg=None):
