@@ -121,6 +121,7 @@ def _run(mha, query, key, value, mask, valid_lens, causal, b) -> dict[str, np.nd
 
 # ---------------------------------------------------------------------------- the figure
 def _figure(mha, run, cross, causal, plt):
+    from matplotlib.collections import LineCollection, PatchCollection
     from matplotlib.patches import Rectangle
 
     h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
@@ -178,15 +179,14 @@ def _figure(mha, run, cross, causal, plt):
                   zorder=1)
         r, c = data.shape
         if r <= 40 and c <= 40:  # cell grid where cells are big enough to count
-            for yy in np.linspace(y, y + hgt, r + 1)[1:-1]:
-                ax.plot([x, x + w], [yy, yy], color="white", lw=0.6, zorder=2)
-            for xx in np.linspace(x, x + w, c + 1)[1:-1]:
-                ax.plot([xx, xx], [y, y + hgt], color="white", lw=0.6, zorder=2)
+            segs = [[(x, yy), (x + w, yy)] for yy in np.linspace(y, y + hgt, r + 1)[1:-1]]
+            segs += [[(xx, y), (xx, y + hgt)] for xx in np.linspace(x, x + w, c + 1)[1:-1]]
+            ax.add_collection(LineCollection(segs, colors="white", linewidths=0.6, zorder=2))
         if hatch is not None:
-            for (ri, ci) in zip(*np.nonzero(hatch), strict=True):
-                ax.add_patch(Rectangle((x + ci * w / c, y + ri * hgt / r), w / c, hgt / r,
-                                       facecolor="#eceff1", edgecolor="#b0bec5", hatch="////",
-                                       lw=0.0, zorder=3))
+            cells = [Rectangle((x + ci * w / c, y + ri * hgt / r), w / c, hgt / r)
+                     for ri, ci in zip(*np.nonzero(hatch), strict=True)]
+            ax.add_collection(PatchCollection(cells, facecolor="#eceff1", edgecolor="#b0bec5",
+                                              hatch="////", linewidths=0.0, zorder=3))
         if numbers and w / c >= 0.27 and hgt / r >= 0.2:
             span = (hi - lo) or 1.0
             for ri in range(r):
@@ -222,7 +222,8 @@ def _figure(mha, run, cross, causal, plt):
                                     connectionstyle=f"arc3,rad={rad}"))
         if label:
             ax.text((x0 + x1) / 2, (y0 + y1) / 2 + (-0.08 if above else 0.1), label,
-                    ha="center", va="bottom" if above else "top", fontsize=8.5, color=_MUTED)
+                    ha="center", va="bottom" if above else "top", fontsize=8.5, color=_MUTED,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=6)
 
     grey = _ramp("#546e7a")
     # ---- title

@@ -204,11 +204,12 @@ class Trace:
         back = [r for r in runs if not r.fused]
         head = (f"attention: {len(runs)} call{'s' * (len(runs) != 1)}, {len(fused)} fused "
                 f"(O(n) memory), {len(back)} materialised the (b, h, i, j) scores (O(n^2))")
-        path_w = max(len(r.path or "(root)") for r in runs)
+        root = self._root.module
+        path_w = max(len(r.path or root) for r in runs)
         ran_w = max(len(r.ran) for r in runs)
         lines = [head]
         for r in runs:
-            lines.append(f"  {r.path or '(root)':<{path_w}}  {r.kind:<5}  {r.ran:<{ran_w}}  "
+            lines.append(f"  {r.path or root:<{path_w}}  {r.kind:<5}  {r.ran:<{ran_w}}  "
                          f"{r.memory:<6}  {r.verdict}")
         return "\n".join(lines)
 
@@ -564,7 +565,8 @@ def _grouped_split(step: Step, module: nn.Module) -> Step:
     info = dict(step.info)
     if "pattern" in info:
         info["pattern"] = info["pattern"].replace("h", "g")
-    info["note"] = f"{g} key/value heads, each shared by {h // g} query heads"
+    info["note"] = (f"1 key/value head shared by all {h} query heads (multi-query)" if g == 1
+                    else f"{g} key/value heads, each shared by {h // g} query heads")
     return Step(step.name, step.path, step.module, step.shape, step.axes, info,
                 step.materialised, step.kind)
 

@@ -47,7 +47,7 @@ def test_mha_counts_match_closed_form(capsys, m, h, d, kdim, vdim, g):
     for name, (fused, per_head, big) in want.items():
         numbers = [int(c.replace(",", "")) for c in table[name] if re.fullmatch(r"[\d,]+", c)]
         assert numbers == [fused, per_head, big], (name, table[name])
-        assert table[name][-1] == ("yes" if fused == big else "fused = per head")
+        assert table[name][-1] == ("yes" if fused == big else "per head only")
     total = [int(c.replace(",", "")) for c in table["total"] if re.fullmatch(r"[\d,]+", c)]
     assert total == [sum(v[0] for v in want.values()), sum(v[1] for v in want.values()),
                      sum(v[2] for v in want.values())]

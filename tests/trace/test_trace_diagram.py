@@ -22,9 +22,9 @@ def _has_colour(img, hex_color, tol=0.06):
 def test_png_is_large_non_blank_and_coloured_per_head(tmp_path, kv_heads):
     torch.manual_seed(0)
     mha = hw.MultiHeadAttention(16, 4, num_kv_heads=kv_heads)
-    path = draw(mha, torch.randn(1, 6, 16), path=tmp_path / "d.png", causal=True)
+    path = draw(mha, torch.randn(1, 6, 16), path=tmp_path / "d.png", causal=True, dpi=80)
     img = imread(path)
-    assert img.shape[0] > 600 and img.shape[1] > 1500
+    assert img.shape[0] > 400 and img.shape[1] > 1000
     ink = (img[..., :3] < 0.95).any(axis=-1).mean()
     assert 0.05 < ink < 0.8, ink
     for color in head_colors(4):

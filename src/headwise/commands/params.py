@@ -116,15 +116,16 @@ def attention_table(console: Console, mha, title: str | None = None) -> None:
     for x in range(3):
         totals[x] += counts[x]
     table.add_row("W_o", _linear(mha.out_proj), f"{counts[0]:,}",
-                  f"{_linear(per_head.out_proj)} (all heads)", f"{counts[1]:,}",
+                  _linear(per_head.out_proj), f"{counts[1]:,}",
                   _linear(big.out_proj), f"{counts[2]:,}", _same(*counts))
     table.add_section()
     table.add_row("total", "", f"{_count(mha):,}", "", f"{_count(per_head):,}", "",
                   f"{_count(big):,}", _same(_count(mha), _count(per_head), _count(big)))
     console.print(table)
     console.print(f"fused: this module; per head: headwise.unfuse (separate Linear(in, {d}) per "
-                  f"head); one head: MultiHeadAttention(h=1, head_dim={h * d}). in→out is one "
-                  "nn.Linear with its bias; every count is sum(p.numel()) of a built module.")
+                  f"head; W_o stays one Linear, it mixes all heads); one head: "
+                  f"MultiHeadAttention(h=1, head_dim={h * d}). in→out is one nn.Linear with its "
+                  "bias; every count is sum(p.numel()) of a built module.")
     bias = mha.q_proj.bias is not None
     per = f"{mha.embed_dim}·{d}" + (f" + {d}" if bias else "")
     whole = f"{mha.embed_dim}·{h * d}" + (f" + {h * d}" if bias else "")
@@ -136,15 +137,16 @@ def attention_table(console: Console, mha, title: str | None = None) -> None:
                       f"{h * d}; the one-big-head column is the h = g comparison.")
     naive = h * sum(_count(nn.Linear(i, mha.embed_dim, bias=bias))
                     for i in (mha.embed_dim, mha.kdim, mha.vdim))
-    console.print(f"(Were every head a full-width copy, h × Linear(·, {mha.embed_dim}) for q, k "
-                  f"and v would need {naive:,} parameters instead of "
-                  f"{_count(mha) - _count(mha.out_proj):,}.)")
+    if naive > _count(mha) - _count(mha.out_proj):
+        console.print(f"(Were every head a full-width copy, h × Linear(·, {mha.embed_dim}) for "
+                      f"q, k and v would need {naive:,} parameters instead of "
+                      f"{_count(mha) - _count(mha.out_proj):,}.)")
 
 
 def _same(fused: int, per_head: int, big: int) -> str:
     if fused == per_head == big:
         return "yes"
-    return "fused = per head" if fused == per_head else "NO"
+    return "per head only" if fused == per_head else "NO"
 
 
 def component_table(console: Console, model: nn.Module) -> None:

@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     out.add_argument("--full", action="store_true", help="do not collapse identical blocks")
+    out.add_argument("--summary", action="store_true",
+                     help="print only which attention calls ran fused and which fell back")
     out.add_argument("--svg", metavar="FILE", help="mha: also draw the split/merge diagram")
     out.add_argument("--png", metavar="FILE", help="mha: also draw the split/merge diagram")
     p.set_defaults(func=run_command)
@@ -89,6 +91,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(result.to_json())
     elif args.format == "markdown":
         print(result.to_markdown(), end="")
+    elif args.summary:
+        print(result.summary() if result.attention else "no attention call was traced")
     else:
         print(result.render(full=args.full))
     if args.print_weights:
