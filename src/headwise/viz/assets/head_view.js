@@ -259,7 +259,7 @@
     ui.tip = el("div", { class: "hw-tip", id: "hw-tip" });
     app.append(el("main", { class: "hw-main" }, model, detail), ui.tip);
     document.body.prepend(app);
-    document.documentElement.style.setProperty("--thumb", maxHeads > 12 || nLayers > 16 ? "48px" : "64px");
+    sizeThumbs();
 
     ui.linesScroll.addEventListener("scroll", () => drawLines());
     ui.linesCanvas.addEventListener("mousemove", onLinesMove);
@@ -268,7 +268,13 @@
       canvas.addEventListener("mousemove", (e) => onMatrixMove(e, which));
       canvas.addEventListener("mouseleave", () => { S.cell = null; ui.tip.style.display = "none"; setHover(null); });
     }
-    window.addEventListener("resize", () => scheduleDetail());
+    window.addEventListener("resize", () => { sizeThumbs(); scheduleDetail(); });
+  }
+  function sizeThumbs() { // the whole grid fits beside the detail view when it can (36..64 px)
+    const heads = Math.max(...kindMeta().heads.map((h) => h || 0));
+    const avail = Math.max(300, (window.innerWidth || 1400) * 0.5 - 90);
+    const px = Math.max(40, Math.min(64, Math.floor(avail / heads) - 10));
+    document.documentElement.style.setProperty("--thumb", px + "px");
   }
 
   function scaleSeg(view) {
@@ -387,7 +393,10 @@
   // ------------------------------------------------------------------ detail view
   function renderDetailChrome() {
     const km = kindMeta();
-    ui.title.textContent = `Layer ${S.layer} · head ${S.head}`;
+    ui.title.textContent = S.tab === "lines" ? `Layer ${S.layer} · all active heads`
+      : S.tab === "rollout" ? `Rollout through layer ${S.layer}`
+        : S.matrixMode === "mean" ? `Layer ${S.layer} · mean of active heads` : `Layer ${S.layer} · head ${S.head}`;
+    ui.heads.hidden = S.tab === "rollout";
     for (const b of ui.tabs.children) b.setAttribute("aria-pressed", String(b.dataset.tab === S.tab));
     ui.heads.replaceChildren(el("span", { class: "hw-label", text: "Heads" }));
     for (let h = 0; h < headsIn(S.layer); h++) ui.heads.append(headChip(h, "detail"));
@@ -428,7 +437,10 @@
     } catch (err) {
       report(err);
     }
-    if (gen === detailGen) resolveReady();
+    if (gen === detailGen) {
+      if (S.tab !== "lines" && !S.hover) ui.readout.textContent = "Hover a cell to read its value.";
+      resolveReady();
+    }
   }
   function report(err) {
     hw.errors.push(String(err && err.stack || err));
@@ -458,7 +470,7 @@
       ctx.font = TOKEN_FONT;
       let longest = 0;
       for (const t of qTokens().concat(kTokens()).slice(0, 4096)) longest = Math.max(longest, ctx.measureText(display(t)).width);
-      linesColW = Math.max(90, Math.min(full * 0.34, longest + 44));
+      linesColW = Math.max(90, Math.min(full * 0.34, longest + 46));
     }
     const width = Math.min(full, Math.max(480, 2 * linesColW + 400));
     return { nq, nk, total, width, height, xl: linesColW, xr: width - linesColW };
@@ -559,7 +571,7 @@
           roundRect(ctx, x0, y - ROW / 2 + 1.5, colW, ROW - 3, 4); ctx.fill();
         }
         ctx.fillStyle = isHover ? "#ffffff" : "#1f2430";
-        const label = fitText(ctx, display(tokens[i]), colW - 40);
+        const label = fitText(ctx, display(tokens[i]), colW - 30);
         const pos = String(i);
         if (side === "q") {
           ctx.textAlign = "right"; ctx.fillText(label, g.xl - 2, y);
@@ -610,7 +622,7 @@
   function updateReadout(highlighted) {
     const h = S.hover;
     if (!h || (h.side !== "q" && h.side !== "k")) {
-      ui.readout.textContent = "Hover a token to see its weights.";
+      ui.readout.textContent = "Hover a token to see its weights; click a grid cell to change the layer.";
       return;
     }
     const toks = h.side === "q" ? qTokens() : kTokens();
@@ -779,6 +791,7 @@
   function setKind(kind) {
     if (!META.kinds[kind] || kind === S.kind) return;
     S.kind = kind; S.hover = null;
+    sizeThumbs();
     if (!kindMeta().heads[S.layer]) S.layer = firstLayer(kind);
     if (S.head >= headsIn(S.layer)) S.head = 0;
     renderGrid(); scheduleDetail();
