@@ -17,6 +17,12 @@ def hf_models(transformers, minilm_folder):
 
 
 @pytest.fixture(scope="module")
+def st_model(minilm_folder):
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(minilm_folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
 def batch(minilm, sentences):
     inputs = minilm.tokenizer.batch(sentences)
     lengths = inputs["attention_mask"].sum(1)
@@ -29,10 +35,8 @@ def _valid_max(a, b, mask):
     return (a - b)[mask.bool()].abs().max().item()
 
 
-def test_tokenizer_matches_the_reference_tokenizer(minilm, minilm_folder, sentences):
-    from sentence_transformers import SentenceTransformer
-
-    st = SentenceTransformer(str(minilm_folder), device="cpu")
+def test_tokenizer_matches_the_reference_tokenizer(minilm, st_model, sentences):
+    st = st_model
     ref = st.tokenizer(sentences, padding=True, return_tensors="pt")
     ours = minilm.tokenizer.batch(sentences)
     for key in ("input_ids", "attention_mask", "token_type_ids"):
@@ -84,13 +88,10 @@ def test_every_attention_head_matches_hf_eager(minilm, hf_models, batch):
         torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
 
 
-def test_sentence_embeddings_match_sentence_transformers(minilm, minilm_folder, sentences):
-    from sentence_transformers import SentenceTransformer
-
+def test_sentence_embeddings_match_sentence_transformers(minilm, st_model, sentences):
     from headwise import pretrained
 
-    st = SentenceTransformer(str(minilm_folder), device="cpu")
-    ref = st.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
+    ref = st_model.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
     ours = pretrained.embed(sentences)
     one_by_one = minilm.embed(sentences, batch_size=1)  # no padding at all
     chunked = minilm.embed(sentences, batch_size=2)  # sorted by length, then put back in order
