@@ -112,7 +112,10 @@ class MultiHeadAttention(nn.Module):
     def _project(self, query, key, value, cache):
         """q ``(b, h, i, d)``, k and v ``(b, g, j, d)``, through the cache when one is given."""
         if cache is not None and cache.ready:  # cross-attention: k/v already projected
-            return self._split(self.q_proj(query), "q", self.num_heads), cache.k, cache.v
+            q = self._split(self.q_proj(query), "q", self.num_heads)
+            record("kv cache", cache.k, "b g j d", note="cross-attention keys/values, projected "
+                   "once per source and reused")
+            return q, cache.k, cache.v
         if key is query and value is query and self.kdim == self.vdim == self.embed_dim:
             # Self-attention: the three projections as one GEMM over the concatenated weights
             # (what a fused in_proj does), then cut the result back into q, k, v.
@@ -127,6 +130,7 @@ class MultiHeadAttention(nn.Module):
         v = self._split(v, "v", self.num_kv_heads)
         if cache is not None:  # self: append and return all positions; cross: store
             k, v = cache.update(k, v)
+            record("kv cache", k, "b g j d", note="keys/values of every position so far")
         return q, k, v
 
     def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:

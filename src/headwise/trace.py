@@ -133,6 +133,8 @@ class _Node:
     output: Step | None = None
     notes: str = ""
     kind: str = ""
+    q_shape: tuple[int, ...] | None = field(default=None, repr=False)
+    k_shape: tuple[int, ...] | None = field(default=None, repr=False)
     # the last child and its tensor, while the call runs: a recorded step that only names a
     # submodule's output (same tensor) is folded into that submodule's line
     last: tuple[Any, Any] | None = field(default=None, repr=False)
@@ -280,7 +282,6 @@ class _Recorder:
         self.steps: list[Step] = []
         self.runs: list[AttentionRun] = []
         self.features = _feature_names(root)
-        self.last_split: dict[str, Step] = {}
 
     def hooked(self) -> Iterator[tuple[str, nn.Module]]:
         """Every submodule except the inside of an attention module (its projections are
@@ -366,8 +367,11 @@ class _Recorder:
             self._add(self._logical_scores(node, module, info))
         step = self._step(name, tensor, names, {k: _text(v) for k, v in info.items()},
                           node=node, module=module)
+        if name == "split heads q":
+            node.q_shape = step.shape
+        elif name in ("split heads k", "kv cache"):
+            node.k_shape = step.shape
         if name.startswith("split heads"):
-            self.last_split[name[-1]] = step
             step = _grouped_split(step, module)
         last = node.last
         if last is not None and isinstance(last[0], _Node) and tensor is not None \
@@ -451,11 +455,8 @@ class _Recorder:
 
     def _logical_scores(self, node: _Node, module: nn.Module, info: dict) -> Step:
         """The ``(b, h, i, j)`` scores a fused kernel computes without returning them."""
-        q, k = self.last_split.get("q"), self.last_split.get("k")
-        if q is not None and q.path == node.path and k is not None and q.shape and k.shape:
-            shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        else:  # e.g. cached keys: fall back to what the kernel's output tells us
-            shape = None
+        q, k = node.q_shape, node.k_shape
+        shape = (q[0], q[1], q[2], k[2]) if q and k else None
         kernel = str(info.get("backend", "sdpa"))
         where = ("computed block by block inside " + kernel + ", never stored"
                  if info.get("memory") == "O(n)" else
@@ -560,7 +561,7 @@ def _grouped_split(step: Step, module: nn.Module) -> Step:
     query heads."""
     h = getattr(module, "num_heads", None)
     g = getattr(module, "num_kv_heads", h)
-    if h is None or g == h or step.name == "split heads q":
+    if h is None or g == h or step.name in ("split heads q", "kv cache"):
         return step
     info = dict(step.info)
     if "pattern" in info:

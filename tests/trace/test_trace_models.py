@@ -125,3 +125,33 @@ def test_identical_blocks_collapse_unless_full():
     assert "blocks.1 … blocks.3" in short and "3 more DecoderBlock" in short
     assert "blocks.3: DecoderBlock" in full and "…" not in full
     assert short.count("split heads q") == 1 and full.count("split heads q") == 4
+
+
+def test_kv_cache_decoding_shows_the_cached_key_length():
+    torch.manual_seed(0)
+    lm = build(LMConfig(40, 16, 4, num_layers=1, d_ff=32, num_kv_heads=2, dropout=0.0)).eval()
+    prompt, step = torch.randint(0, 40, (1, 5)), torch.randint(0, 40, (1, 1))
+    with torch.no_grad():
+        reference = lm.new_cache(1, 16)
+        lm(prompt, cache=reference)
+        expected, _ = lm(step, cache=reference)
+        cache = lm.new_cache(1, 16)
+        lm(prompt, cache=cache)
+        t = hw.trace(lm, step, cache=cache)
+    assert torch.equal(t.output[0], expected)
+    [cached] = t.find("kv cache")
+    assert cached.named_shape == "(b=1, g=2, j=6, d=4)"
+    [scores] = t.find("scores")
+    assert scores.named_shape == "(b=1, h=4, i=1, j=6)" and not scores.materialised
+
+    torch.manual_seed(1)
+    model = build(_tiny_transformer()).eval()
+    src, tgt = torch.randint(1, 50, (1, 7)), torch.randint(1, 60, (1, 1))
+    with torch.no_grad():
+        memory, memory_mask = model.encode(src)
+        cache = model.new_cache(1, 8)
+        model.decoder(tgt, memory, memory_mask=memory_mask, cache=cache)  # fills the cross cache
+        t = hw.trace(model.decoder, tgt, memory, memory_mask=memory_mask, cache=cache)
+    cross = [s for s in t.find("kv cache") if s.path.endswith("cross_attn")]
+    assert [s.shape for s in cross] == [(1, 4, 7, 4)] * 2
+    assert all(s.shape[-1] == 7 for s in t.find("scores") if s.path.endswith("cross_attn"))
