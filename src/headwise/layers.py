@@ -130,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         v = self._split(v, "v", self.num_kv_heads)
         if cache is not None:  # self: append and return all positions; cross: store
             k, v = cache.update(k, v)
-            record("kv cache", k, "b g j d", note="keys/values of every position so far")
+            record("kv cache", k, "b g j d", note="self: every position so far; cross: stored once")
         return q, k, v
 
     def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
