@@ -122,7 +122,7 @@ def named_shape(shape: tuple[int, ...] | None, axes: tuple[str, ...]) -> str:
     return "(" + ", ".join(f"{a}={s}" for a, s in zip(axes, shape, strict=True)) + ")"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Node:
     """A module call: its steps and nested calls, in the order they happened."""
 
@@ -315,13 +315,13 @@ class _Recorder:
             self.modules.pop()
             parent = self.stack[-1]
             if isinstance(module, nn.Dropout) and (not module.training or module.p == 0):
-                parent.children.remove(node)  # the identity: nothing to see
+                _remove(parent.children, node)  # the identity: nothing to see
                 return
             tensor = _first_tensor(output)
             if node.last is not None and isinstance(node.last[0], Step) \
                     and node.last[1] is tensor and tensor is not None \
                     and not isinstance(module, MultiHeadAttention):
-                node.children.remove(node.last[0])  # e.g. "block output": the header says it
+                _remove(node.children, node.last[0])  # e.g. "block output": the header says it
                 node.notes = _join(node.notes, f"= {node.last[0].name}")
             node.last = None
             if tensor is not None:
@@ -390,11 +390,11 @@ class _Recorder:
         if step.name == "input":  # the query input goes before a cross-attention's key/value
             firsts = [n for n, c in enumerate(children) if isinstance(c, Step)
                       and c.name in ("key input", "value input", "key/value input",
-                                     "input valid_lens",
-                                     "input mask")]
+                                     "input valid_lens", "input mask")]
             if firsts:
+                after = children[firsts[0]]
                 children.insert(firsts[0], step)
-                self.steps.insert(self.steps.index(children[firsts[0] + 1]), step)
+                self.steps.insert(next(n for n, s in enumerate(self.steps) if s is after), step)
                 return
         children.append(step)
         self.steps.append(step)
@@ -552,6 +552,11 @@ def _notes(step: Step) -> str:
     return "; ".join(parts)
 
 
+def _remove(items: list, item: Any) -> None:
+    """Remove ``item`` itself (not an equal one: a block may run the same module twice)."""
+    del items[next(n for n, x in enumerate(items) if x is item)]
+
+
 def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
 
@@ -630,7 +635,9 @@ def _feature_names(root: nn.Module) -> dict[int, str]:
 
 
 def _argument_axes(name: str, t: torch.Tensor, features: dict[int, str]) -> tuple[str, ...]:
-    if name in ("mask", "attn_mask") or "mask" in name and t.dim() >= 2:
+    if name in ("attention_mask", "padding_mask", "key_padding_mask") and t.dim() == 2:
+        return ("b", "n")  # one flag per token (Hugging Face style)
+    if "mask" in name and t.dim() >= 2:
         return ("b", "h", "i", "j")[-t.dim():] if t.dim() <= 4 else ()
     if not t.is_floating_point():
         return {1: ("b",), 2: ("b", "n")}.get(t.dim(), ())

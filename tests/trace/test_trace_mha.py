@@ -168,3 +168,17 @@ def test_markdown_and_json_carry_every_step():
     rows = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == len(t.steps)
     assert "`(b=1, h=2, i=3, d=4)`" in md
+
+
+def test_head_mask_step_and_argument_axes():
+    torch.manual_seed(4)
+    mha = hw.MultiHeadAttention(8, 2)
+    x = torch.randn(2, 3, 8)
+    head_mask = torch.tensor([1.0, 0.0])
+    t = hw.trace(mha, x, mask=torch.ones(3, 3, dtype=torch.bool).tril(), head_mask=head_mask)
+    assert torch.equal(t.output[0], mha(x, mask=torch.ones(3, 3, dtype=torch.bool).tril(),
+                                        head_mask=head_mask)[0])
+    step = _by_name(t, "head mask")
+    assert step.named_shape == "(b=2, h=2, i=3, d=4)"
+    assert _by_name(t, "input mask").axes == ("i", "j")
+    assert "mask bool (i=3, j=3) = causal" in str(t)
