@@ -27,8 +27,9 @@ def _same(a, b):
 
 
 def _tiny_transformer(**kw):
+    kw.setdefault("dropout", 0.0)
     return TransformerConfig(src_vocab_size=50, tgt_vocab_size=60, d_model=16, num_heads=4,
-                             num_layers=2, d_ff=32, dropout=0.0, **kw)
+                             num_layers=2, d_ff=32, **kw)
 
 
 CASES = {
@@ -155,3 +156,18 @@ def test_kv_cache_decoding_shows_the_cached_key_length():
     cross = [s for s in t.find("kv cache") if s.path.endswith("cross_attn")]
     assert [s.shape for s in cross] == [(1, 4, 7, 4)] * 2
     assert all(s.shape[-1] == 7 for s in t.find("scores") if s.path.endswith("cross_attn"))
+
+
+def test_tracing_consumes_no_randomness_in_training_mode():
+    """Dropout active (train mode): with the same seed, traced and untraced runs are equal,
+    so tracing neither draws random numbers nor changes which kernel runs."""
+    model = build(_tiny_transformer(dropout=0.2)).train()
+    src, tgt = torch.randint(1, 50, (2, 7)), torch.randint(1, 60, (2, 5))
+    torch.manual_seed(123)
+    expected, _ = model(src, tgt)
+    torch.manual_seed(123)
+    t = hw.trace(model, src, tgt)
+    assert torch.equal(t.output[0], expected)
+    assert all(r.ran == "sdpa[MATH]" and "dropout > 0" in r.reason for r in t.attention)
+    assert any(s.module == "Dropout" for s in t.steps), "active Dropout is listed in training"
+    assert "dropout: Dropout(p=0.2)" in str(t)
