@@ -173,6 +173,9 @@ def _check_args(args) -> None:
     if args.pad and kind == "lm":
         raise ValueError("--pad does not apply to `trace lm`: a language model has no key "
                          "padding mask (causal masking only); use `trace transformer --pad N`")
+    if args.kv_seq and args.kv_seq != args.seq and kind in ("lm", "encoder"):
+        raise ValueError(f"`trace {kind}` has one sequence: use --seq (--kv-seq sets the key/"
+                         "source length of mha, decoder and transformer)")
     kv = args.kv_seq or args.seq
     if args.pad >= kv:
         raise ValueError(f"--pad {args.pad} leaves no real key position out of {kv}; use "
@@ -241,8 +244,6 @@ def _model_inputs(kind, model, config, args, vocab, device) -> tuple[tuple, dict
     if kind == "lm":
         return (ids(n),), kwargs
     if kind == "encoder":
-        if args.kv_seq and args.kv_seq != n:
-            raise ValueError("`trace encoder` has one sequence: use --seq (not --kv-seq)")
         lens = _lengths(b, n, args.pad, device) if args.pad else None
         return (ids(n),), {**kwargs, **({"src_valid_lens": lens} if lens is not None else {})}
     if lens is not None:
