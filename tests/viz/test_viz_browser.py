@@ -8,6 +8,7 @@ request is recorded: the only one allowed is the file itself.
 import io
 import os
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -294,3 +295,11 @@ def test_real_tiny_transformer(browser_context, tmp_path):
         if kind == "decoder_self":
             assert np.all(np.triu(got, 1) == 0)  # causal, as the model computed it
     p.close()
+
+
+def test_a_missing_browser_is_named(monkeypatch):
+    """The skip (or, under CI=true, failure) message says what is missing and how to get it."""
+    me = sys.modules[__name__]
+    monkeypatch.setattr(me, "CHROMIUM", "/nonexistent/chromium")
+    assert "no Chromium at /nonexistent/chromium" in me._unavailable()
+    assert "apt-get install chromium" in me._unavailable()

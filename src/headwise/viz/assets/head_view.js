@@ -133,7 +133,9 @@
       return makeMat(new Float32Array(buf.slice(0, nq * 4)), new Uint8Array(buf, nq * 4), nq, nk);
     })();
     cache.set(key, p);
-    while (cache.size > CACHE_LIMIT) cache.delete(cache.keys().next().value);
+    // keep at most ~256 MB of decoded heads (uint8 + a float32 copy once drawn as a matrix)
+    const limit = Math.max(16, Math.min(CACHE_LIMIT, Math.floor(256e6 / (5 * nq * nk + 1))));
+    while (cache.size > limit) cache.delete(cache.keys().next().value);
     return p;
   }
   function makeMat(rowmax, q, nq, nk) {
@@ -217,7 +219,7 @@
     ui.gridNote = el("div", { class: "hw-note" });
     const model = el("section", { class: "hw-panel hw-model", "aria-label": "model view" },
       el("div", { class: "hw-panel-head" }, el("h2", { text: "Model view" })),
-      el("p", { class: "hw-hint", text: "Rows = layers, columns = heads. Click a cell to inspect that head; click a head label to switch it on/off, double-click to show it alone." }),
+      el("p", { class: "hw-hint", text: "Rows = layers, columns = heads; each thumbnail is max-pooled and scaled to its own largest weight. Click a cell to inspect that head; click a head label to switch it on/off, double-click to show it alone." }),
       el("div", { class: "hw-grid-wrap", id: "hw-grid-wrap" }, ui.grid), ui.gridNote);
 
     ui.title = el("h2", { id: "hw-detail-title" });
@@ -261,7 +263,12 @@
     document.body.prepend(app);
     sizeThumbs();
 
-    ui.linesScroll.addEventListener("scroll", () => drawLines());
+    let scrollQueued = false; // one redraw per frame however many scroll events arrive
+    ui.linesScroll.addEventListener("scroll", () => {
+      if (scrollQueued) return;
+      scrollQueued = true;
+      requestAnimationFrame(() => { scrollQueued = false; drawLines(); });
+    });
     ui.linesCanvas.addEventListener("mousemove", onLinesMove);
     ui.linesCanvas.addEventListener("mouseleave", () => setHover(null));
     for (const [canvas, which] of [[ui.matrixCanvas, "matrix"], [ui.rollCanvas, "rollout"]]) {
