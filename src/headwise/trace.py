@@ -697,5 +697,14 @@ def _describe(module: nn.Module) -> str:
         return f"{name}({', '.join(str(s) for s in module.normalized_shape)})"
     if isinstance(module, nn.Dropout):
         return f"{name}(p={module.p})"
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "d_model"):  # a model: its sizes, named
+        fields = (("vocab_size", "vocab"), ("src_vocab_size", "src_vocab"),
+                  ("tgt_vocab_size", "tgt_vocab"), ("d_model", "m"), ("num_heads", "h"),
+                  ("num_kv_heads", "g"), ("head_dim", "d"), ("num_layers", "layers"),
+                  ("d_ff", "ff"))
+        parts = [f"{short}={getattr(config, f)}" for f, short in fields
+                 if getattr(config, f, None) is not None]
+        return f"{name}({', '.join(parts)})"
     extra = re.sub(r"(^|, )d_model=\d+(, )?", r"\1", module.extra_repr()).strip(", ")
     return f"{name}({extra})" if extra and len(extra) <= 40 else name

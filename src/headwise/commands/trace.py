@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -87,6 +88,23 @@ def run_command(args: argparse.Namespace) -> int:
         model.train()
     with torch.no_grad():
         result = trace(model, *inputs, **kwargs)
+    try:
+        _print(result, args)
+    except BrokenPipeError:  # `headwise trace ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    for path in (args.svg, args.png):
+        if path:
+            from headwise.diagram import draw
+
+            torch.manual_seed(args.seed)
+            written = draw(model, *inputs, path=path, mask=kwargs.get("mask"),
+                           valid_lens=kwargs.get("valid_lens"), causal=kwargs.get("causal", False))
+            print(f"diagram written to {written}", file=sys.stderr)
+    return 0
+
+
+def _print(result, args) -> None:
     if args.format == "json":
         print(result.to_json())
     elif args.format == "markdown":
@@ -98,15 +116,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.print_weights:
         print()
         print(format_weights(result.output))
-    for path in (args.svg, args.png):
-        if path:
-            from headwise.diagram import draw
-
-            torch.manual_seed(args.seed)
-            written = draw(model, *inputs, path=path, mask=kwargs.get("mask"),
-                           valid_lens=kwargs.get("valid_lens"), causal=kwargs.get("causal", False))
-            print(f"diagram written to {written}", file=sys.stderr)
-    return 0
+    sys.stdout.flush()
 
 
 def format_weights(output) -> str:
