@@ -178,6 +178,14 @@ def _check_args(args) -> None:
                          "weights use headwise.viz")
     if args.text is not None and not args.checkpoint:
         raise ValueError("--text needs --checkpoint (a fresh model has no tokenizer)")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N") \
+            from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use "
+                         "--device cpu")
     if args.pad < 0:
         raise ValueError(f"--pad must be >= 0, got {args.pad}")
     if args.pad and kind == "lm":
