@@ -421,8 +421,9 @@
     ui.linesCaption.textContent = `${km.label}, layer ${S.layer}: one colour per active head. Line opacity = weight ÷ the largest weight of its query row` +
       (nq > 48 || nk > 48 ? "; without hover only each query's strongest keys are drawn." : ".") +
       " Hover a query (left) to see what it attends to, a key (right) to see what attends to it.";
-    ui.linesHead.children[0].textContent = `query · ${km.query === "src" ? "source" : "target"} (${nq})`;
-    ui.linesHead.children[1].textContent = `key · ${km.key === "src" ? "source" : "target"} (${nk})`;
+    const sideName = (side) => (KINDS.length === 1 ? "tokens" : side === "src" ? "source" : "target");
+    ui.linesHead.children[0].textContent = `query · ${sideName(km.query)} (${nq})`;
+    ui.linesHead.children[1].textContent = `key · ${sideName(km.key)} (${nk})`;
     refreshGridClasses();
   }
 
@@ -698,14 +699,18 @@
     const avail = Math.max(240, Math.min(width, window.innerHeight - 300));
     const ctxm = canvas.getContext("2d");
     ctxm.font = "11.5px system-ui, sans-serif";
-    const probe = Math.floor(Math.min((width - 40) / nk, (avail - 40) / nq));
-    const labels = probe >= 10;
+    // token labels while a cell is >= 4 px (every stride-th label when cells are small)
     let ml = 36, mt = 22;
+    const fit = () => Math.min(30, Math.max(0, Math.min((width - ml - 8) / nk, (avail - mt) / nq)));
+    let labels = fit() >= 4;
     if (labels) {
       const longest = (toks) => Math.min(130, Math.max(...toks.map((t) => ctxm.measureText(display(t)).width)) + 10);
       ml = longest(st.rowTokens) + 4; mt = longest(st.colTokens) + 4;
+      if (fit() < 4) { labels = false; ml = 36; mt = 22; }
     }
-    const cell = Math.min(30, Math.max(0, Math.min((width - ml - 8) / nk, (avail - mt) / nq)));
+    const cell = fit();
+    const fontPx = Math.max(8, Math.min(11.5, cell - 1));
+    const stride = Math.max(1, Math.ceil((fontPx + 1) / Math.max(cell, 1e-3)));
     // below one CSS pixel per cell, max-pool so that sharp peaks survive the downscale
     const pw = cell >= 1 ? nk : Math.max(1, Math.floor(width - ml - 8));
     const ph = cell >= 1 ? nq : Math.max(1, Math.floor((nq / nk) * pw));
@@ -736,11 +741,11 @@
     st.geom = { ml, mt, dw, dh, cellW: dw / nk, cellH: dh / nq };
     ctx.fillStyle = "#1f2430"; ctx.font = "11.5px system-ui, sans-serif";
     if (labels) {
+      ctx.font = `${fontPx}px system-ui, sans-serif`;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
-      for (let i = 0; i < nq; i++) ctx.fillText(fitText(ctx, display(st.rowTokens[i]), ml - 8), ml - 5, mt + (i + 0.5) * cell);
+      for (let i = 0; i < nq; i += stride) ctx.fillText(fitText(ctx, display(st.rowTokens[i]), ml - 8), ml - 5, mt + (i + 0.5) * cell);
       ctx.save();
-      for (let j = 0; j < nk; j++) {
-        ctx.setTransform(1, 0, 0, 1, 0, 0);
+      for (let j = 0; j < nk; j += stride) {
         const dpr = window.devicePixelRatio || 1;
         ctx.setTransform(dpr, 0, 0, dpr, (ml + (j + 0.5) * cell) * dpr, (mt - 5) * dpr);
         ctx.rotate(-Math.PI / 2);
