@@ -4,8 +4,10 @@ Axis legend used everywhere: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``
 position, ``j`` key position, ``d`` head dim, ``m`` model dim. Masks: True = may attend.
 """
 
-from headwise import masks
+from headwise import masks, models
 from headwise.attention import BACKENDS, attention, attention_weights, register_backend
+from headwise.cache import KVCache
+from headwise.generate import generate
 from headwise.heads import PerHeadAttention, fuse, merge_heads, split_heads, unfuse
 from headwise.layers import MultiHeadAttention
 from headwise.trace import Trace, trace
@@ -14,12 +16,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "KVCache",
     "MultiHeadAttention",
     "PerHeadAttention",
     "attention",
     "attention_weights",
     "fuse",
+    "generate",
     "masks",
+    "models",
     "merge_heads",
     "register_backend",
     "split_heads",

@@ -1,8 +1,12 @@
 """Transformer models built on headwise's :class:`~headwise.MultiHeadAttention`.
 
 The tree is the architecture: ``blocks`` (feed-forward, positions, encoder/decoder blocks),
-``config`` (one frozen dataclass per family).
+``embedding`` (ids -> vectors), ``lm`` (decoder-only :class:`TransformerLM`), ``transformer``
+(:class:`Encoder`, :class:`Decoder`, the encoder-decoder :class:`Transformer`), ``config`` (one
+frozen dataclass per family; :func:`build` turns one into its model).
 """
+
+from torch import nn
 
 from headwise.models.blocks import (
     DecoderBlock,
@@ -12,15 +16,35 @@ from headwise.models.blocks import (
     SinusoidalPositionalEncoding,
 )
 from headwise.models.config import CONFIGS, LMConfig, TransformerConfig, config_from_dict
+from headwise.models.embedding import Embeddings
+from headwise.models.lm import TransformerLM
+from headwise.models.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
     "CONFIGS",
+    "Decoder",
     "DecoderBlock",
+    "Embeddings",
+    "Encoder",
     "EncoderBlock",
     "FeedForward",
     "LMConfig",
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "Transformer",
     "TransformerConfig",
+    "TransformerLM",
+    "build",
     "config_from_dict",
 ]
+
+MODELS: dict[str, type[nn.Module]] = {"lm": TransformerLM, "transformer": Transformer}
+
+
+def build(config: LMConfig | TransformerConfig) -> nn.Module:
+    """The model a config describes: ``LMConfig`` -> :class:`TransformerLM`,
+    ``TransformerConfig`` -> :class:`Transformer`."""
+    if not isinstance(config, (LMConfig, TransformerConfig)):
+        raise TypeError(f"build expects an LMConfig or TransformerConfig, got "
+                        f"{type(config).__name__}")
+    return MODELS[config.kind](config)

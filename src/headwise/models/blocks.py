@@ -69,7 +69,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: (b, n, m) -> (b, n, m)``."""
-        return self.down(self.dropout(self._act(self.up(x))))
+        return self.down(drop(self.dropout, self._act(self.up(x))))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
@@ -111,7 +111,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x: (b, n, m) -> (b, n, m)``."""
         _check_positions(x, offset, self.max_len, "SinusoidalPositionalEncoding")
-        return x + self.pe[offset:offset + x.shape[1]].to(x.dtype)
+        pe = self.pe[offset:offset + x.shape[1]]
+        return x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
@@ -136,17 +137,23 @@ class LearnedPositionalEncoding(nn.Module):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
+def drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``dropout(x)``, skipping the call when it is the identity (eval or p = 0): decoding one
+    token at a time is bound by per-call overhead, not arithmetic."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
 class _Block(nn.Module):
-    """Shared constructor pieces of the two blocks."""
+    """The residual sublayer shared by both blocks."""
 
     def _sublayer(self, x, norm, fn):
         """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
         ``((b, n, m), extra)``."""
         if self.norm_first:
             out, extra = fn(norm(x))
-            return x + self.dropout(out), extra
+            return x + drop(self.dropout, out), extra
         out, extra = fn(x)
-        return norm(x + self.dropout(out)), extra
+        return norm(x + drop(self.dropout, out)), extra
 
 
 class EncoderBlock(_Block):

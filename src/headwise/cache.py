@@ -1,0 +1,136 @@
+"""Key/value cache for incremental decoding, preallocated once per generation.
+
+Axis legend: ``l`` layer, ``b`` batch, ``g`` key/value heads, ``j`` key position, ``d`` head dim.
+
+Decoding one token with a Transformer recomputes nothing but the newest position: every layer's
+self-attention keys/values of earlier positions are kept here. All layers share two tensors
+``k, v: (l, b, g, L, d)`` allocated up front (``L`` = the longest sequence the generation can
+reach), so a step writes one position in place: no ``torch.cat``, no allocation growing with the
+sequence, and reordering beams is one ``index_select`` per tensor, not one per layer. Grouped-query
+attention caches only its ``g`` key/value heads.
+
+Cross-attention (encoder-decoder) keys/values depend only on the source: they are projected on
+the first step and reused on every later one.
+
+A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` or
+:class:`CrossAttentionCache` as ``cache=``; both expose ``ready``, ``k``, ``v`` and
+``update(k, v) -> (k, v)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CrossAttentionCache", "KVCache", "LayerCache", "SelfAttentionCache"]
+
+
+class SelfAttentionCache:
+    """One layer's view of the shared buffers: ``k, v: (b, g, L, d)``.
+
+    ``update(k, v)`` writes the new positions ``(b, g, n, d)`` at the owner's current length and
+    returns every position so far, ``(b, g, length + n, d)`` (views, no copy). The owner
+    (:class:`KVCache`) advances the length once per model step, after all layers.
+    """
+
+    __slots__ = ("owner", "k", "v")
+    ready = False  # self-attention always projects the new positions
+
+    def __init__(self, owner: KVCache, k: torch.Tensor, v: torch.Tensor):
+        self.owner, self.k, self.v = owner, k, v
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.owner.length
+        end = start + k.shape[2]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KVCache: {end} positions do not fit a cache of max_len="
+                             f"{self.k.shape[2]}; create the cache with a larger max_len")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class CrossAttentionCache:
+    """Keys/values ``(b, g, j, d)`` of the encoder output, stored on first use."""
+
+    __slots__ = ("k", "v")
+
+    def __init__(self):
+        self.k = self.v = None
+
+    @property
+    def ready(self) -> bool:
+        return self.k is not None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k, self.v = k, v
+        return k, v
+
+
+class LayerCache:
+    """What one decoder block needs: ``self_attn`` and ``cross_attn`` (None in an LM)."""
+
+    __slots__ = ("self_attn", "cross_attn")
+
+    def __init__(self, self_attn: SelfAttentionCache, cross_attn: CrossAttentionCache | None):
+        self.self_attn, self.cross_attn = self_attn, cross_attn
+
+
+class KVCache:
+    """Preallocated keys/values for ``num_layers`` decoder blocks.
+
+    Args:
+        num_layers: decoder blocks ``l``. batch: rows ``b`` (batch * beams for beam search).
+        num_kv_heads: ``g``. head_dim: ``d``. max_len: ``L``, the longest sequence to hold.
+        cross_attention: also hold per-layer cross-attention keys/values.
+        dtype, device: of the buffers (the model's).
+
+    ``cache.layers[i]`` goes to block ``i``; ``cache.length`` positions are filled; the model
+    calls :meth:`advance` once per step.
+    """
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
+                 max_len: int, *, cross_attention: bool = False,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        for name, n in (("num_layers", num_layers), ("batch", batch),
+                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                        ("max_len", max_len)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"KVCache: {name} must be a positive int, got {n!r}")
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+        self.layers = [LayerCache(SelfAttentionCache(self, self.k[i], self.v[i]),
+                                  CrossAttentionCache() if cross_attention else None)
+                       for i in range(num_layers)]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def advance(self, n: int) -> None:
+        """Mark ``n`` more positions as filled (called by the model after all layers)."""
+        self.length += n
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows ``index (b,)`` (beam search: each surviving beam's parent), in place."""
+        n = self.length
+        for buf in (self.k, self.v):
+            buf[:, :, :, :n] = buf[:, index, :, :n]
+        for layer in self.layers:
+            cross = layer.cross_attn
+            if cross is not None and cross.ready:
+                cross.k, cross.v = cross.k[index], cross.v[index]
+
+    def nbytes(self) -> int:
+        """Bytes held by the self-attention buffers."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def __repr__(self) -> str:
+        l, b, g, L, d = self.k.shape
+        return (f"KVCache(layers={l}, batch={b}, kv_heads={g}, max_len={L}, head_dim={d}, "
+                f"length={self.length}, cross={self.layers[0].cross_attn is not None})")

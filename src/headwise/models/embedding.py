@@ -1,0 +1,59 @@
+"""Token ids to vectors: embedding, optional ``sqrt(m)`` scale, positions, dropout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from headwise._record import record
+from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
+
+__all__ = ["Embeddings", "init_weights"]
+
+
+class Embeddings(nn.Module):
+    """``forward(ids (b, n), offset=0) -> (b, n, m)``: ``drop(pos(E[ids] * scale, offset))``.
+
+    Submodules: ``tokens`` (``nn.Embedding``), ``positions``, ``dropout``. ``scale`` is
+    ``sqrt(m)`` with ``scale_embeddings`` (Vaswani et al. 2017, section 3.4), else 1.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, max_len: int, *, positional: str,
+                 dropout: float, scale: bool):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, d_model)
+        pe = {"sinusoidal": SinusoidalPositionalEncoding, "learned": LearnedPositionalEncoding}
+        self.positions = pe[positional](d_model, max_len)
+        self.dropout = nn.Dropout(dropout)
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``ids: (b, n)`` -> ``(b, n, m)``; ``offset`` = positions already decoded."""
+        x = self.tokens(ids)
+        record("embed", x, "b n m")
+        if self.scale != 1.0:
+            x = x * self.scale
+            record("scale embedding by sqrt(m)", x, "b n m", scale=self.scale)
+        x = self.positions(x, offset)
+        record("add positions", x, "b n m", offset=offset)
+        return drop(self.dropout, x)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale:.4g}"
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2 style: linear and embedding weights ~ N(0, 0.02), biases 0 (LayerNorm: 1 and 0).
+
+    Embeddings scaled by ``sqrt(m)`` start at N(0, 1/m) instead, so that the scaled vectors have
+    unit-size entries (as fairseq's Transformer)."""
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            nn.init.normal_(sub.weight, std=0.02)
+            if sub.bias is not None:
+                nn.init.zeros_(sub.bias)
+        elif isinstance(sub, Embeddings):
+            std = 0.02 if sub.scale == 1.0 else 1.0 / sub.scale
+            nn.init.normal_(sub.tokens.weight, std=std)

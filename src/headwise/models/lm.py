@@ -1,0 +1,116 @@
+"""Decoder-only language model (the Trax ``TransformerLM``; GPT).
+
+``tokens (b, n)`` -> Embedding -> (scale) -> PositionalEncoding -> Dropout -> ``num_layers``
+causal :class:`DecoderBlock` s without cross-attention -> final LayerNorm (pre-norm only) ->
+``lm_head`` -> ``logits (b, n, vocab)``. ``logits[:, t]`` predicts ``tokens[:, t + 1]``: the
+"shift right" of the Trax model is done by the caller, who feeds ``[bos] + text[:-1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from headwise._record import record
+from headwise.cache import KVCache
+from headwise.models import _checks
+from headwise.models._select import select
+from headwise.models.blocks import DecoderBlock
+from headwise.models.config import LMConfig
+from headwise.models.embedding import Embeddings, init_weights
+
+__all__ = ["TransformerLM"]
+
+
+class TransformerLM(nn.Module):
+    """A decoder-only Transformer language model built from one :class:`LMConfig`.
+
+    Submodules: ``embed`` (:class:`Embeddings`), ``blocks`` (``DecoderBlock`` s),
+    ``final_norm`` (LayerNorm for pre-norm models, else Identity), ``lm_head``
+    (``Linear(m, vocab, bias=False)``, sharing ``embed.tokens.weight`` with
+    ``tie_embeddings``).
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"TransformerLM expects an LMConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, positional=c.positional,
+                                dropout=c.dropout, scale=c.scale_embeddings)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
+                         norm_first=c.norm_first, activation=c.activation,
+                         layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
+                         head_dim=c.head_dim, bias=c.bias, backend=c.backend,
+                         cross_attention=False)
+            for _ in range(c.num_layers))
+        self.final_norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first
+                           else nn.Identity())
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.tokens.weight
+        self._no_cache = [None] * c.num_layers
+        self._no_weights = [False] * c.num_layers
+
+    def forward(self, tokens: torch.Tensor, *, return_weights=False, cache: KVCache | None = None,
+                ) -> tuple[torch.Tensor, dict[str, list] | None]:
+        """Next-token logits for every position.
+
+        Args:
+            tokens: ``(b, n)`` ids in ``[0, vocab_size)``, ``n <= max_len``.
+            return_weights: ``False``, ``True``, or a selection such as
+                ``{"decoder_self": [0, -1]}`` (other layers stay on the fused path).
+            cache: a :class:`KVCache` from :meth:`new_cache`; ``tokens`` are then the positions
+                after the ``cache.length`` already decoded, and the cache advances by ``n``.
+
+        Returns:
+            ``(logits (b, n, vocab), {"decoder_self": [per layer (b, h, n, j) or None]} | None)``
+            with ``j = n`` (``cache.length + n`` with a cache).
+        """
+        offset = 0 if cache is None else cache.length
+        self.check(tokens, offset, cache)
+        selection = select(return_weights, {"decoder_self": self.config.num_layers})
+        want = self._no_weights if selection is None else selection["decoder_self"]
+        logits, weights = self._forward(tokens, cache, want)
+        return logits, (None if selection is None else {"decoder_self": weights})
+
+    def check(self, tokens: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> None:
+        """Raise a clear error unless ``tokens`` fit this model (ids, length, cache rows)."""
+        _checks.tokens(tokens, self.config.vocab_size, "tokens", "TransformerLM")
+        _checks.length(tokens.shape[1], offset, self.config.max_len, "tokens", "TransformerLM")
+        if cache is not None:
+            _checks.same_batch("TransformerLM", tokens=tokens.shape[0], cache=cache.batch)
+            _checks.length(tokens.shape[1], offset, cache.max_len, "tokens",
+                           "TransformerLM (KV cache)")
+
+    def _forward(self, tokens: torch.Tensor, cache: KVCache | None, want: list[bool],
+                 last_only: bool = False) -> tuple[torch.Tensor, list]:
+        """Unchecked forward (inputs already validated): ``(logits, per-layer weights)``."""
+        x = self.embed(tokens, 0 if cache is None else cache.length)
+        layers = self._no_cache if cache is None else cache.layers
+        weights = []
+        for block, layer_cache, w in zip(self.blocks, layers, want, strict=True):
+            x, (self_w, _) = block(x, cache=layer_cache, return_weights=w)
+            weights.append(self_w)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        if last_only:  # generation needs only the newest position's logits
+            x = x[:, -1:]
+        x = self.final_norm(x)
+        logits = self.lm_head(x)
+        record("logits", logits, "b n v")
+        return logits, weights
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` positions."""
+        c = self.config
+        max_len = c.max_len if max_len is None else max_len
+        p = self.lm_head.weight
+        return KVCache(c.num_layers, batch, c.kv_heads, c.head_size, max_len, dtype=p.dtype,
+                       device=p.device)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())

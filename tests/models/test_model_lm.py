@@ -1,0 +1,200 @@
+"""TransformerLM: matches torch's layers after a weight copy, causal by gradients, weights
+never change logits, a weight selection keeps other layers fused, chunked cached forward equals
+the full forward, bad input errors, and a tiny model learns."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from headwise import MultiHeadAttention
+from headwise.attention import BACKENDS
+from headwise.models import LMConfig, TransformerLM, build
+
+
+def tiny(**kw) -> TransformerLM:
+    args = dict(vocab_size=37, d_model=32, num_heads=4, num_layers=3, d_ff=64, max_len=64,
+                dropout=0.0)
+    args.update(kw)
+    torch.manual_seed(kw.pop("seed", 0))
+    return TransformerLM(LMConfig(**args)).eval()
+
+
+def test_shapes_weights_and_build():
+    model = tiny()
+    assert isinstance(build(model.config), TransformerLM)
+    tokens = torch.randint(0, 37, (2, 9))
+    logits, att = model(tokens)
+    assert logits.shape == (2, 9, 37) and att is None
+    logits_w, att = model(tokens, return_weights=True)
+    assert list(att) == ["decoder_self"] and len(att["decoder_self"]) == 3
+    for w in att["decoder_self"]:
+        assert w.shape == (2, 4, 9, 9)
+        assert (w.triu(1) == 0).all()  # causal: no weight on later positions
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 9))
+    torch.testing.assert_close(logits_w, logits, atol=1e-5, rtol=1e-5)
+
+
+def test_matches_torch_encoder_stack_with_causal_mask():
+    """Pre-norm LM == embedding * 1 + sinusoidal table -> torch TransformerEncoder(causal) with
+    a final LayerNorm -> linear head, after copying every weight."""
+    model = tiny(activation="gelu")
+    c = model.config
+    layer = nn.TransformerEncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+    ref = nn.TransformerEncoder(layer, c.num_layers, norm=nn.LayerNorm(c.d_model),
+                                enable_nested_tensor=False).eval()
+    for ours, theirs in zip(model.blocks, ref.layers, strict=True):
+        theirs.self_attn.load_state_dict(ours.self_attn.to_torch().state_dict())
+        theirs.linear1.load_state_dict(ours.ff.up.state_dict())
+        theirs.linear2.load_state_dict(ours.ff.down.state_dict())
+        theirs.norm1.load_state_dict(ours.attn_norm.state_dict())
+        theirs.norm2.load_state_dict(ours.ff_norm.state_dict())
+    ref.norm.load_state_dict(model.final_norm.state_dict())
+    tokens = torch.randint(0, 37, (3, 11))
+    with torch.no_grad():
+        x = model.embed.tokens(tokens) + model.embed.positions.pe[:11]
+        h = ref(x, mask=nn.Transformer.generate_square_subsequent_mask(11), is_causal=True)
+        want = h @ model.lm_head.weight.T
+        got, _ = model(tokens)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_causal_by_gradients(norm_first):
+    model = tiny(norm_first=norm_first, num_kv_heads=2).double()
+    tokens = torch.randint(0, 37, (2, 8))
+    for t in range(8):
+        grads = _input_grads(model, tokens, lambda logits, t=t: logits[:, t].sum())
+        per_pos = grads.abs().sum((0, 2))  # (n,)
+        assert (per_pos[t + 1:] == 0).all(), f"position {t} depends on later positions"
+        assert (per_pos[: t + 1] > 0).all()
+
+
+def _input_grads(model, tokens, loss_fn):
+    """d loss / d (embedding output): (b, n, m)."""
+    store = {}
+
+    def hook(_module, _inputs, out):
+        out = out.detach().requires_grad_(True)
+        store["x"] = out
+        return out
+
+    handle = model.embed.register_forward_hook(hook)
+    try:
+        logits, _ = model(tokens)
+        loss_fn(logits).backward()
+    finally:
+        handle.remove()
+    return store["x"].grad
+
+
+def _count_backends(monkeypatch):
+    calls = {"eager": 0, "sdpa": 0}
+    for name in calls:
+        fn = BACKENDS[name]
+
+        def counted(*a, _fn=fn, _name=name, **k):
+            calls[_name] += 1
+            return _fn(*a, **k)
+        monkeypatch.setitem(BACKENDS, name, counted)
+    return calls
+
+
+def test_weight_selection_keeps_other_layers_fused(monkeypatch):
+    model = tiny()
+    tokens = torch.randint(0, 37, (2, 6))
+    full, _ = model(tokens)
+    calls = _count_backends(monkeypatch)
+    logits, att = model(tokens, return_weights={"decoder_self": [-1]})
+    assert [w is None for w in att["decoder_self"]] == [True, True, False]
+    assert calls == {"eager": 1, "sdpa": 2}
+    torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown kind 'cross'"):
+        model(tokens, return_weights={"cross"})
+    with pytest.raises(ValueError, match="layer index 3 out of range for 3 layers"):
+        model(tokens, return_weights={"decoder_self": [3]})
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_chunked_cached_forward_equals_full_forward(kv_heads):
+    """Bottom-right causal alignment: a query block shorter than the cache sees every earlier
+    position and no later one, with and without weights (eager and fused paths)."""
+    model = tiny(num_kv_heads=kv_heads, positional="learned")
+    tokens = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        full, att = model(tokens, return_weights=True)
+        cache = model.new_cache(2, 16)
+        parts, weights = [], []
+        for lo, hi in ((0, 5), (5, 6), (6, 12)):
+            part, a = model(tokens[:, lo:hi], cache=cache, return_weights=True)
+            parts.append(part)
+            weights.append(a["decoder_self"][0])
+        fused = [model(tokens[:, :5], cache=model.new_cache(2, 16))[0]]
+    assert cache.length == 12
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused[0], full[:, :5], atol=1e-5, rtol=1e-5)
+    # the last chunk's weights are rows 6..11 of the full causal weights
+    torch.testing.assert_close(weights[2], att["decoder_self"][0][:, :, 6:12, :12])
+    assert model.blocks[0].self_attn.k_proj.out_features == (kv_heads or 4) * 8
+
+
+def test_tied_embeddings_and_final_norm():
+    tied, untied = tiny(tie_embeddings=True), tiny()
+    assert tied.lm_head.weight is tied.embed.tokens.weight
+    assert untied.num_parameters() - tied.num_parameters() == 37 * 32
+    assert isinstance(tiny().final_norm, nn.LayerNorm)
+    assert isinstance(tiny(norm_first=False).final_norm, nn.Identity)
+    assert "embed.positions.weight" in tiny(positional="learned").state_dict()
+    assert all(isinstance(b.self_attn, MultiHeadAttention) for b in tied.blocks)
+
+
+def test_bad_input_is_a_clear_error():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"contains id 37, outside the vocabulary \[0, 37\)"):
+        model(torch.tensor([[1, 37]]))
+    with pytest.raises(ValueError, match="contains id -1"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="65 positions, more than max_len=64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids, got dtype torch.float32"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"must be \(b, n\), got shape \(4,\); add a batch axis"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch sizes differ \\(tokens 2, cache 3\\)"):
+        model(torch.zeros(2, 4, dtype=torch.long), cache=model.new_cache(3, 10))
+    cache = model.new_cache(1, 10)
+    model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="8 cached \\+ 3 new positions, more than max_len=10"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(TypeError, match="expects an LMConfig"):
+        TransformerLM({"vocab_size": 3})
+
+
+def test_tiny_lm_learns_a_periodic_task():
+    """Sequences repeat a random block of 4 tokens; after the first block every token is
+    determined by the one 4 positions back, so the loss there can fall to 0 from ln V."""
+    torch.manual_seed(0)
+    V, period, n = 16, 4, 20
+    model = TransformerLM(LMConfig(V, d_model=32, num_heads=4, num_layers=2, d_ff=64,
+                                   max_len=32, dropout=0.0, pad_id=None, positional="learned"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(120):
+        block = torch.randint(0, V, (32, period))
+        seq = block.repeat(1, n // period + 1)[:, :n]
+        logits, _ = model(seq[:, :-1])
+        loss = nn.functional.cross_entropy(logits[:, period - 1:].reshape(-1, V),
+                                           seq[:, period:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        block = torch.randint(0, V, (256, period))
+        seq = block.repeat(1, n // period + 1)[:, :n]
+        logits, _ = model(seq[:, :-1])
+        final = nn.functional.cross_entropy(logits[:, period - 1:].reshape(-1, V),
+                                            seq[:, period:].reshape(-1)).item()
+    assert final < 0.1 * math.log(V), f"held-out loss {final:.3f} vs uniform {math.log(V):.3f}"
