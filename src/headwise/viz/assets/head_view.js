@@ -480,7 +480,7 @@
       for (const t of qTokens().concat(kTokens()).slice(0, 4096)) longest = Math.max(longest, ctx.measureText(display(t)).width);
       linesColW = Math.max(90, Math.min(full * 0.34, longest + 46));
     }
-    const width = Math.min(full, Math.max(480, 2 * linesColW + 400));
+    const width = Math.min(full, Math.max(480, 2 * linesColW + 320));
     return { nq, nk, total, width, height, xl: linesColW, xr: width - linesColW };
   }
   function drawLines() {
@@ -488,6 +488,7 @@
     const g = linesGeometry();
     ui.linesScroll.style.height = g.height + "px";
     ui.linesScroll.style.width = g.width + 2 + "px";
+    ui.linesHead.style.width = g.width + 2 + "px";
     ui.linesSpacer.style.height = Math.max(0, g.total - g.height) + "px";
     const ctx = setupCanvas(ui.linesCanvas, g.width, g.height);
     const top = ui.linesScroll.scrollTop;
@@ -561,34 +562,34 @@
     // token boxes
     ctx.font = TOKEN_FONT;
     ctx.textBaseline = "middle";
-    const colW = g.xl - 8;
     const drawSide = (tokens, side) => {
       const first = Math.max(0, Math.floor((top - PAD) / ROW));
       const last = Math.min(tokens.length, Math.ceil((top + g.height - PAD) / ROW) + 1);
+      const bx = side === "q" ? 4 : g.xr + 2; // token box: [bx, bx + bw]
+      const bw = side === "q" ? g.xl - 6 : g.width - 4 - bx;
       for (let i = first; i < last; i++) {
         const y = yq(i);
-        const x0 = side === "q" ? 4 : g.xr;
         const isHover = hover && hover.side === side && hover.index === i;
         const other = hover && hover.side !== side ? strength[i] : 0;
         if (isHover) {
           ctx.fillStyle = "#1f2430";
-          roundRect(ctx, x0, y - ROW / 2 + 1.5, colW, ROW - 3, 4); ctx.fill();
+          roundRect(ctx, bx, y - ROW / 2 + 1.5, bw, ROW - 3, 4); ctx.fill();
         } else if (other > 0.004) {
           const [r, gg, b] = HEAD_RGB[strengthHead[i]];
           ctx.fillStyle = `rgba(${r},${gg},${b},${(0.08 + 0.34 * Math.pow(other, S.gamma)).toFixed(3)})`;
-          roundRect(ctx, x0, y - ROW / 2 + 1.5, colW, ROW - 3, 4); ctx.fill();
+          roundRect(ctx, bx, y - ROW / 2 + 1.5, bw, ROW - 3, 4); ctx.fill();
         }
         ctx.fillStyle = isHover ? "#ffffff" : "#1f2430";
-        const label = fitText(ctx, display(tokens[i]), colW - 30);
+        const label = fitText(ctx, display(tokens[i]), bw - 34);
         const pos = String(i);
         if (side === "q") {
-          ctx.textAlign = "right"; ctx.fillText(label, g.xl - 2, y);
+          ctx.textAlign = "right"; ctx.fillText(label, bx + bw - 6, y);
           ctx.fillStyle = isHover ? "#c9d1dc" : "#9aa1ab"; ctx.textAlign = "left"; ctx.font = "10px system-ui, sans-serif";
-          ctx.fillText(pos, x0 + 4, y);
+          ctx.fillText(pos, bx + 5, y);
         } else {
-          ctx.textAlign = "left"; ctx.fillText(label, g.xr + 2, y);
+          ctx.textAlign = "left"; ctx.fillText(label, bx + 6, y);
           ctx.fillStyle = isHover ? "#c9d1dc" : "#9aa1ab"; ctx.textAlign = "right"; ctx.font = "10px system-ui, sans-serif";
-          ctx.fillText(pos, x0 + colW - 4, y);
+          ctx.fillText(pos, bx + bw - 5, y);
         }
         ctx.font = TOKEN_FONT;
       }
