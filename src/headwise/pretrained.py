@@ -36,6 +36,7 @@ __all__ = [
     "embed",
     "find_minilm",
     "from_hf_state_dict",
+    "hf_name",
     "load_bert",
     "load_minilm",
     "load_sentence_encoder",
@@ -179,13 +180,17 @@ def from_hf_state_dict(state_dict: Mapping[str, torch.Tensor], config: BertConfi
 def to_hf_state_dict(model: BertModel) -> dict[str, torch.Tensor]:
     """The inverse mapping: a headwise :class:`BertModel`'s weights under Hugging Face's
     ``BertModel`` names (loadable with ``transformers.BertModel.load_state_dict``)."""
-    out = {}
-    for name, tensor in model.state_dict().items():
-        hf = _translate(name, _BACKWARD)
-        if hf is None:
-            raise CheckpointError(f"to_hf_state_dict: no Hugging Face name for {name!r}")
-        out[hf] = tensor
-    return out
+    return {hf_name(name): tensor for name, tensor in model.state_dict().items()}
+
+
+def hf_name(name: str) -> str:
+    """The Hugging Face ``BertModel`` name of a headwise parameter name
+    (``layers.0.self_attn.q_proj.weight`` -> ``encoder.layer.0.attention.self.query.weight``)."""
+    hf = _translate(name, _BACKWARD)
+    if hf is None:
+        raise CheckpointError(f"no Hugging Face name for {name!r}; headwise BERT names look like "
+                              "'layers.0.self_attn.q_proj.weight'")
+    return hf
 
 
 def _translate(name: str, table) -> str | None:
