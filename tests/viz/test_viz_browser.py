@@ -229,6 +229,13 @@ def test_matrix_view_and_select_a_head(page, seq2seq):
     page.settle()
     assert page.js("window.headwise.lastDraw.matrix.heads") == list(range(H))
     assert page.js("window.headwise.signature('matrix')") != sig
+    # keyboard: Tab to a grid cell, Enter inspects it
+    page.page.click('#hw-matrix-mode button[data-mode="head"]')
+    page.page.focus('.hw-cell[data-layer="0"][data-head="1"]')
+    page.page.keyboard.press("Enter")
+    page.settle()
+    assert page.js("window.headwise.lastDraw.matrix.heads") == [1]
+    assert page.js("document.getElementById('hw-detail-title').textContent") == "Layer 0 · head 1"
     # hovering a cell reports its weight
     box = page.page.locator("#hw-matrix-canvas").bounding_box()
     page.page.mouse.move(box["x"] + box["width"] - 12, box["y"] + box["height"] - 30)

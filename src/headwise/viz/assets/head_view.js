@@ -337,7 +337,13 @@
         } else {
           const canvas = el("canvas", { "data-thumb": thumbs[l][h] });
           cell.append(canvas);
+          cell.tabIndex = 0; // keyboard: Tab to a cell, Enter/Space to inspect it
+          cell.setAttribute("role", "button");
+          cell.setAttribute("aria-label", `layer ${l}, head ${h}`);
           cell.addEventListener("click", () => select(l, h));
+          cell.addEventListener("keydown", (e) => {
+            if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select(l, h); }
+          });
           cells.push(canvas);
           if (imp) {
             const v = imp[l][h];
