@@ -108,6 +108,16 @@ def test_task_model_checkpoint_strips_prefix_and_heads(transformers, tmp_path):
     mlm.save_pretrained(tmp_path)
     ours = load_bert(tmp_path)
     assert ours.config.pooler is False and ours.pooler is None
+    # the same weights as a single file, and sharded (model.safetensors.index.json)
+    single = load_bert(tmp_path / "model.safetensors")
+    sharded_dir = tmp_path / "sharded"
+    mlm.save_pretrained(sharded_dir, max_shard_size="20KB")
+    assert (sharded_dir / "model.safetensors.index.json").is_file()
+    sharded = load_bert(sharded_dir)
+    for other in (single, sharded):
+        for (n1, t1), (n2, t2) in zip(ours.state_dict().items(), other.state_dict().items(),
+                                      strict=True):
+            assert n1 == n2 and torch.equal(t1, t2), n1
     ids, mask, types = _inputs(40, 2, 3, 9, seed=4)
     with torch.no_grad():
         want = mlm.bert(input_ids=ids, attention_mask=mask, token_type_ids=types)
