@@ -243,7 +243,7 @@ def test_model_input_errors_are_readable():
         model(ids, None, torch.full((2, 5), 2))
     with pytest.raises(ValueError, match=r"head_mask must be \(layers, h\)=\(1, 2\)"):
         model(ids, head_mask=torch.ones(2))
-    with pytest.raises(ValueError, match="only 'encoder_self'"):
+    with pytest.raises(ValueError, match="unknown kind 'cross'"):
         model(ids, return_weights={"cross"})
     with pytest.raises(ValueError, match="out of range"):
         model(ids, return_weights={"encoder_self": [3]})

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from headwise._record import record
+from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 
-__all__ = ["BertConfig", "BertEmbeddings", "BertModel", "weights_request"]
+__all__ = ["BertConfig", "BertEmbeddings", "BertModel"]
 
 _ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
@@ -187,22 +188,24 @@ class BertModel(nn.Module):
             token_type_ids: ``(b, n)`` segment ids (default all 0).
             head_mask: ``(num_layers, h)`` or ``(num_layers, b, h)``; multiplies each head's
                 output (0 removes the head).
-            return_weights: ``True``/``False``, ``{"encoder_self"}``, or
-                ``{"encoder_self": [layer, ...]}`` to keep every other layer on the fused path.
+            return_weights: ``True``/``False``, ``"encoder_self"``, or
+                ``{"encoder_self": [layer, ...]}`` (negative = from the end) to keep every other
+                layer on the fused path (the selection shared by every headwise model).
 
         Returns:
             ``(last_hidden_state (b, n, m), {"encoder_self": [(b, h, n, n) | None] * layers}
             or None)``.
         """
         mask = self._check_inputs(input_ids, attention_mask, token_type_ids, head_mask)
-        wanted = weights_request(return_weights, self.config.num_layers, "encoder_self")
+        selection = select(return_weights, {"encoder_self": self.config.num_layers})
+        wanted = [False] * len(self.layers) if selection is None else selection["encoder_self"]
         x = self.embeddings(input_ids, token_type_ids)
         weights: list[torch.Tensor | None] = []
         for index, layer in enumerate(self.layers):
             x, w = layer(x, mask=mask, head_mask=None if head_mask is None else head_mask[index],
-                         return_weights=index in wanted)
+                         return_weights=wanted[index])
             weights.append(w)
-        return x, ({"encoder_self": weights} if wanted else None)
+        return x, (None if selection is None else {"encoder_self": weights})
 
     def pool(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
         """BERT's pooler: ``tanh(W h_[CLS] + b)``: ``(b, n, m) -> (b, m)``."""
@@ -251,35 +254,6 @@ class BertModel(nn.Module):
         if bool(valid.all()):
             return None
         return valid[:, None, None, :]  # (b, 1, 1, j): True = may attend
-
-
-def weights_request(return_weights, num_layers: int, kind: str) -> frozenset[int]:
-    """Layer indices whose weights are wanted, from ``True``/``False``, ``{kind}`` or
-    ``{kind: [layers]}`` (the selection form shared by every headwise model)."""
-    if isinstance(return_weights, bool):
-        return frozenset(range(num_layers)) if return_weights else frozenset()
-    if isinstance(return_weights, Mapping):
-        unknown = sorted(set(return_weights) - {kind})
-        if unknown:
-            raise ValueError(f"return_weights: this model has only {kind!r} attention, got "
-                             f"kinds {unknown}")
-        layers = return_weights.get(kind, ())
-        layers = range(num_layers) if layers is None or layers is True else layers
-        chosen = set()
-        for layer in layers:
-            if not isinstance(layer, int) or not -num_layers <= layer < num_layers:
-                raise ValueError(f"return_weights: layer {layer!r} is out of range for "
-                                 f"{num_layers} layers")
-            chosen.add(layer % num_layers)
-        return frozenset(chosen)
-    if isinstance(return_weights, Iterable) and not isinstance(return_weights, str):
-        kinds = set(return_weights)
-        if kinds - {kind}:
-            raise ValueError(f"return_weights: this model has only {kind!r} attention, got "
-                             f"kinds {sorted(map(str, kinds - {kind}))}")
-        return frozenset(range(num_layers)) if kinds else frozenset()
-    raise TypeError(f"return_weights must be a bool, a set of kinds or a dict kind -> layers, "
-                    f"got {return_weights!r}")
 
 
 def _block(config: BertConfig) -> EncoderBlock:
