@@ -441,7 +441,7 @@
   }
   async function renderDetail() {
     renderDetailChrome();
-    linesColW = 0;
+    linesColW = null;
     if (!hw.dataLoaded) { ui.readout.innerHTML = '<span class="hw-loading">loading weights…</span>'; return; }
     const gen = ++detailGen;
     try {
@@ -463,7 +463,7 @@
 
   // ---- lines (BertViz-style), virtualised: only rows in view are drawn
   let lineMats = null; // [{h, mat}]
-  let linesColW = 0; // token column width, reset when the tokens change
+  let linesColW = null; // {q, k} token column widths, reset when the tokens change
   const TOKEN_FONT = "12.5px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
   async function prepareLines(gen) {
     const heads = activeHeads(S.layer);
@@ -479,15 +479,18 @@
     const total = PAD * 2 + Math.max(nq, nk) * ROW;
     const full = Math.max(360, ui.lines.clientWidth || 600);
     const height = Math.min(total, Math.max(260, window.innerHeight - 260));
-    if (!linesColW) { // token columns as wide as the longest token (within limits)
+    if (!linesColW) { // each token column as wide as its longest token (within limits)
       const ctx = ui.linesCanvas.getContext("2d");
       ctx.font = TOKEN_FONT;
-      let longest = 0;
-      for (const t of qTokens().concat(kTokens()).slice(0, 4096)) longest = Math.max(longest, ctx.measureText(display(t)).width);
-      linesColW = Math.max(90, Math.min(full * 0.34, longest + 46));
+      const widest = (toks) => {
+        let longest = 0;
+        for (const t of toks.slice(0, 4096)) longest = Math.max(longest, ctx.measureText(display(t)).width);
+        return Math.max(90, Math.min(full * 0.34, longest + 46));
+      };
+      linesColW = { q: widest(qTokens()), k: widest(kTokens()) };
     }
-    const width = Math.min(full, Math.max(480, 2 * linesColW + 320));
-    return { nq, nk, total, width, height, xl: linesColW, xr: width - linesColW };
+    const width = Math.min(full, Math.max(480, linesColW.q + linesColW.k + 320));
+    return { nq, nk, total, width, height, xl: linesColW.q, xr: width - linesColW.k };
   }
   function drawLines() {
     if (S.tab !== "lines" || !lineMats) return;
