@@ -1,8 +1,18 @@
 """See the heads: static heatmaps, the standalone interactive head view, attention rollout.
 
 - :func:`heatmaps` — a matplotlib grid (rows = layers, columns = heads) saved as PNG/SVG/PDF.
-- :func:`head_view` — one offline HTML file: model view, lines/matrix detail, rollout, pickers.
+- :func:`head_view` — one offline HTML file: model view (layers x heads thumbnails, importance
+  scores), detail view (BertViz-style token lines, matrix, rollout), kind and example pickers,
+  head toggles. Opens from disk with no network; 1024 tokens x 48 heads fit in < 40 MB.
 - :func:`attention_rollout` — Abnar & Zuidema (2020) rollout as a tensor.
+
+Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (b, h, i, j)]}``)::
+
+    logits, att = model(src, tgt, return_weights=True)
+    head_view(att, {"src": src_tokens, "tgt": tgt_tokens}, "view.html",
+              importance={"cross": scores})                      # scores: (layers, heads)
+    heatmaps([w[0] for w in att["cross"]], query_tokens=tgt_tokens[0],
+             key_tokens=src_tokens[0], path="cross.png")
 """
 
 from headwise.viz.head_view import head_view
