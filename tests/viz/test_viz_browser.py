@@ -252,6 +252,20 @@ def test_rollout_panel(page, seq2seq):
     want = attention_rollout([w[0] for w in seq2seq["encoder_self"]])[2].numpy()
     assert np.all(np.abs(got - want) <= want.max(1, keepdims=True) / 510 + 1e-6)
     assert page.page.locator("#hw-rollout-canvas").is_visible()
+    np.testing.assert_allclose(page.js("window.headwise.rolloutShown()"), got, atol=1e-6)
+    # switching a head off (or fusing by max) rolls out in the page, from the stored weights
+    page.page.locator('#hw-heads .hw-chip[data-head="1"]').click()
+    page.settle()
+    subset = [w[0][[0, 2, 3]] for w in seq2seq["encoder_self"]]
+    assert page.js("window.headwise.lastDraw.rollout.heads") == [[0, 2, 3]] * 3
+    np.testing.assert_allclose(page.js("window.headwise.rolloutShown()"),
+                               attention_rollout(subset)[2].numpy(), atol=5e-3)
+    page.page.click('#hw-fusion button[data-fusion="max"]')
+    page.settle()
+    shown = np.array(page.js("window.headwise.rolloutShown()"))
+    np.testing.assert_allclose(shown, attention_rollout(subset, head_fusion="max")[2].numpy(),
+                               atol=5e-3)
+    assert not np.allclose(shown, got, atol=1e-2)
     page.page.click('#hw-kind button[data-kind="cross"]')
     page.settle()
     assert "self-attention" in page.page.locator("#hw-rollout .hw-message").inner_text()

@@ -9,6 +9,7 @@
   const KINDS = KIND_ORDER.filter((k) => META.kinds[k]);
   const LEVELS = META.levels || 255;
   const ROW = 20, PAD = 10; // lines view: row height and top/bottom padding (CSS px)
+  const ROLLOUT_JS_MAX = 256; // longest example whose rollout of a head subset is computed in the page
   const HEAD_COLOURS = ["#1f77b4", "#e8590c", "#2b8a3e", "#c92a2a", "#7048e8", "#8c564b",
     "#d6336c", "#5c677d", "#a68b00", "#0c8599", "#364fc7", "#5c940d"];
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225],
@@ -20,6 +21,7 @@
     active: new Array(maxHeads).fill(true), hover: null, cell: null, matrixMode: "head", gamma: 1,
     // colour scale of the matrix views: false = ÷ the matrix max, true = ÷ each row's max
     rowScale: { matrix: false, rollout: true },
+    fusion: "mean", // rollout head fusion: mean (the paper), max or min
   };
   const hw = {
     meta: META, state: S, lastDraw: {}, dataLoaded: false, errors: [],
@@ -252,7 +254,10 @@
     ui.rollBar = colorbar();
     ui.rollCaption = el("p", { class: "hw-caption" });
     ui.rollMessage = el("div", { class: "hw-message" });
-    ui.rollTools = el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Colour" }), scaleSeg("rollout"));
+    ui.rollFusion = el("div", { class: "hw-seg", id: "hw-fusion", title: "how the heads of a layer are fused before rolling out" },
+      ...["mean", "max", "min"].map((f) => el("button", { "data-fusion": f, onclick: () => setFusion(f), text: f })));
+    ui.rollTools = el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Heads fused by" }), ui.rollFusion,
+      el("span", { class: "hw-label", text: "Colour" }), scaleSeg("rollout"));
     ui.rollout = el("div", { class: "hw-view", id: "hw-rollout" }, ui.rollTools, ui.rollCaption, ui.rollMessage, ui.rollBox, ui.rollBar.node);
 
     ui.readout = el("div", { class: "hw-readout", id: "hw-readout" });
@@ -409,7 +414,7 @@
     ui.title.textContent = S.tab === "lines" ? `Layer ${S.layer} · all active heads`
       : S.tab === "rollout" ? `Rollout through layer ${S.layer}`
         : S.matrixMode === "mean" ? `Layer ${S.layer} · mean of active heads` : `Layer ${S.layer} · head ${S.head}`;
-    ui.heads.hidden = S.tab === "rollout";
+    for (const b of ui.rollFusion.children) b.setAttribute("aria-pressed", String(b.dataset.fusion === S.fusion));
     for (const b of ui.tabs.children) b.setAttribute("aria-pressed", String(b.dataset.tab === S.tab));
     ui.heads.replaceChildren(el("span", { class: "hw-label", text: "Heads" }));
     for (let h = 0; h < headsIn(S.layer); h++) ui.heads.append(headChip(h, "detail"));
@@ -684,14 +689,71 @@
     ui.rollBar.node.hidden = !!msg;
     ui.rollMessage.textContent = msg || "";
     if (msg) { ui.rollCaption.textContent = ""; hw.lastDraw.rollout = { message: msg }; return; }
-    const mat = await rolloutMatrix(S.kind, S.example, S.layer);
+    const n = qTokens().length;
+    const heads = [];
+    for (let l = 0; l <= S.layer; l++) heads.push(activeHeads(l));
+    const allHeads = heads.every((hs, l) => hs.length === headsIn(l));
+    let values, note = "";
+    if (allHeads && S.fusion === "mean") { // the exact rollout computed in Python
+      values = (await rolloutMatrix(S.kind, S.example, S.layer)).dense();
+    } else if (heads.some((hs) => hs.length === 0)) {
+      values = null; note = "No active head in some layer: switch a head on to roll out.";
+    } else if (n > ROLLOUT_JS_MAX) {
+      values = (await rolloutMatrix(S.kind, S.example, S.layer)).dense();
+      note = `Head subsets and max/min fusion are rolled out in the page up to ${ROLLOUT_JS_MAX} tokens; ` +
+        `this example has ${n}, so all heads are averaged.`;
+    } else {
+      values = await rolloutInPage(heads, n);
+    }
     if (gen !== detailGen) return;
-    ui.rollCaption.textContent = `Attention rollout through layers 0–${S.layer} (Abnar & Zuidema 2020): per layer the heads are averaged, ` +
+    const used = allHeads && S.fusion === "mean" || n > ROLLOUT_JS_MAX ? "all heads" : "active heads";
+    const fusion = n > ROLLOUT_JS_MAX ? "mean" : S.fusion;
+    ui.rollCaption.textContent = note || (`Attention rollout through layers 0–${S.layer} (Abnar & Zuidema 2020): per layer the ${used} are fused (${fusion}), ` +
       "the identity is added for the residual (0.5·A + 0.5·I), rows are renormalised, and the layers are multiplied. " +
-      "Row i: how much of token i's representation after this layer comes from each input token. Pick the layer in the model view.";
-    rollState = { values: mat.dense(), nq: mat.nq, nk: mat.nk, rowTokens: qTokens(), colTokens: qTokens(), heads: [] };
+      "Row i: how much of token i's representation after this layer comes from each input token. Pick the layer in the model view.");
+    if (!values) { ui.rollBox.hidden = true; ui.rollBar.node.hidden = true; hw.lastDraw.rollout = { message: note }; return; }
+    rollState = { values, nq: n, nk: n, rowTokens: qTokens(), colTokens: qTokens(), heads: [] };
     drawMatrix(ui.rollCanvas, ui.rollBox, rollState, ui.rollBar, "rollout");
-    hw.lastDraw.rollout = { layer: S.layer, n: mat.nq, max: rollState.max };
+    hw.lastDraw.rollout = { layer: S.layer, n, max: rollState.max, fusion, heads: used === "all heads" ? "all" : heads };
+  }
+  /** Rollout of the active heads with S.fusion, in float64 (only for n <= ROLLOUT_JS_MAX). */
+  async function rolloutInPage(heads, n) {
+    let R = null;
+    for (let l = 0; l < heads.length; l++) {
+      const mats = await Promise.all(heads[l].map((h) => headMatrix(S.kind, S.example, l, h)));
+      const A = new Float64Array(n * n);
+      const first = mats[0].dense();
+      for (let x = 0; x < n * n; x++) A[x] = first[x];
+      for (const m of mats.slice(1)) {
+        const d = m.dense();
+        for (let x = 0; x < n * n; x++) {
+          if (S.fusion === "mean") A[x] += d[x];
+          else if (S.fusion === "max") A[x] = Math.max(A[x], d[x]);
+          else A[x] = Math.min(A[x], d[x]);
+        }
+      }
+      for (let i = 0; i < n; i++) {
+        let sum = 0;
+        for (let j = 0; j < n; j++) {
+          let v = S.fusion === "mean" ? A[i * n + j] / mats.length : A[i * n + j];
+          v = 0.5 * v + (i === j ? 0.5 : 0);
+          A[i * n + j] = v; sum += v;
+        }
+        for (let j = 0; j < n; j++) A[i * n + j] /= sum;
+      }
+      if (R === null) { R = A; continue; }
+      const out = new Float64Array(n * n); // out = A @ R
+      for (let i = 0; i < n; i++) {
+        for (let k = 0; k < n; k++) {
+          const a = A[i * n + k];
+          if (a === 0) continue;
+          const ro = k * n, oo = i * n;
+          for (let j = 0; j < n; j++) out[oo + j] += a * R[ro + j];
+        }
+      }
+      R = out;
+    }
+    return Float32Array.from(R);
   }
   function drawMatrix(canvas, box, st, bar, label) {
     const { values, nq, nk } = st;
@@ -834,6 +896,7 @@
   function setTab(t) { S.tab = t; S.hover = null; scheduleDetail(); }
   function setMatrixMode(m) { S.matrixMode = m; scheduleDetail(); }
   function setRowScale(view, row) { S.rowScale[view] = row; scheduleDetail(); }
+  function setFusion(f) { S.fusion = f; scheduleDetail(); }
   function setGamma(g) {
     S.gamma = g; LUT = lut(g);
     for (const c of ui.grid.querySelectorAll("canvas[data-drawn]")) drawThumb(c);
@@ -842,7 +905,10 @@
 
   // ------------------------------------------------------------------ scripting / test API
   Object.assign(hw, {
-    setKind, setExample, select, toggleHead, solo, setTab, setMatrixMode, setGamma, setRowScale,
+    setKind, setExample, select, toggleHead, solo, setTab, setMatrixMode, setGamma, setRowScale, setFusion,
+    /** the matrix the rollout tab shows now, as nested arrays */
+    rolloutShown: () => rollState && Array.from({ length: rollState.nq }, (_, i) =>
+      Array.from(rollState.values.subarray(i * rollState.nk, (i + 1) * rollState.nk))),
     /** checksum of a view's canvas pixels ("lines" | "matrix" | "rollout"); tests compare them */
     signature: (view) => canvasSignature({ lines: ui.linesCanvas, matrix: ui.matrixCanvas, rollout: ui.rollCanvas }[view]),
     setHover: (side, index) => setHover(side === null ? null : { side, index }),
