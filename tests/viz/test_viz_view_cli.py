@@ -45,6 +45,36 @@ def test_view_lm(checkpoints, tmp_path, capsys):
     assert "head view:" in capsys.readouterr().out
 
 
+def test_view_lm_generate_matches_step_by_step_attention(checkpoints, tmp_path):
+    """--generate N: the page holds prompt + continuation, and the weights of each generated
+    token equal those the model used while generating it with the KV cache."""
+    from headwise import checkpoint
+    from headwise.generate import generate
+
+    out = tmp_path / "gen.html"
+    assert main(["view", "--checkpoint", str(checkpoints["lm"]), "--text", "abc",
+                 "--generate", "4", "-o", str(out)]) == 0
+    toks = page_meta(out)["tokens"]["tgt"][0]
+    assert toks[:3] == list("abc") and 4 <= len(toks) <= 7
+    loaded = checkpoint.load(checkpoints["lm"])
+    model, tok = loaded.model, loaded.tokenizer
+    ids = torch.tensor([tok.encode("abc")])
+    full = generate(model, ids, max_new_tokens=4, eos_id=tok.eos_id)[:, :len(toks)]
+    assert tok.tokens(full[0].tolist()) == toks
+    # step by step with the cache: the last token's row of weights at each step
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        _, att = model(full[:, :3], cache=cache, return_weights=True)
+        steps = [att["decoder_self"][0][0, :, -1]]
+        for t in range(3, full.shape[1]):
+            _, att = model(full[:, t:t + 1], cache=cache, return_weights=True)
+            steps.append(att["decoder_self"][0][0, :, -1])
+        _, whole = model(full, return_weights=True)
+    for k, row in enumerate(steps):
+        t = 2 + k
+        torch.testing.assert_close(row[:, :t + 1], whole["decoder_self"][0][0, :, t, :t + 1])
+
+
 def test_view_seq2seq_with_and_without_target(checkpoints, tmp_path):
     out = tmp_path / "mt.html"
     assert main(["view", "--checkpoint", str(checkpoints["mt"]), "--src", "the cat",

@@ -1,6 +1,6 @@
 """``headwise view``: run a checkpoint on one input and write the interactive head view.
 
-    headwise view --checkpoint runs/lm --text "to be or not" -o view.html
+    headwise view --checkpoint runs/lm --text "to be or not" -o view.html [--generate 20]
     headwise view --checkpoint runs/mt --src "the cat" [--tgt "le chat"] -o view.html
 
 For an encoder-decoder checkpoint without ``--tgt`` the target is the model's own greedy
@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                    help="language models: put <bos> before the text")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="encoder-decoder without --tgt: longest translation (default 2*len+8)")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="language models: greedily continue --text by N tokens and show the "
+                        "attention over prompt + continuation (what each new token looked at)")
     p.add_argument("--title", help="page title (default: the checkpoint folder and input)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.set_defaults(func=run)
@@ -51,11 +54,17 @@ def run(args: argparse.Namespace) -> int:
                          "encoded; save it with checkpoint.save(..., tokenizer=tok)")
     device = next(model.parameters()).device
     if config.kind == "lm":
-        ids, tokens = _lm_input(args, tok, config)
+        ids = _lm_input(args, tok, config)
+        prompt = len(ids)
+        if args.generate:
+            ids = _continue(model, ids, args.generate, tok, config, device)
+        # one causal forward over the whole sequence gives exactly the weights each generated
+        # token used when it was produced step by step with the KV cache
         with torch.no_grad():
             _, attentions = model(torch.tensor([ids], device=device), return_weights=True)
-        tokens_arg = {"tgt": [tokens]}
-        summary = f"“{args.text}”"
+        tokens_arg = {"tgt": [tok.tokens(ids)]}
+        summary = f"“{args.text}”" + (f" + “{tok.decode(ids[prompt:])}”" if len(ids) > prompt
+                                      else "")
     else:
         src_ids, tgt_ids = _seq2seq_input(args, tok, config, model, device)
         with torch.no_grad():
@@ -81,7 +90,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lm_input(args, tok, config) -> tuple[list[int], list[str]]:
+def _continue(model, ids, n, tok, config, device) -> list[int]:
+    if n < 0:
+        raise ValueError(f"--generate {n}: pass a number of new tokens >= 0")
+    n = min(n, config.max_len - len(ids))
+    if n <= 0:
+        raise ValueError(f"--generate: the text already fills max_len={config.max_len}; "
+                         "shorten --text")
+    from headwise.generate import generate
+
+    with torch.no_grad():
+        out = generate(model, torch.tensor([ids], device=device), max_new_tokens=n,
+                       eos_id=tok.eos_id)
+    new = []
+    for i in out[0, len(ids):].tolist():
+        new.append(i)
+        if i in (tok.eos_id, tok.pad_id):
+            break
+    return ids + new
+
+
+def _lm_input(args, tok, config) -> list[int]:
     if args.src is not None or args.tgt is not None:
         raise ValueError("this checkpoint is a decoder-only language model; pass --text, "
                          "not --src/--tgt")
@@ -91,7 +120,7 @@ def _lm_input(args, tok, config) -> tuple[list[int], list[str]]:
     if len(ids) > config.max_len:
         raise ValueError(f"--text is {len(ids)} tokens but the model takes at most "
                          f"max_len={config.max_len}; shorten it")
-    return ids, tok.tokens(ids)
+    return ids
 
 
 def _seq2seq_input(args, tok, config, model, device) -> tuple[list[int], list[int]]:
