@@ -88,7 +88,8 @@ class TrainConfig:
     Evaluation and saving: ``eval_every`` steps on ``eval_size`` held-out examples (also at
     the end); ``checkpoint_every`` (default ``eval_every``; 0 = only at the end).
     Runtime: ``seed``, ``precision`` (``"auto"``, ``"fp32"``, ``"bf16"``), ``device``
-    (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
+    (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...), ``threads`` (CPU intra-op threads
+    per process; default torch's).
     """
 
     task: str = "reverse"
@@ -122,6 +123,7 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"
     device: str = "auto"
+    threads: int | None = None
 
     def resolved(self) -> TrainConfig:
         """A copy with every preset filled in and every value checked."""
@@ -138,6 +140,8 @@ class TrainConfig:
         for name in ("warmup", "eval_every", "checkpoint_every"):
             if getattr(cfg, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(cfg, name)}")
+        if cfg.threads is not None and cfg.threads < 1:
+            raise ValueError(f"threads must be >= 1; got {cfg.threads}")
         if not cfg.lr > 0:
             raise ValueError(f"lr must be > 0; got {cfg.lr}")
         if not 0.0 <= cfg.label_smoothing < 1.0:
@@ -438,7 +442,8 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     if resume is not None:
         resume_path, meta = ckpt.read_config(resume)
         saved = ckpt.load_train_state(resume)
-        allowed = {"steps", "eval_every", "eval_size", "checkpoint_every", "device", "precision"}
+        allowed = {"steps", "eval_every", "eval_size", "checkpoint_every", "device", "precision",
+                   "threads"}
         bad = sorted(set(overrides) - allowed)
         if bad:
             raise ValueError(f"--resume continues the saved run; {bad} cannot change (only "
@@ -447,6 +452,8 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
         start_step, history = int(saved["step"]), list(saved.get("history", []))
     cfg = dataclasses.replace(cfg, **overrides).resolved()
 
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     dist_info, device = _init_distributed(cfg.device)
     precision, why = pick_precision(cfg.precision, device)
     if precision == "bf16" and device.type == "cpu" and not torch.backends.mkldnn.is_available():
@@ -597,11 +604,12 @@ def _barrier(d: _Dist) -> None:
 
 
 def _format_metrics(step: int, m: dict[str, float], main_metric: str) -> str:
-    parts = [f"step {step:>6}", f"train loss {m['train_loss']:.4f}",
-             f"eval loss {m['loss']:.4f}", f"ppl {m['perplexity']:.3f}"]
+    """One short line (the word "exact match" is kept for the final summary only)."""
+    parts = [f"step {step:>6}", f"train {m['train_loss']:.4f}", f"eval {m['loss']:.4f}",
+             f"ppl {m['perplexity']:.3f}"]
     if main_metric == "bleu":
         parts.append(f"BLEU {m['bleu']:.2f}")
-    parts += [f"exact match {m['exact_match']:.4f}", f"token acc {m['token_accuracy']:.4f}"]
+    parts += [f"EM {m['exact_match']:.4f}", f"tok-acc {m['token_accuracy']:.4f}"]
     return "  ".join(parts)
 
 
@@ -635,6 +643,7 @@ _OPTIONS = [  # (flag, TrainConfig field, type, help)
     ("--seed", "seed", int, "seed (data, init, dropout)"),
     ("--precision", "precision", str, "'auto' (bf16 where supported), 'fp32' or 'bf16'"),
     ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("--threads", "threads", int, "CPU threads per process (default: torch's choice)"),
 ]
 
 
