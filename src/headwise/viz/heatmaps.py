@@ -20,6 +20,7 @@ __all__ = ["heatmaps"]
 
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_LABELLED_TOKENS = 48  # above this, ticks show positions instead of every token
+MAX_CELLS = 384  # longer axes are max-pooled to this many cells (a panel is <= ~420 px wide)
 
 
 def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequence[str] | None,
@@ -67,30 +68,61 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
                              f"{per_layer[l].shape[0]} heads")
 
     vmax = max(float(per_layer[l][heads].max()) for l in layers) or 1.0
-    panel = float(np.clip(0.16 * max(n_i, n_j), 1.7, 3.2))  # inches per heatmap
-    fig = Figure(figsize=(panel * len(heads) + 1.6, panel * len(layers) + 0.9 + (title is not None) * 0.3),
-                 layout="constrained")
+    # Fixed layout in inches (matplotlib's constrained layout costs seconds for big grids).
+    panel = float(np.clip(0.16 * max(n_i, n_j), 1.7, 3.2))  # heatmap side
+    gap_w, gap_h = 0.15, 0.32  # between panels; the vertical gap holds each "L{l} H{h}" title
+    left = 0.45 + _label_inches(q_labels)
+    bottom = 0.4 + _label_inches(k_labels)
+    top, right = 0.35 + 0.35 * bool(title), 1.15
+    n_rows, n_cols = len(layers), len(heads)
+    width = left + n_cols * panel + (n_cols - 1) * gap_w + right
+    height = top + n_rows * panel + (n_rows - 1) * gap_h + bottom
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(layers), len(heads), squeeze=False, sharex=True, sharey=True)
+    axes = fig.subplots(n_rows, n_cols, squeeze=False, gridspec_kw=dict(
+        left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+        wspace=gap_w / panel, hspace=gap_h / panel))
     image = None
     for r, l in enumerate(layers):
         for c, h in enumerate(heads):
             ax = axes[r, c]
-            image = ax.imshow(per_layer[l][h], cmap=cmap, vmin=0.0, vmax=vmax,
-                              interpolation="nearest", aspect="auto")
+            image = ax.imshow(_pool(per_layer[l][h], MAX_CELLS), cmap=cmap, vmin=0.0,
+                              vmax=vmax, interpolation="nearest", aspect="auto",
+                              extent=(-0.5, n_j - 0.5, n_i - 0.5, -0.5))
             ax.set_title(f"L{l} H{h}", fontsize=9, pad=3)
             for spine in ax.spines.values():
                 spine.set_edgecolor("#9aa3ad")
             _ticks(ax, q_labels, k_labels, first_col=c == 0, last_row=r == len(layers) - 1)
     axes[-1, 0].set_xlabel("key", fontsize=8)
     axes[-1, 0].set_ylabel("query", fontsize=8)
-    bar = fig.colorbar(image, ax=axes, shrink=min(0.8, 0.35 + 0.1 * len(layers)), aspect=30)
+    grid_h = n_rows * panel + (n_rows - 1) * gap_h
+    bar_h = min(grid_h, max(1.5, 0.6 * grid_h))
+    bar_ax = fig.add_axes(((width - right + 0.25) / width, (bottom + (grid_h - bar_h) / 2) / height,
+                           0.14 / width, bar_h / height))
+    bar = fig.colorbar(image, cax=bar_ax)
     bar.set_label("attention weight", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=11, y=1 - 0.15 / height, va="top")
     _save_atomic(fig, path, fmt, dpi)
     return path
+
+
+def _label_inches(labels) -> float:
+    """Room for tick labels: tokens when they are shown, else position numbers."""
+    if labels is None or len(labels) > MAX_LABELLED_TOKENS:
+        return 0.3
+    return min(1.4, 0.12 + 0.065 * max(len(t) for t in labels))
+
+
+def _pool(m: np.ndarray, size: int) -> np.ndarray:
+    """Max-pool an (i, j) matrix to at most size x size cells: a panel has fewer pixels than a
+    long sequence has positions, and max (unlike the renderer's averaging) keeps sharp peaks."""
+    for axis in (0, 1):
+        n = m.shape[axis]
+        if n > size:
+            m = np.maximum.reduceat(m, np.linspace(0, n, size + 1).astype(int)[:-1], axis=axis)
+    return m
 
 
 def _ticks(ax, q_labels, k_labels, *, first_col: bool, last_row: bool) -> None:
