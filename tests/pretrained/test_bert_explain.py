@@ -63,3 +63,14 @@ def test_explain_bad_arguments_exit_2_with_one_line(minilm_folder, tmp_path, cap
     assert code == 2
     assert message in err and err.count("\n") == 1, err
     json.dumps(err)  # plain text
+
+
+def test_explain_folder_without_tokenizer_is_one_line(minilm_folder, tmp_path, capsys):
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).symlink_to(minilm_folder / name)
+    code = main(["explain", "hello", "--model-dir", str(folder), "-o", str(tmp_path / "v.html")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "tokenizer.json" in err and err.count("\n") == 1, err
