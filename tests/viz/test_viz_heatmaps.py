@@ -97,3 +97,16 @@ def test_bad_input(tmp_path, kwargs, error, match):
     with pytest.raises(error, match=match):
         heatmaps(weights, **args)
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_long_sequences_keep_isolated_peaks(tmp_path):
+    """1000 positions on a ~400 px panel: max-pooling keeps a single strong weight visible."""
+    w = torch.full((1, 1, 1000, 1000), 1e-4)
+    w[0, 0, 500, 700] = 1.0
+    out = heatmaps(w, query_tokens=None, key_tokens=None, path=tmp_path / "peak.png")
+    img, (box,) = panels(out)
+    crop = img[box]
+    rows, cols = np.nonzero(crop[..., 2] - crop[..., 0] > 60)
+    assert len(rows) > 0
+    h, wd = crop.shape[:2]
+    assert abs(rows.mean() / h - 0.5) < 0.02 and abs(cols.mean() / wd - 0.7) < 0.02
