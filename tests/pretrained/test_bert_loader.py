@@ -303,3 +303,26 @@ def test_gradients_match_hf_in_training_mode(transformers, tmp_path):
         worst = max(worst, (grads[name] - theirs[hf_name(name)]).abs().max().item())
     print(f"\nmax|grad diff| vs HF over {len(grads)} parameters: {worst:.3g}")
     assert worst <= 1e-5, worst
+
+
+def test_padding_reaches_the_fused_kernel_as_a_key_mask(monkeypatch):
+    """The fast path: a (b, 1, 1, j) bool key mask, never (b, 1, i, j); no padding -> no mask."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append(None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype))
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = BertModel(BertConfig(vocab_size=30, d_model=16, num_heads=4, num_layers=2, d_ff=20,
+                                 max_len=12)).eval()
+    ids, mask, _ = _inputs(30, 1, 3, 9, seed=12)
+    assert not mask.all()
+    with torch.no_grad():
+        model(ids, mask)
+        model(ids, torch.ones_like(mask))
+        model(ids)
+    assert seen == [((3, 1, 1, 9), torch.bool)] * 2 + [None] * 4
