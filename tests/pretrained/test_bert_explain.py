@@ -28,6 +28,10 @@ def test_explain_writes_head_view_and_heatmaps_of_real_heads(minilm_folder, tmp_
     assert re.search(r"attention: 6 calls", printed)
     assert printed.count("self_attn") == 6
     assert "weights requested" in printed
+    # two texts: their sentence embeddings' cosine similarity, equal to headwise.pretrained.embed
+    from headwise.pretrained import embed
+    vectors = embed(["The cat sat on the mat.", "Heads disagree."])
+    assert f"example 0: +1.000  {float(vectors[0] @ vectors[1]):+.3f}" in printed
 
 
 def test_explain_with_a_model_dir_and_pairs(transformers, tmp_path, capsys, minilm_folder):

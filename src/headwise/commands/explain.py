@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                                                            strict=True)]
     with torch.no_grad():
         record = trace(model, **inputs, return_weights=True)
-    _hidden, attentions = record.output
+    hidden, attentions = record.output
 
     name = "all-MiniLM-L6-v2" if not args.model_dir else str(folder)
     html = viz.head_view(attentions, {"src": tokens}, args.output,
@@ -86,9 +86,23 @@ def run(args: argparse.Namespace) -> int:
                   f"{model.config.d_model}, on {device}")
     for i, toks in enumerate(tokens):
         print(f"example {i} ({len(toks)} tokens): " + " ".join(toks))
+    if len(texts) > 1:
+        _print_similarities(hidden, inputs["attention_mask"], encoder)
     print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
     print(f"head view: {html}\nheatmaps:  {png}")
     return 0
+
+
+def _print_similarities(hidden: torch.Tensor, attention_mask: torch.Tensor, encoder) -> None:
+    """Cosine similarity of the texts' sentence embeddings (the checkpoint's own pooling)."""
+    from headwise.pretrained import mean_pool
+
+    pooled = (mean_pool(hidden, attention_mask) if encoder.pooling == "mean" else hidden[:, 0])
+    unit = torch.nn.functional.normalize(pooled.float(), dim=-1)
+    sims = (unit @ unit.T).cpu()
+    print(f"sentence embeddings ({encoder.pooling} pooling), cosine similarity:")
+    for i, row in enumerate(sims.tolist()):
+        print(f"  example {i}: " + "  ".join(f"{x:+.3f}" for x in row))
 
 
 def _device(name: str) -> torch.device:
