@@ -261,7 +261,7 @@ def _check_importance(importance, kinds: dict) -> dict:
         a = torch.as_tensor(scores).detach().to("cpu", torch.float64).numpy()
         n_layers = len(kinds[kind]["layers"])
         n_heads = max(w.shape[1] for w in kinds[kind]["layers"] if w is not None)
-        if a.ndim != 2 or a.shape[0] != n_layers or a.shape[1] < n_heads:
+        if a.ndim != 2 or a.shape != (n_layers, n_heads):
             raise ValueError(f"importance[{kind!r}] must be (layers, heads) = ({n_layers}, "
                              f"{n_heads}), got shape {a.shape}")
         out[kind] = [[None if not np.isfinite(x) else float(x) for x in row] for row in a]
