@@ -48,6 +48,7 @@ from torch import nn
 from headwise import checkpoint as ckpt
 from headwise.data import LMBatch, Seq2SeqBatch, make_task
 from headwise.errors import CheckpointError
+from headwise.models import build
 
 __all__ = ["TrainConfig", "TrainResult", "add_arguments", "config_from_args", "evaluate",
            "greedy_decode", "main", "pick_precision", "train"]
@@ -471,7 +472,7 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
                          f"{dist_info.world} processes; use a multiple of {dist_info.world}")
     model_config = build_model_config(cfg, task)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts)
-    model = _build(model_config).to(device)
+    model = build(model_config).to(device)
     optimizer = make_optimizer(model, cfg)
     if resume_path is not None:
         _check_resumable(resume_path, model_config, meta)
@@ -561,16 +562,6 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     return TrainResult(model=model, model_config=model_config, tokenizer=task.tokenizer,
                        task=task, config=cfg, metrics=metrics, history=history, out=out_dir,
                        seconds=seconds, precision=precision)
-
-
-def _build(model_config) -> nn.Module:
-    try:
-        from headwise.models import build
-    except ImportError:
-        from headwise.models.lm import TransformerLM
-        from headwise.models.transformer import Transformer
-        return (TransformerLM if model_config.kind == "lm" else Transformer)(model_config)
-    return build(model_config)
 
 
 def _check_resumable(path: Path, model_config, meta: dict[str, Any]) -> None:
