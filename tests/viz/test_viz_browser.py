@@ -71,9 +71,9 @@ class Page:
         return self.page.evaluate(expr, arg)
 
     def settle(self):
-        """Wait for two animation frames and any pending decode (renders are rAF-scheduled)."""
-        self.page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
-        self.page.wait_for_timeout(60)
+        """Wait until no redraw is scheduled or running (redraws are rAF-scheduled and may
+        await the inflation of a head's weights)."""
+        self.page.evaluate("window.headwise.idle()")
 
     def lines(self):
         return self.js("window.headwise.lastDraw.lines")

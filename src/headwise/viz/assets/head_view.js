@@ -438,11 +438,15 @@
     refreshGridClasses();
   }
 
-  let detailPending = false, detailGen = 0;
+  let detailPending = false, detailGen = 0, rendering = null;
   function scheduleDetail() {
     if (detailPending) return;
     detailPending = true;
-    requestAnimationFrame(() => { detailPending = false; renderDetail(); });
+    requestAnimationFrame(() => { detailPending = false; runRender(); });
+  }
+  function runRender() {
+    const p = renderDetail().finally(() => { if (rendering === p) rendering = null; });
+    rendering = p;
   }
   async function renderDetail() {
     renderDetailChrome();
@@ -933,10 +937,18 @@
       for (let i = 0; i < m.nq; i++) out.push(Array.from(d.subarray(i * m.nk, (i + 1) * m.nk)));
       return out;
     },
+    /** resolves once no redraw is scheduled or running (scripts and tests await it) */
+    async idle() {
+      for (;;) {
+        await new Promise((r) => requestAnimationFrame(() => r()));
+        if (rendering) { await rendering.catch(() => {}); continue; }
+        if (!detailPending) return;
+      }
+    },
     _dataLoaded() {
       hw.dataLoaded = true;
       performance.mark("headwise-data");
-      renderDetail();
+      runRender();
     },
   });
 
