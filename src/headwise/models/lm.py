@@ -96,7 +96,7 @@ class TransformerLM(nn.Module):
             weights.append(self_w)
         if cache is not None:
             cache.advance(tokens.shape[1])
-        if last_only:  # generation needs only the newest position's logits
+        if last_only and x.shape[1] > 1:  # generation needs only the newest position
             x = x[:, -1:]
         x = self.final_norm(x)
         logits = self.lm_head(x)

@@ -160,7 +160,7 @@ class Decoder(nn.Module):
             cross_ws.append(cross_w)
         if cache is not None:
             cache.advance(tgt.shape[1])
-        if last_only:
+        if last_only and x.shape[1] > 1:  # generation needs only the newest position
             x = x[:, -1:]
         logits = self.lm_head(self.final_norm(x))
         record("logits", logits, "b i v")
