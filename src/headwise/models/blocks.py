@@ -69,7 +69,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: (b, n, m) -> (b, n, m)``."""
-        return self.down(drop(self.dropout, self._act(self.up(x))))
+        return self.down(drop(self, self._act(self.up(x))))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
@@ -137,10 +137,11 @@ class LearnedPositionalEncoding(nn.Module):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
-def drop(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
-    """``dropout(x)``, skipping the call when it is the identity (eval or p = 0): decoding one
-    token at a time is bound by per-call overhead, not arithmetic."""
-    return dropout(x) if dropout.training and dropout.p > 0 else x
+def drop(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``owner.dropout(x)``, skipping the call when it is the identity (eval or p = 0): decoding
+    one token at a time is bound by per-call overhead, not arithmetic (``owner.training`` is a
+    plain attribute; reading the submodule is not free)."""
+    return owner.dropout(x) if owner.training and owner.dropout.p > 0 else x
 
 
 class _Block(nn.Module):
@@ -151,9 +152,9 @@ class _Block(nn.Module):
         ``((b, n, m), extra)``."""
         if self.norm_first:
             out, extra = fn(norm(x))
-            return x + drop(self.dropout, out), extra
+            return x + drop(self, out), extra
         out, extra = fn(x)
-        return norm(x + drop(self.dropout, out)), extra
+        return norm(x + drop(self, out)), extra
 
 
 class EncoderBlock(_Block):

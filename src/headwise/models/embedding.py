@@ -38,7 +38,7 @@ class Embeddings(nn.Module):
             record("scale embedding by sqrt(m)", x, "b n m", scale=self.scale)
         x = self.positions(x, offset)
         record("add positions", x, "b n m", offset=offset)
-        return drop(self.dropout, x)
+        return drop(self, x)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale:.4g}"
