@@ -263,8 +263,8 @@ def build_model_config(cfg: TrainConfig, task):
     if task.kind == "lm":
         length = cfg.context if _FAMILY[cfg.task] == "text" else 2 * task.max_len
         return LMConfig(vocab_size=vocab, max_len=length, **common)
-    longest = (task.max_len if _FAMILY[cfg.task] == "pairs" else task.max_len) + 2
-    return TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, max_len=longest,
+    # a target is <bos> + up to max_len tokens + <eos>
+    return TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, max_len=task.max_len + 2,
                              **common)
 
 

@@ -114,11 +114,13 @@ class PairsTask:
     def __init__(self, pairs: list[tuple[str, str]], *, name: str = "pairs", max_len: int = 64,
                  tokenizer: str = "char", seed: int = 0, source: str = ""):
         self.name, self.seed, self.source = name, seed, source
-        kept = [(s, t) for s, t in pairs if len(s) <= max_len and len(t) <= max_len]
+        self.tokenizer = make_tokenizer(tokenizer, "".join(s + t for s, t in pairs))
+        tok = self.tokenizer
+        kept = [(s, t) for s, t in pairs
+                if len(tok.encode(s)) <= max_len and len(tok.encode(t)) <= max_len]
         if len(kept) < 40:
             raise ValueError(f"only {len(kept)} of {len(pairs)} pairs have both sides within "
-                             f"max_len={max_len} characters; need at least 40 (raise --max-len)")
-        self.tokenizer = make_tokenizer(tokenizer, "".join(s + t for s, t in kept))
+                             f"max_len={max_len} tokens; need at least 40 (raise --max-len)")
         order = np.random.default_rng([seed, _EVAL]).permutation(len(kept))
         heldout = order % 20 == 0
         self.train_pairs = [kept[k] for k in order[~heldout]]
