@@ -81,12 +81,16 @@ def test_text_task_reports_perplexity(tmp_path):
     assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
 
 
-def test_pairs_task_reports_bleu(tmp_path):
+@pytest.mark.parametrize("tokenizer", ["char", "byte"])
+def test_pairs_task_reports_bleu(tmp_path, tokenizer):
     path = tmp_path / "p.tsv"
     words = ["eins", "zwei", "drei", "vier", "fünf"]
     lines = [f"{a} {b}\t{b} {a}" for a in words for b in words] * 4
     path.write_text("\n".join(lines), encoding="utf-8")
+    # max_len counts tokens: "fünf fünf" is 9 characters but 11 bytes
     r = train(TrainConfig(task="pairs", pairs=str(path), steps=5, batch_size=8, d_model=32,
-                          num_heads=2, num_layers=1, d_ff=32, eval_size=10, precision="fp32"),
-              progress=False)
+                          num_heads=2, num_layers=1, d_ff=32, eval_size=10, precision="fp32",
+                          tokenizer=tokenizer, max_len=10), progress=False)
+    pairs = r.task.train_pairs + r.task.eval_pairs
+    assert (("fünf fünf", "fünf fünf") in pairs) == (tokenizer == "char")
     assert 0.0 <= r.metrics["bleu"] <= 100.0 and "exact_match" in r.metrics
