@@ -424,7 +424,7 @@ def _log(console, enabled: bool, text: str) -> None:
 
 
 def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
-          resume: str | Path | None = None, progress: bool = True,
+          resume: str | Path | None = None, progress: bool = True, verbose: bool = True,
           on_eval: Callable[[int, dict[str, float]], None] | None = None,
           **overrides: Any) -> TrainResult:
     """Train a model on ``config.task`` and return it with its held-out metrics.
@@ -435,7 +435,9 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
             history), ``log.jsonl`` (one line per evaluation). None: nothing is written.
         resume: a checkpoint or run folder with training state; the run continues from its step
             with its saved config (``overrides`` may change ``steps`` and evaluation/saving).
-        progress: show the rich progress bar and eval lines (rank 0 only).
+        progress: show the rich progress bar (rank 0 only).
+        verbose: print the set-up lines (task, model, precision) and one line per evaluation
+            (rank 0 only).
         on_eval: called on rank 0 as ``on_eval(step, metrics)`` after each evaluation.
     """
     cfg = config or TrainConfig()
@@ -460,7 +462,7 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     if precision == "bf16" and device.type == "cpu" and not torch.backends.mkldnn.is_available():
         raise ValueError("--precision bf16 needs oneDNN (mkldnn) on CPU; use --precision fp32")
     autocast = precision == "bf16"
-    show = progress and dist_info.main
+    show = verbose and dist_info.main
     from rich.console import Console
     console = Console()
 
@@ -502,7 +504,7 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     t0 = time.perf_counter()
     tokens_seen, timed_from = 0, time.perf_counter()
     metrics: dict[str, float] = history[-1] if history else {}
-    bar = _progress(show)
+    bar = _progress(progress and dist_info.main)
     with bar:
         handle = bar.add_task("train", total=cfg.steps, completed=start_step, loss=float("nan"),
                               tps=0.0)
@@ -648,7 +650,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="run folder (default headwise-runs/TASK)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run saved in DIR (a run or checkpoint folder)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (set-up and evaluation lines are still printed)")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig | None, dict[str, Any]]:
