@@ -33,7 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise  # noqa: E402
-from headwise import generate as _generate_module  # noqa: E402,F401
+from headwise.generate import _Stepper  # noqa: E402
 from headwise.models import LMConfig, TransformerLM  # noqa: E402
 
 PROMPT = 16
@@ -96,19 +96,18 @@ def build_model() -> TransformerLM:
 
 def per_token_times(model, prompt, n_new) -> list[float]:
     """Seconds per decoding step of one cached run (prefill excluded)."""
-    stepper = _generate_module._Stepper
-    times, original = [], stepper.next
+    times, original = [], _Stepper.next
 
     def timed(self, out, pos):
         t0 = time.perf_counter()
         logits = original(self, out, pos)
         times.append(time.perf_counter() - t0)
         return logits
-    stepper.next = timed
+    _Stepper.next = timed
     try:
         headwise.generate(model, prompt, max_new_tokens=n_new)
     finally:
-        stepper.next = original
+        _Stepper.next = original
     return times
 
 
@@ -140,7 +139,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, nargs="+", default=[64, 512, 1024])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--recompute-max", type=int, default=512)
-    ap.add_argument("--budget", type=float, default=6.0, help="seconds per cached config")
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds per cached config")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
     if args.threads:
