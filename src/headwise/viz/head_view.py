@@ -24,7 +24,6 @@ import base64
 import html
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headwise._io import atomic_write
 from headwise.viz.rollout import attention_rollout
 
 __all__ = ["head_view", "KINDS"]
@@ -294,12 +294,4 @@ def _page(meta: dict, blocks: list[str]) -> str:
 def _write_atomic(path: Path, text: str) -> None:
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"head_view path {str(path)!r} must end in .html")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: f.write(text), binary=False)

@@ -7,7 +7,6 @@ pyplot's global state or needs a display.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from headwise._io import atomic_write
 
 __all__ = ["heatmaps"]
 
@@ -190,13 +191,6 @@ def _as_layer_list(weights) -> list[np.ndarray | None]:
 
 
 def _save_atomic(fig: Figure, path: Path, fmt: str, dpi: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt, dpi=dpi, facecolor="white",
-                        metadata={"Software": "headwise"} if fmt == "png" else None)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: fig.savefig(
+        f, format=fmt, dpi=dpi, facecolor="white",
+        metadata={"Software": "headwise"} if fmt == "png" else None))
