@@ -66,6 +66,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         ``(output (b, h, i, e), weights (b, h, i, j) or None)``.
     """
     _check(q, k, v, mask, dropout_p, backend)
+    return dispatch(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                    return_weights=return_weights, backend=backend)
+
+
+def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
+             return_weights=False, backend="auto"):
+    """:func:`attention` without the input checks, for callers that validated their inputs at
+    their own boundary (MultiHeadAttention): a decoding step pays for no check twice."""
     if backend == "auto":
         backend = "eager" if return_weights else "sdpa"
     return BACKENDS[backend](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,

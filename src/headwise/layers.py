@@ -13,7 +13,7 @@ from torch import nn
 
 from headwise import masks as _masks
 from headwise._record import record
-from headwise.attention import BACKENDS, attention
+from headwise.attention import BACKENDS, dispatch
 from headwise.heads import MERGE, SPLIT
 
 __all__ = ["MultiHeadAttention"]
@@ -96,9 +96,9 @@ class MultiHeadAttention(nn.Module):
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q, k, v = self._project(query, key, value, cache)
         # 3) attend, each head separately
-        out, weights = attention(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
-                                 dropout_p=self.dropout if self.training else 0.0,
-                                 backend=self.backend)
+        out, weights = dispatch(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
+                                dropout_p=self.dropout if self.training else 0.0,
+                                backend=self.backend)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
             record("head mask", out, "b h i d")
