@@ -9,8 +9,12 @@ Candidates, interleaved in one process (medians of per-round ratios):
   hw pad       headwise with a key-padding mask (valid_lens)        vs headwise unmasked
   hw causal+pad headwise with causal=True and valid_lens             vs headwise unmasked
 Peak memory (fresh process per point, n = 1024 and 4096) for raw, headwise and the masks.
+Mask costs of the attention core alone (headwise.attention on (b, h, n, d), no projections),
+the like-for-like comparison with the SDPA anchors (is_causal + a (b, 1, 1, j) padding mask):
+projections are not causal, so at module level they dilute the causal saving.
 
     python benchmarks/attention.py [--seqs 128 256 ...] [--modes fwd fwdbwd] [--no-memory]
+                                   [--core-seqs 1024 2048 4096] [--core-only]
 """
 
 from __future__ import annotations
@@ -100,6 +104,44 @@ def time_point(n: int, mode: str) -> dict:
     return row
 
 
+def core_point(n: int, mode: str) -> dict:
+    """Masked vs unmasked cost of the core: headwise.attention vs raw F.scaled_dot_product_attention."""
+    grad = mode == "fwdbwd"
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, E // H, requires_grad=grad) for _ in range(3))
+    gout = torch.randn(B, H, n, E // H)
+    pad = hw.masks.from_valid_lens(valid_lens(n), n)
+    calls = {
+        "raw sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "raw is_causal+pad": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=pad,
+                                                                    is_causal=True),
+        "hw": lambda: hw.attention(q, k, v)[0],
+        "hw pad": lambda: hw.attention(q, k, v, mask=pad)[0],
+        "hw causal+pad": lambda: hw.attention(q, k, v, mask=pad, causal=True)[0],
+    }
+
+    def stepper(call):
+        if not grad:
+            def step():
+                with torch.no_grad():
+                    call()
+            return step
+
+        def step():
+            for t in (q, k, v):
+                t.grad = None
+            call().backward(gout)
+        return step
+
+    times = C.interleave({name: stepper(c) for name, c in calls.items()},
+                         min_rounds=3, budget_s=6.0 if n <= 1024 else 14.0)
+    return {"n": n, "mode": mode, "raw sdpa ms": C.median_ms(times["raw sdpa"]),
+            "hw/raw": C.ratio(times["hw"], times["raw sdpa"]),
+            "hw pad/hw": C.ratio(times["hw pad"], times["hw"]),
+            "hw causal+pad/hw": C.ratio(times["hw causal+pad"], times["hw"]),
+            "raw is_causal+pad/raw": C.ratio(times["raw is_causal+pad"], times["raw sdpa"])}
+
+
 def memory_child(name: str, n: int, mode: str) -> None:
     step = build(name, n, mode)
     step()
@@ -115,12 +157,19 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     p.add_argument("--mem-seqs", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--core-seqs", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--core-only", action="store_true")
     p.add_argument("--child", nargs=3, metavar=("NAME", "N", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return memory_child(args.child[0], int(args.child[1]), args.child[2])
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, b={B}, embed={E}, "
           f"heads={H}, fp32\n")
+    core_rows = [core_point(n, mode) for mode in args.modes for n in args.core_seqs]
+    print("## Mask cost in the attention core (b, h, n, d); anchor: raw SDPA in the same run\n")
+    print(C.table(core_rows, list(core_rows[0])) + "\n", flush=True)
+    if args.core_only:
+        return
     rows = []
     for mode in args.modes:
         for n in args.seqs:
