@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from headwise.commands._common import parse_device
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                          "give one per text")
     if not 0 <= args.example < len(texts):
         raise ValueError(f"--example {args.example} is out of range for {len(texts)} texts")
-    device = _device(args.device)
+    device = parse_device(args.device)
     folder = Path(args.model_dir) if args.model_dir else pretrained.find_minilm()
     encoder = pretrained.load_sentence_encoder(folder, device=device)
     model, tokenizer = encoder.model, encoder.tokenizer
@@ -103,17 +105,6 @@ def _print_similarities(hidden: torch.Tensor, attention_mask: torch.Tensor, enco
     print(f"sentence embeddings ({encoder.pooling} pooling), cosine similarity:")
     for i, row in enumerate(sims.tolist()):
         print(f"  example {i}: " + "  ".join(f"{x:+.3f}" for x in row))
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device; use cpu, cuda or cuda:N") \
-            from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
-    return device
 
 
 def _indices(spec: str | None, size: int, flag: str) -> list[int] | None:

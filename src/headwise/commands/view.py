@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from headwise.commands._common import parse_device
+
 KIND_CHOICES = ("encoder_self", "decoder_self", "cross")
 
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise import checkpoint
     from headwise.viz import head_view, heatmaps
 
-    loaded = checkpoint.load(args.checkpoint, device=_device(args.device))
+    loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
     if tok is None:
         raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer, so text cannot be "
@@ -88,17 +90,6 @@ def run(args: argparse.Namespace) -> int:
                         title=f"{kind} · {summary}")
         print(f"heatmaps ({kind}): {path}")
     return 0
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device; use cpu, cuda or cuda:N") \
-            from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
-    return device
 
 
 def _continue(model, ids, n, tok, config, device) -> list[int]:
