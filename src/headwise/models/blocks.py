@@ -273,3 +273,15 @@ class DecoderBlock(_Block):
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"
+
+
+def block_args(c) -> dict:
+    """The keyword arguments every block of a model config shares (LM, encoder, decoder)."""
+    return dict(dropout=c.dropout, norm_first=c.norm_first, activation=c.activation,
+                layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
+                head_dim=c.head_dim, bias=c.bias, backend=c.backend)
+
+
+def final_norm(c) -> nn.Module:
+    """The LayerNorm after the last block of a pre-norm stack; post-norm blocks end normalised."""
+    return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()

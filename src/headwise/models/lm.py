@@ -15,7 +15,7 @@ from headwise._record import record
 from headwise.cache import KVCache
 from headwise.models import _checks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock
+from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
 from headwise.models.embedding import Embeddings, init_weights
 
@@ -39,14 +39,9 @@ class TransformerLM(nn.Module):
         self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, positional=c.positional,
                                 dropout=c.dropout, scale=c.scale_embeddings)
         self.blocks = nn.ModuleList(
-            DecoderBlock(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
-                         norm_first=c.norm_first, activation=c.activation,
-                         layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
-                         head_dim=c.head_dim, bias=c.bias, backend=c.backend,
-                         cross_attention=False)
+            DecoderBlock(c.d_model, c.num_heads, c.d_ff, cross_attention=False, **block_args(c))
             for _ in range(c.num_layers))
-        self.final_norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first
-                           else nn.Identity())
+        self.final_norm = final_norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         init_weights(self)
         if c.tie_embeddings:

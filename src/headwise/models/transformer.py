@@ -19,17 +19,11 @@ from headwise._record import record
 from headwise.cache import KVCache
 from headwise.models import _checks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock, EncoderBlock
+from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import Embeddings, init_weights
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
-
-
-def _block_args(c: TransformerConfig) -> dict:
-    return dict(dropout=c.dropout, norm_first=c.norm_first, activation=c.activation,
-                layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
-                head_dim=c.head_dim, bias=c.bias, backend=c.backend)
 
 
 def _check_config(config, where: str) -> None:
@@ -47,10 +41,9 @@ class Encoder(nn.Module):
         self.config = c = config
         self.embed = Embeddings(c.src_vocab_size, c.d_model, c.max_len, positional=c.positional,
                                 dropout=c.dropout, scale=c.scale_embeddings)
-        self.blocks = nn.ModuleList(EncoderBlock(c.d_model, c.num_heads, c.d_ff, **_block_args(c))
+        self.blocks = nn.ModuleList(EncoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
                                     for _ in range(c.num_layers))
-        self.final_norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first
-                           else nn.Identity())
+        self.final_norm = final_norm(c)
         init_weights(self)
 
     def forward(self, src: torch.Tensor, *, src_valid_lens: torch.Tensor | None = None,
@@ -94,10 +87,9 @@ class Decoder(nn.Module):
         self.config = c = config
         self.embed = Embeddings(c.tgt_vocab_size, c.d_model, c.max_len, positional=c.positional,
                                 dropout=c.dropout, scale=c.scale_embeddings)
-        self.blocks = nn.ModuleList(DecoderBlock(c.d_model, c.num_heads, c.d_ff, **_block_args(c))
+        self.blocks = nn.ModuleList(DecoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
                                     for _ in range(c.decoder_layers))
-        self.final_norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first
-                           else nn.Identity())
+        self.final_norm = final_norm(c)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         init_weights(self)
         if c.tie_embeddings:
