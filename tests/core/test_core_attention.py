@@ -41,14 +41,19 @@ configs = st.fixed_dictionaries({
 })
 
 
-@given(cfg=configs)
-def test_backends_match_float64_reference(cfg):
+def draw_inputs(cfg):
+    """q (b, h, i, d), k (b, g, j, d), v (b, g, j, e) and a mask of the drawn kind."""
     gen = torch.Generator().manual_seed(cfg["seed"])
     b, g, h, nq, nk = cfg["b"], cfg["g"], cfg["g"] * cfg["r"], cfg["nq"], cfg["nk"]
     q = torch.randn(b, h, nq, cfg["d"], generator=gen)
     k = torch.randn(b, g, nk, cfg["d"], generator=gen)
     v = torch.randn(b, g, nk, cfg["e"], generator=gen)
-    mask = make_mask(cfg["mask"], b, h, nq, nk, gen)
+    return q, k, v, make_mask(cfg["mask"], b, h, nq, nk, gen)
+
+
+@given(cfg=configs)
+def test_backends_match_float64_reference(cfg):
+    q, k, v, mask = draw_inputs(cfg)
     ref_out, ref_w = reference_attention(q, k, v, mask, cfg["causal"])
     for backend in BACKENDS:
         out, w = hw.attention(q, k, v, mask=mask, causal=cfg["causal"], backend=backend)
@@ -63,12 +68,8 @@ def test_backends_match_float64_reference(cfg):
 
 @given(cfg=configs)
 def test_weights_rows_sum_to_one_and_masked_keys_get_exactly_zero(cfg):
-    gen = torch.Generator().manual_seed(cfg["seed"])
-    b, g, h, nq, nk = cfg["b"], cfg["g"], cfg["g"] * cfg["r"], cfg["nq"], cfg["nk"]
-    q = torch.randn(b, h, nq, cfg["d"], generator=gen)
-    k = torch.randn(b, g, nk, cfg["d"], generator=gen)
-    v = torch.randn(b, g, nk, cfg["e"], generator=gen)
-    mask = make_mask(cfg["mask"], b, h, nq, nk, gen)
+    q, k, v, mask = draw_inputs(cfg)
+    b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     out, w = hw.attention(q, k, v, mask=mask, causal=cfg["causal"], return_weights=True)
     blocked = torch.zeros(b, h, nq, nk, dtype=torch.bool)
     if mask is not None:
