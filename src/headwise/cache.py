@@ -44,9 +44,9 @@ class SelfAttentionCache:
         if end > self.k.shape[2]:
             raise ValueError(f"KVCache: {end} positions do not fit a cache of max_len="
                              f"{self.k.shape[2]}; create the cache with a larger max_len")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+        self.k.narrow(2, start, end - start).copy_(k)  # narrow + copy_: cheaper than k[..] = ..
+        self.v.narrow(2, start, end - start).copy_(v)
+        return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
 
 
 class CrossAttentionCache:

@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from einops import repeat
 
+from headwise._record import active
 from headwise.models import _checks
 from headwise.models.lm import TransformerLM
 from headwise.models.transformer import Transformer
+from headwise.step import DecodeStep
+from headwise.step import usable as step_usable
 
 __all__ = ["generate", "generate_with_logits", "STRATEGIES"]
 
@@ -189,14 +192,21 @@ class _Stepper:
             self._call = lambda ids, cache: dec._forward(ids, memory, mask, None, cache, want,
                                                          last_only=True)[0]
         else:
+            dec, mask = model, None
             self._call = lambda ids, cache: model._forward(ids, cache, model._no_weights,
                                                            last_only=True)[0]
         self.cache = model.new_cache(b, max_len) if use_cache else None
+        # After the prompt, one token per step runs through the flattened decoder (same cache,
+        # same attention backend) unless a trace or a hook needs to see the modules.
+        self._step = (DecodeStep(model, self.cache, mask)
+                      if use_cache and not active() and step_usable(dec) else None)
 
     def first(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._call(tokens, self.cache)[:, -1]
 
     def next(self, out: torch.Tensor, pos: int) -> torch.Tensor:
+        if self._step is not None:
+            return self._step(out[:, pos - 1])
         if self.cache is not None:
             return self._call(out[:, pos - 1:pos], self.cache)[:, -1]
         return self._call(out[:, :pos], None)[:, -1]

@@ -1,0 +1,124 @@
+"""headwise.step.DecodeStep: the flattened one-token step computes what the module path computes
+(every block variant, both families, one row and many), and generate uses it only when nothing
+needs to see the modules (traces, hooks)."""
+
+import pytest
+import torch
+
+import headwise
+from headwise._record import recording
+from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
+from headwise.step import DecodeStep
+
+LM_VARIANTS = [
+    dict(),
+    dict(norm_first=False, activation="gelu", bias=False, tie_embeddings=True),
+    dict(num_kv_heads=2, head_dim=6, activation="silu", positional="learned"),
+    dict(num_kv_heads=1, scale_embeddings=True, activation="gelu_tanh", backend="eager"),
+]
+
+
+def _lm(**kw):
+    args = dict(vocab_size=37, d_model=24, num_heads=4, num_layers=3, d_ff=40, max_len=40,
+                dropout=0.0)
+    args.update(kw)
+    model = TransformerLM(LMConfig(**args)).eval()
+    with torch.no_grad():  # LayerNorm starts at (1, 0): draw it so a skipped norm would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.3 + (1.0 if name.endswith("weight") else 0.0))
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kw", LM_VARIANTS)
+def test_lm_step_equals_module_path(kw, rows):
+    torch.manual_seed(rows)
+    model = _lm(**kw)
+    prompt = torch.randint(0, 37, (rows, 6))
+    nxt = torch.randint(0, 37, (rows, 5))
+    with torch.inference_mode():
+        ref_cache, step_cache = model.new_cache(rows, 16), model.new_cache(rows, 16)
+        model(prompt, cache=ref_cache)
+        model(prompt, cache=step_cache)
+        step = DecodeStep(model, step_cache)
+        for t in range(nxt.shape[1]):
+            want, _ = model(nxt[:, t:t + 1], cache=ref_cache)
+            got = step(nxt[:, t])
+            torch.testing.assert_close(got, want[:, 0], atol=1e-5, rtol=0)
+        assert step_cache.length == ref_cache.length == 11
+        torch.testing.assert_close(step_cache.k, ref_cache.k, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("kw", [dict(), dict(norm_first=False, num_kv_heads=2, bias=False)])
+def test_seq2seq_step_equals_module_path_with_source_padding(kw, rows):
+    torch.manual_seed(rows)
+    args = dict(src_vocab_size=19, tgt_vocab_size=23, d_model=24, num_heads=4, num_layers=2,
+                d_ff=40, max_len=32, dropout=0.0)
+    model = Transformer(TransformerConfig(**args, **kw)).eval()
+    src = torch.randint(1, 19, (rows, 9))
+    lens = torch.randint(1, 10, (rows,))
+    tgt = torch.randint(0, 23, (rows, 6))
+    with torch.inference_mode():
+        memory, mask = model.encode(src, lens)
+        dec = model.decoder
+        ref_cache, step_cache = model.new_cache(rows, 16), model.new_cache(rows, 16)
+        for cache in (ref_cache, step_cache):
+            dec(tgt[:, :1], memory, memory_mask=mask, cache=cache)
+        step = DecodeStep(model, step_cache, mask)
+        got = []
+        for t in range(1, tgt.shape[1]):
+            want, _ = dec(tgt[:, t:t + 1], memory, memory_mask=mask, cache=ref_cache)
+            got.append(step(tgt[:, t]))
+            torch.testing.assert_close(got[-1], want[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(step_cache.k, ref_cache.k, atol=1e-5, rtol=0)
+        # and the step's logits are the teacher-forced ones of the whole model
+        full, _ = model(src, tgt, src_valid_lens=lens)
+        torch.testing.assert_close(torch.stack(got, 1), full[:, 1:], atol=1e-5, rtol=0)
+
+
+def test_step_restores_the_onednn_flag_even_on_error():
+    model = _lm(activation="gelu")
+    with torch.inference_mode():
+        cache = model.new_cache(1, 8)
+        model(torch.randint(0, 37, (1, 3)), cache=cache)
+        step = DecodeStep(model, cache)
+        before = torch._C._get_mkldnn_enabled()
+        step(torch.tensor([5]))
+        assert torch._C._get_mkldnn_enabled() == before
+        with pytest.raises(IndexError):
+            step(torch.tensor([37]))  # out of range: the step trusts generate's checks
+        assert torch._C._get_mkldnn_enabled() == before
+
+
+def _count_steps(monkeypatch):
+    calls = []
+    original = DecodeStep.__call__
+
+    def spy(self, ids):
+        calls.append(ids.shape)
+        return original(self, ids)
+    monkeypatch.setattr(DecodeStep, "__call__", spy)
+    return calls
+
+
+def test_generate_uses_the_step_unless_a_trace_or_hook_needs_the_modules(monkeypatch):
+    model = _lm()
+    prompt = torch.randint(0, 37, (2, 4))
+    calls = _count_steps(monkeypatch)
+    fast = headwise.generate(model, prompt, max_new_tokens=6)
+    assert len(calls) == 5  # every token after the first comes from the step
+    calls.clear()
+    steps = []
+    with recording(lambda step, *args, **info: steps.append(step)):
+        recorded = headwise.generate(model, prompt, max_new_tokens=6)
+    assert calls == [] and torch.equal(recorded, fast)
+    assert steps.count("kv cache") == 6 * 3  # every step of every layer went through the modules
+    seen = []
+    handle = model.blocks[1].ff.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        hooked = headwise.generate(model, prompt, max_new_tokens=6)
+    finally:
+        handle.remove()
+    assert calls == [] and torch.equal(hooked, fast) and len(seen) == 6
