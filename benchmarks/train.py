@@ -3,7 +3,7 @@
 
 Model (both): 6 layers, 6 heads, d_model 384, d_ff 1536, context 256, batch 8, pre-norm, learned
 positions, exact GELU, biases, tied embeddings, no dropout. One step = forward + backward +
-AdamW on a real batch of the Austen corpus (`make corpora`; without it, a clearly-labelled
+fused AdamW (as `headwise train` runs it) on a real batch of the Austen corpus (`make corpora`; without it, a clearly-labelled
 synthetic text). The plain model gets headwise's initial weights, so both start from the same
 loss (checked). Candidates run interleaved in one process; medians of per-round ratios.
 
@@ -104,7 +104,8 @@ def make(kind, vocab, precision, batch):
     if kind == "plain":
         model = PlainGPT(vocab).train()
         model.copy_from(hw_model)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    # both models: the fused AdamW that `headwise train` uses (plain torch has it too)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     x, y = batch.inputs, batch.labels
 
     def logits():

@@ -63,7 +63,6 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)
         self.out_proj = nn.Linear(hd, self.out_dim, bias=bias)
         self._qkv_sizes = (hd, kvd, kvd)
-        self._qkv_cache = None  # (version key, W_qkv, b_qkv) for inference
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
@@ -134,20 +133,14 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``cat(W_q, W_k, W_v)`` (and biases). Without autograd (inference) the concatenation
-        is cached until a weight changes (tracked by the tensors' version counters)."""
+        """``cat(W_q, W_k, W_v)`` (and biases), made afresh on every call.
+
+        Not cached: an in-place weight update need not bump the tensors' version counters (the
+        fused AdamW kernel and ``p.data.add_`` do not), so no cache key could tell a stale copy
+        from a fresh one. The concatenation costs one pass over the three matrices."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        has_bias = self.q_proj.bias is not None
-        if torch.is_grad_enabled():
-            return (torch.cat([p.weight for p in projs]),
-                    torch.cat([p.bias for p in projs]) if has_bias else None)
-        params = [t for p in projs for t in (p.weight, p.bias) if t is not None]
-        key = tuple((t.data_ptr(), t._version) for t in params)
-        if self._qkv_cache is None or self._qkv_cache[0] != key:
-            w = torch.cat([p.weight for p in projs])
-            b = torch.cat([p.bias for p in projs]) if has_bias else None
-            self._qkv_cache = (key, w, b)
-        return self._qkv_cache[1], self._qkv_cache[2]
+        bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        return torch.cat([p.weight for p in projs]), bias
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
         record(f"{name} projection", x, "b n (h d)" if name == "q" else "b n (g d)")

@@ -15,7 +15,8 @@ the same mathematics with:
 - for a single row (batch 1, no beams), every weight copied once, transposed to
   ``(in, out)``: the layout a vector-matrix product streams fastest on the CPU, at the price of
   one extra copy of the decoder weights while the generation runs (with more rows the module's
-  own ``(out, in)`` weights are used, no copies);
+  own ``(out, in)`` weights are used; only self-attention's ``cat(W_q, W_k, W_v)`` is a copy,
+  made once per generation instead of once per step);
 - residual additions fused into the products (``torch.addmm(x, y, W.t())`` is
   ``x + y @ W^T``, the kernel ``F.linear`` runs for its bias);
 - the key/value cache and the attention backend shared with the modules (the same
@@ -88,7 +89,7 @@ class _Attention:
         self.h, self.g, self.d = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.sizes = (self.h * self.d, self.g * self.d, self.g * self.d)
         self.out, self.core = _weight(attn.out_proj.weight, attn.out_proj.bias, t), core
-        if fused:  # self-attention: cat(W_q, W_k, W_v), the module's cached concatenation
+        if fused:  # self-attention: one product over cat(W_q, W_k, W_v), made once here
             self.qkv, self.q = _weight(*attn._qkv_weight(), t), None
         else:
             self.qkv, self.q = None, _weight(attn.q_proj.weight, attn.q_proj.bias, t)

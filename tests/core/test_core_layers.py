@@ -202,3 +202,27 @@ def test_split_and_merge_are_inverse_and_named():
     assert torch.equal(hw.merge_heads(heads), x)
     with pytest.raises(ValueError, match="divisible"):
         hw.split_heads(x, 5)
+
+
+@pytest.mark.parametrize("update", ["fused AdamW", "p.data.add_"])
+def test_inference_after_in_place_weight_updates_uses_the_new_weights(update):
+    """Neither the fused AdamW kernel nor ``p.data.add_`` bumps a tensor's version counter: a
+    concatenated-weight cache keyed on versions would silently keep the old weights."""
+    torch.manual_seed(0)
+    mha = hw.MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        mha(x)  # an inference call before the update
+    if update == "fused AdamW":
+        opt = torch.optim.AdamW(mha.parameters(), lr=0.1, fused=True)
+        mha(x)[0].square().sum().backward()
+        opt.step()
+    else:
+        for p in mha.parameters():
+            p.data.add_(torch.randn_like(p))
+    with torch.no_grad():
+        got, _ = mha(x)
+        fresh = hw.MultiHeadAttention(16, 4)
+        fresh.load_state_dict(mha.state_dict())
+        want, _ = fresh(x)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
