@@ -5,7 +5,8 @@ GELU, tied embeddings, no biases; prompt 16 tokens; greedy; fp32; inference mode
 Candidates, interleaved in one process (rotating order, medians, ratios = medians of per-round
 ratios):
 
-  headwise cache     headwise.generate(model, ..., use_cache=True)
+  headwise cache     headwise.generate(model, ..., use_cache=True): the prompt through the
+                     modules, then every token through headwise.step.DecodeStep
   headwise recompute headwise.generate(model, ..., use_cache=False): the whole prefix each step
   plain cache        ~40 lines of plain PyTorch (fused QKV, preallocated (b, h, L, d) buffers,
                      SDPA) holding the *same weights*: the anchor; its tokens must match ours
@@ -168,6 +169,28 @@ def main() -> None:
     print(f"\nrecompute measured up to {args.recompute_max} new tokens ('-' beyond: O(n^2) "
           "per run); batch-1 64-token rows use >= 3 interleaved rounds, slower recompute rows "
           "1 round.")
+    goals(rows, end / start if 1024 in args.new else None)
+
+
+def goals(rows: list[dict], end_over_start: float | None) -> None:
+    """The issue's targets. Its ">= 1,000 tokens/s at batch 1" was set when the plain
+    preallocated cache made 962 tokens/s on this machine: as a same-process ratio that is
+    >= 1.04x the plain cache (the machine's speed varies by 2-3x from day to day)."""
+    print("\n## Goals\n")
+    checks = []
+    for b, n, key, target, label in ((1, 512, "cache speedup", 12, "cache vs recompute"),
+                                     (8, 512, "cache speedup", 30, "cache vs recompute"),
+                                     (1, 512, "headwise / plain speed", 1000 / 962,
+                                      "headwise vs plain cache (the 1,000 tok/s goal)")):
+        row = next((r for r in rows if r["batch"] == b and r["new tokens"] == n), None)
+        if row is not None and row[key] != "-":
+            checks.append((f"batch {b}, {n} tokens: {label} >= {target:.3g}x", row[key],
+                           row[key] >= target))
+    if end_over_start is not None:
+        checks.append(("per-token time, end / start of a 1024-token run <= 2", end_over_start,
+                       end_over_start <= 2))
+    for label, value, ok in checks:
+        print(f"- {label}: {value:.3g} {'PASS' if ok else 'FAIL'}")
 
 
 if __name__ == "__main__":
