@@ -81,7 +81,7 @@ def _norm(norm: nn.Module) -> tuple | None:
 
 
 class _Attention:
-    """One attention sublayer: the projections (transposed), head counts, the backend."""
+    """One attention sublayer: its projections, head counts and attention backend."""
 
     __slots__ = ("qkv", "q", "out", "h", "g", "d", "sizes", "core")
 
@@ -100,14 +100,16 @@ class _Attention:
         q, k, v = _linear(x, self.qkv).split_with_sizes(self.sizes, dim=-1)
         k, v = cache.update(k.view(b, self.g, 1, self.d), v.view(b, self.g, 1, self.d))
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)
-        out, _ = self.core(q.view(b, self.h, 1, self.d), k, v)
+        out, _ = self.core(q.view(b, self.h, 1, self.d), k, v, mask=None, causal=False,
+                           dropout_p=0.0, scale=None, return_weights=False)
         return out.view(b, -1)
 
     def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:
         """``x (b, m)`` against the encoder keys/values the prompt step stored in ``cache``."""
         b = x.shape[0]
         q = _linear(x, self.q).view(b, self.h, 1, self.d)
-        out, _ = self.core(q, cache.k, cache.v, mask=mask)
+        out, _ = self.core(q, cache.k, cache.v, mask=mask, causal=False, dropout_p=0.0,
+                           scale=None, return_weights=False)
         return out.view(b, -1)
 
 
@@ -158,9 +160,8 @@ class DecodeStep:
 
     def __init__(self, model: nn.Module, cache: KVCache, memory_mask: torch.Tensor | None = None):
         dec = getattr(model, "decoder", model)
-        c = model.config
-        backend = "sdpa" if c.backend == "auto" else c.backend
-        core = BACKENDS[backend]
+        c = model.config  # the backend every MultiHeadAttention of the model was built with
+        core = BACKENDS["sdpa" if c.backend == "auto" else c.backend]
         self.cache, self.memory_mask = cache, memory_mask
         embed = dec.embed
         self.tokens, self.scale = embed.tokens.weight, embed.scale
