@@ -7,6 +7,7 @@ import torch
 
 import headwise
 from headwise._record import recording
+from headwise.generate import generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 from headwise.step import DecodeStep
 
@@ -122,3 +123,22 @@ def test_generate_uses_the_step_unless_a_trace_or_hook_needs_the_modules(monkeyp
     finally:
         handle.remove()
     assert calls == [] and torch.equal(hooked, fast) and len(seen) == 6
+
+
+def test_long_single_row_generation_takes_the_transposed_path_and_matches_recompute(
+        monkeypatch):
+    model = _lm(max_len=160, activation="gelu")
+    prompt = torch.randint(0, 37, (1, 5))
+    layouts = []
+    original = DecodeStep.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        layouts.append(self.head[2])  # (matrix, bias, transposed)
+    monkeypatch.setattr(DecodeStep, "__init__", spy)
+    a, la = generate_with_logits(model, prompt, max_new_tokens=130)
+    b, lb = generate_with_logits(model, prompt, max_new_tokens=130, use_cache=False)
+    short, _ = generate_with_logits(model, prompt, max_new_tokens=20)
+    assert layouts == [True, False]  # 130 steps: transposed copies; 20 steps: none
+    assert torch.equal(a, b) and torch.equal(short, a[:, :25])
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)

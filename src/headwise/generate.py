@@ -198,7 +198,7 @@ class _Stepper:
         self.cache = model.new_cache(b, max_len) if use_cache else None
         # After the prompt, one token per step runs through the flattened decoder (same cache,
         # same attention backend) unless a trace or a hook needs to see the modules.
-        self._step = (DecodeStep(model, self.cache, mask)
+        self._step = (DecodeStep(model, self.cache, mask, steps=max_len - tokens.shape[1])
                       if use_cache and not active() and step_usable(dec) else None)
 
     def first(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -12,11 +12,11 @@ position at a time that bookkeeping costs more than the arithmetic. :class:`Deco
 the same mathematics with:
 
 - rows ``(b, m)`` instead of ``(b, 1, m)``: no reshapes around each product;
-- for a single row (batch 1, no beams), every weight copied once, transposed to
-  ``(in, out)``: the layout a vector-matrix product streams fastest on the CPU, at the price of
-  one extra copy of the decoder weights while the generation runs (with more rows the module's
-  own ``(out, in)`` weights are used; only self-attention's ``cat(W_q, W_k, W_v)`` is a copy,
-  made once per generation instead of once per step);
+- for a single row (batch 1, no beams) and 128 steps or more, every weight copied once,
+  transposed to ``(in, out)``: the layout a vector-matrix product streams fastest on the CPU,
+  at the price of one extra copy of the decoder weights while the generation runs (otherwise
+  the module's own ``(out, in)`` weights are used; only self-attention's
+  ``cat(W_q, W_k, W_v)`` is a copy, made once per generation instead of once per step);
 - residual additions fused into the products (``torch.addmm(x, y, W.t())`` is
   ``x + y @ W^T``, the kernel ``F.linear`` runs for its bias);
 - the key/value cache and the attention backend shared with the modules (the same
@@ -156,9 +156,12 @@ class DecodeStep:
         cache: the cache the prompt step filled (for the encoder-decoder: with its cross-
             attention keys/values).
         memory_mask: the source padding mask ``(b, 1, 1, j)`` (True = may attend) or None.
+        steps: how many steps the caller will run, if known: the transposed copies a single row
+            uses cost about what ~100 steps gain, so they are made only from 128 steps on.
     """
 
-    def __init__(self, model: nn.Module, cache: KVCache, memory_mask: torch.Tensor | None = None):
+    def __init__(self, model: nn.Module, cache: KVCache, memory_mask: torch.Tensor | None = None,
+                 *, steps: int | None = None):
         dec = getattr(model, "decoder", model)
         c = model.config  # the backend every MultiHeadAttention of the model was built with
         core = BACKENDS["sdpa" if c.backend == "auto" else c.backend]
@@ -169,9 +172,9 @@ class DecodeStep:
         table = pos.weight if isinstance(pos, LearnedPositionalEncoding) else pos.pe
         self.positions = table.detach().to(self.tokens.dtype)
         # One row: vector-matrix products stream W^T (in, out) faster than W (out, in) here
-        # (1.3-1.5x per step measured), worth a transposed copy of the decoder's weights for
-        # the generation; from two rows on the (out, in) layout is the faster one.
-        t = cache.batch == 1
+        # (1.3-1.5x per step measured), worth a transposed copy of the decoder's weights for a
+        # long enough generation; from two rows on the (out, in) layout is the faster one.
+        t = cache.batch == 1 and (steps is None or steps >= 128)
         self.layers = [_Layer(block, layer_cache, core, t)
                        for block, layer_cache in zip(dec.blocks, cache.layers, strict=True)]
         self.final_norm = _norm(dec.final_norm)
