@@ -16,6 +16,8 @@ choosing its flash kernel); everything else goes to ``F.scaled_dot_product_atten
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = ["FlashUpcastBackward", "applies"]
@@ -27,13 +29,14 @@ _AVAILABLE = all(hasattr(_ops, name) for name in (
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-            kernel: str) -> bool:
+            kernel: Callable[[], str]) -> bool:
     """True when the attention of ``q, k, v`` is a reduced-precision CPU flash call that
-    autograd will differentiate."""
-    return (_AVAILABLE and kernel == "FLASH_ATTENTION" and dropout_p == 0.0
-            and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-            and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad))
+    autograd will differentiate. ``kernel()`` names torch's kernel choice; it is asked last,
+    only when every cheap condition holds."""
+    return (_AVAILABLE and dropout_p == 0.0 and q.device.type == "cpu"
+            and q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and kernel() == "FLASH_ATTENTION")
 
 
 class FlashUpcastBackward(torch.autograd.Function):

@@ -148,22 +148,20 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
             mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
-    kernel = None
-    if q.device.type == "cpu" and q.dtype != torch.float32 and torch.is_grad_enabled():
-        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
-    if kernel is not None and _flash_cpu.applies(q, k, v, dropout_p, kernel):
+    if _flash_cpu.applies(q, k, v, dropout_p,
+                          lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
         # bf16 training on the CPU: torch's flash forward, its float32 backward (faster and
-        # more accurate than the bf16 one; see headwise._flash_cpu)
-        if mask is not None and mask.dtype == torch.bool:  # as F.sdpa does before flash
-            mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-        out = _flash_cpu.FlashUpcastBackward.apply(q, _expand_kv(k, h), _expand_kv(v, h),
-                                                    mask, is_causal, scale)
+        # more accurate than the bf16 one; see headwise._flash_cpu). The flash kernel takes
+        # the mask in additive form, as F.sdpa passes it.
+        out = _flash_cpu.FlashUpcastBackward.apply(
+            q, _expand_kv(k, h), _expand_kv(v, h),
+            None if mask is None else _masks.as_bias(mask, q.dtype), is_causal, scale)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                              is_causal=is_causal, scale=scale,
                                              enable_gqa=h != g)
     if active():
-        kernel = kernel or sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
+        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
         record("fused attention", out, "b h i d", backend=f"sdpa[{kernel}]",
                memory="O(n^2)" if kernel == "MATH" else "O(n)",
                reason=_sdpa_reason(kernel, dropout_p, q, v),
