@@ -10,7 +10,7 @@ from torch import nn
 from headwise._record import record
 from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
 
-__all__ = ["Embeddings", "init_weights"]
+__all__ = ["Embeddings", "add_output_head", "init_weights"]
 
 
 class Embeddings(nn.Module):
@@ -28,6 +28,13 @@ class Embeddings(nn.Module):
         self.positions = pe[positional](d_model, max_len)
         self.dropout = nn.Dropout(dropout)
         self.scale = math.sqrt(d_model) if scale else 1.0
+
+    @classmethod
+    def from_config(cls, c, vocab_size: int) -> Embeddings:
+        """The embeddings a model config (``LMConfig`` / ``TransformerConfig``) describes, over
+        ``vocab_size`` ids."""
+        return cls(vocab_size, c.d_model, c.max_len, positional=c.positional,
+                   dropout=c.dropout, scale=c.scale_embeddings)
 
     def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``ids: (b, n)`` -> ``(b, n, m)``; ``offset`` = positions already decoded."""
@@ -57,3 +64,14 @@ def init_weights(module: nn.Module) -> None:
         elif isinstance(sub, Embeddings):
             std = 0.02 if sub.scale == 1.0 else 1.0 / sub.scale
             nn.init.normal_(sub.tokens.weight, std=std)
+
+
+def add_output_head(model: nn.Module, vocab_size: int) -> None:
+    """Finish a model that ends in logits: give it ``lm_head`` (``Linear(m, vocab, bias=False)``),
+    initialise every weight (:func:`init_weights`), then, with ``config.tie_embeddings``, make
+    ``lm_head`` share ``embed.tokens.weight`` (after the initialisation, so the shared matrix
+    keeps the embedding's)."""
+    model.lm_head = nn.Linear(model.config.d_model, vocab_size, bias=False)
+    init_weights(model)
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.embed.tokens.weight

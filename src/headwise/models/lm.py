@@ -17,7 +17,7 @@ from headwise.models import _checks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
-from headwise.models.embedding import Embeddings, init_weights
+from headwise.models.embedding import Embeddings, add_output_head
 
 __all__ = ["TransformerLM"]
 
@@ -36,16 +36,12 @@ class TransformerLM(nn.Module):
         if not isinstance(config, LMConfig):
             raise TypeError(f"TransformerLM expects an LMConfig, got {type(config).__name__}")
         self.config = c = config
-        self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, positional=c.positional,
-                                dropout=c.dropout, scale=c.scale_embeddings)
+        self.embed = Embeddings.from_config(c, c.vocab_size)
         self.blocks = nn.ModuleList(
             DecoderBlock(c.d_model, c.num_heads, c.d_ff, cross_attention=False, **block_args(c))
             for _ in range(c.num_layers))
         self.final_norm = final_norm(c)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        init_weights(self)
-        if c.tie_embeddings:
-            self.lm_head.weight = self.embed.tokens.weight
+        add_output_head(self, c.vocab_size)
         self._no_cache = [None] * c.num_layers
         self._no_weights = [False] * c.num_layers
 

@@ -21,7 +21,7 @@ from headwise.models import _checks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
-from headwise.models.embedding import Embeddings, init_weights
+from headwise.models.embedding import Embeddings, add_output_head, init_weights
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
 
@@ -39,8 +39,7 @@ class Encoder(nn.Module):
         super().__init__()
         _check_config(config, "Encoder")
         self.config = c = config
-        self.embed = Embeddings(c.src_vocab_size, c.d_model, c.max_len, positional=c.positional,
-                                dropout=c.dropout, scale=c.scale_embeddings)
+        self.embed = Embeddings.from_config(c, c.src_vocab_size)
         self.blocks = nn.ModuleList(EncoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
                                     for _ in range(c.num_layers))
         self.final_norm = final_norm(c)
@@ -85,15 +84,11 @@ class Decoder(nn.Module):
         super().__init__()
         _check_config(config, "Decoder")
         self.config = c = config
-        self.embed = Embeddings(c.tgt_vocab_size, c.d_model, c.max_len, positional=c.positional,
-                                dropout=c.dropout, scale=c.scale_embeddings)
+        self.embed = Embeddings.from_config(c, c.tgt_vocab_size)
         self.blocks = nn.ModuleList(DecoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
                                     for _ in range(c.decoder_layers))
         self.final_norm = final_norm(c)
-        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
-        init_weights(self)
-        if c.tie_embeddings:
-            self.lm_head.weight = self.embed.tokens.weight
+        add_output_head(self, c.tgt_vocab_size)
         self._no_cache = [None] * c.decoder_layers
         self._no_weights = [False] * c.decoder_layers
 
