@@ -209,15 +209,18 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def load_train_state(folder: str | Path, optimizer: torch.optim.Optimizer | None = None
-                     ) -> dict[str, Any]:
+def load_train_state(folder: str | Path, optimizer: torch.optim.Optimizer | None = None, *,
+                     checked: tuple[Path, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Restore ``optimizer`` (if given) from a checkpoint and return its ``train_state`` dict.
+
+    ``checked``: what :func:`read_config` returned for ``folder``, so that a caller who already
+    verified the files (every sha256) does not pay for it again.
 
     Raises CheckpointError if the checkpoint has no training state or the optimizer does not
     match it (other parameters)."""
     from safetensors.torch import load_file
 
-    path, meta = read_config(folder)
+    path, meta = read_config(folder) if checked is None else checked
     if _STATE_JSON not in meta["files"]:
         raise CheckpointError(f"checkpoint {path} has no training state (it was saved for "
                               f"inference only); it cannot be resumed")

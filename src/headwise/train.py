@@ -446,8 +446,9 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     cfg = config or TrainConfig()
     start_step, history, resume_path = 0, [], None
     if resume is not None:
-        resume_path, meta = ckpt.read_config(resume)
-        saved = ckpt.load_train_state(resume)
+        checked = ckpt.read_config(resume)  # verifies every file once for this resume
+        resume_path, meta = checked
+        saved = ckpt.load_train_state(resume, checked=checked)
         allowed = {"steps", "eval_every", "eval_size", "checkpoint_every", "device", "precision",
                    "threads"}
         bad = sorted(set(overrides) - allowed)
@@ -482,7 +483,7 @@ def train(config: TrainConfig | None = None, *, out: str | Path | None = None,
     if resume_path is not None:
         _check_resumable(resume_path, model_config, meta)
         ckpt.load_weights(model, resume_path)
-        ckpt.load_train_state(resume_path, optimizer)
+        ckpt.load_train_state(resume_path, optimizer, checked=checked)
     _log(console, show, f"[bold]task[/] {task.describe()}")
     _log(console, show, f"[bold]model[/] {model_config.kind} "
          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, d_model "
@@ -672,15 +673,17 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig | None, dict
 
 def run_args(args: argparse.Namespace) -> int:
     config, given = config_from_args(args)
+    checked = ckpt.read_config(args.resume) if args.resume else None
     if args.resume:
-        saved_task = TrainConfig.from_dict(ckpt.load_train_state(args.resume)["config"]).task
+        saved = ckpt.load_train_state(args.resume, checked=checked)
+        saved_task = TrainConfig.from_dict(saved["config"]).task
         if given.pop("task", saved_task) != saved_task:
             raise CheckpointError(f"{args.resume} is a run of task {saved_task!r}, not "
                                   f"{args.task!r}; drop the task or pick another folder")
     out = args.out
     if out is None:
         if args.resume:
-            path = ckpt.read_config(args.resume)[0]
+            path = checked[0]
             out = path.parent if path.name == "checkpoint" else path.parent / "resumed"
         else:
             out = Path("headwise-runs") / config.task
