@@ -284,7 +284,8 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
     _check_shapes(model, renamed)
     model.load_state_dict(renamed, strict=True, assign=True)
     unloaded = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    assert not unloaded, f"built on the meta device but never loaded: {unloaded}"
+    if unloaded:  # strict loading should make this impossible; never hand out meta tensors
+        raise CheckpointError(f"load_bert: {unloaded} were never loaded from the checkpoint")
     return model.to(device=device, dtype=dtype).eval()
 
 

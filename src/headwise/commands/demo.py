@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not a headwise demo folder; pass --out elsewhere")
-    for stale in ("log.jsonl",):  # a new run's evaluation log starts empty
-        (out / stale).unlink(missing_ok=True)
+    (out / "log.jsonl").unlink(missing_ok=True)  # a new run's evaluation log starts empty
     console.rule("[bold]headwise demo: teach a Transformer to reverse strings")
     console.print("An encoder-decoder Transformer (headwise.models.Transformer) learns "
                   "x1 x2 ... xn -> xn ... x2 x1 from scratch; held-out strings are never seen "
