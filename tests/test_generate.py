@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import headwise
-from headwise.cache import KVCache
 from headwise.generate import _sample, generate, generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 
@@ -176,20 +175,6 @@ def test_beam_cached_equals_recomputed_and_beam_1_is_greedy(family):
     assert torch.equal(a, b)
     c = generate(model, start, max_new_tokens=10, beam_size=3, **kw)
     assert c.shape == greedy.shape
-
-
-def test_kv_cache_reorder_and_overflow():
-    cache = KVCache(2, 3, 1, 4, 5)
-    k = torch.randn(3, 1, 2, 4)
-    cache.layers[1].self_attn.update(k, k + 1)
-    cache.advance(2)
-    cache.reorder(torch.tensor([2, 2, 0]))
-    torch.testing.assert_close(cache.k[1, :, :, :2], k[[2, 2, 0]])
-    torch.testing.assert_close(cache.v[1, :, :, :2], k[[2, 2, 0]] + 1)
-    with pytest.raises(ValueError, match="do not fit a cache of max_len=5"):
-        cache.layers[0].self_attn.update(torch.randn(3, 1, 4, 4), torch.randn(3, 1, 4, 4))
-    with pytest.raises(ValueError, match="batch must be a positive int"):
-        KVCache(2, 0, 1, 4, 5)
 
 
 def test_bad_input_is_a_clear_error():

@@ -1,5 +1,5 @@
 """head_view(): the written file is self-contained and its stored weights decode back to the
-input (checked in Python here; tests/viz/test_viz_browser.py checks the page itself)."""
+input (checked in Python here; tests/e2e/test_browser.py checks the page itself)."""
 
 import base64
 import json

@@ -1,6 +1,6 @@
 """docs/questions.md: every `$ headwise ...` block still prints what the page shows.
 
-Run ``python tests/trace/test_questions_doc.py --update`` to rewrite the outputs after a change.
+Run ``python tests/e2e/test_questions_doc.py --update`` to rewrite the outputs after a change.
 Only whitespace is normalised (rich pads table lines to the console width).
 """
 

@@ -6,6 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headwise.models.bert import BertConfig, BertModel
+from headwise.pretrained import (
+    hf_name,
+    load_bert,
+    to_hf_state_dict,
+)
+from tests.models.test_bert import _inputs, _randomise
+
 TOL = 5e-5
 
 
@@ -154,3 +162,139 @@ def test_padding_never_changes_real_tokens(minilm, sentences):
             assert (alone[0] - batched[row, :n]).abs().max().item() <= 1e-5
     mask = inputs["attention_mask"]
     assert _valid_max(scrambled_out, batched, mask) <= 1e-5
+
+
+TOL = 5e-5
+
+HF_CONFIGS = [
+    dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=64, intermediate_size=96,
+         vocab_size=211, max_position_embeddings=40, type_vocab_size=3, layer_norm_eps=1e-7,
+         hidden_act="gelu"),
+    dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=24, intermediate_size=50,
+         vocab_size=97, max_position_embeddings=16, type_vocab_size=1, layer_norm_eps=1e-5,
+         hidden_act="gelu_new", pad_token_id=3),
+    dict(num_hidden_layers=1, num_attention_heads=8, hidden_size=32, intermediate_size=32,
+         vocab_size=50, max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12,
+         hidden_act="relu"),
+]
+
+@pytest.mark.parametrize("index", range(len(HF_CONFIGS)))
+def test_random_hf_bert_of_other_sizes_loads_and_matches(transformers, tmp_path, index):
+    kwargs = HF_CONFIGS[index]
+    hf_config = transformers.BertConfig(**kwargs)
+    torch.manual_seed(index)
+    ref = transformers.BertModel(hf_config, add_pooling_layer=index != 2)
+    ref.set_attn_implementation("eager")  # output_attentions needs the eager path
+    _randomise(ref, seed=index)
+    ref.save_pretrained(tmp_path)  # config.json + model.safetensors
+    assert (tmp_path / "model.safetensors").is_file()
+
+    ours = load_bert(tmp_path)
+    cfg = ours.config
+    assert (cfg.num_layers, cfg.num_heads, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_len,
+            cfg.type_vocab_size, cfg.layer_norm_eps, cfg.pad_id) == (
+        kwargs["num_hidden_layers"], kwargs["num_attention_heads"], kwargs["hidden_size"],
+        kwargs["intermediate_size"], kwargs["vocab_size"], kwargs["max_position_embeddings"],
+        kwargs["type_vocab_size"], kwargs["layer_norm_eps"], kwargs.get("pad_token_id", 0))
+    assert cfg.pooler == (index != 2)
+    assert not ours.training
+
+    ids, mask, types = _inputs(kwargs["vocab_size"], kwargs["type_vocab_size"], 4,
+                               min(12, kwargs["max_position_embeddings"]), seed=10 + index)
+    ref.eval()
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, token_type_ids=types,
+                   output_attentions=True)
+        fused, _ = ours(ids, mask, types)
+        seen, attentions = ours(ids, mask, types, return_weights=True)
+    valid = mask.bool()
+    assert (fused - want.last_hidden_state)[valid].abs().max().item() <= TOL
+    assert (seen - want.last_hidden_state)[valid].abs().max().item() <= TOL
+    for a, b in zip(attentions["encoder_self"], want.attentions, strict=True):
+        assert a.shape == b.shape == (4, kwargs["num_attention_heads"], ids.shape[1],
+                                      ids.shape[1])
+        assert (a - b).abs().max().item() <= TOL
+    if cfg.pooler:
+        assert (ours.pool(fused) - want.pooler_output).abs().max().item() <= TOL
+    else:
+        with pytest.raises(ValueError, match="no pooler"):
+            ours.pool(fused)
+
+def test_task_model_checkpoint_strips_prefix_and_heads(transformers, tmp_path):
+    """A BertForMaskedLM folder (``bert.`` prefix, ``cls.*`` head, no pooler) loads its
+    encoder."""
+    hf_config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2,
+                                        hidden_size=16, intermediate_size=24, vocab_size=40,
+                                        max_position_embeddings=20)
+    torch.manual_seed(0)
+    mlm = transformers.BertForMaskedLM(hf_config).eval()
+    _randomise(mlm, seed=3)
+    mlm.save_pretrained(tmp_path)
+    ours = load_bert(tmp_path)
+    assert ours.config.pooler is False and ours.pooler is None
+    # the same weights as a single file, and sharded (model.safetensors.index.json)
+    single = load_bert(tmp_path / "model.safetensors")
+    sharded_dir = tmp_path / "sharded"
+    mlm.save_pretrained(sharded_dir, max_shard_size="20KB")
+    assert (sharded_dir / "model.safetensors.index.json").is_file()
+    sharded = load_bert(sharded_dir)
+    for other in (single, sharded):
+        for (n1, t1), (n2, t2) in zip(ours.state_dict().items(), other.state_dict().items(),
+                                      strict=True):
+            assert n1 == n2 and torch.equal(t1, t2), n1
+    ids, mask, types = _inputs(40, 2, 3, 9, seed=4)
+    with torch.no_grad():
+        want = mlm.bert(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        got, _ = ours(ids, mask, types)
+    assert (got - want.last_hidden_state)[mask.bool()].abs().max().item() <= TOL
+
+def test_headwise_weights_export_to_hf_and_back(transformers):
+    config = BertConfig(vocab_size=60, d_model=32, num_heads=4, num_layers=2, d_ff=40,
+                        max_len=24, type_vocab_size=2, layer_norm_eps=1e-6)
+    torch.manual_seed(5)
+    ours = BertModel(config).eval()
+    _randomise(ours, seed=6)
+    hf = transformers.BertModel(transformers.BertConfig(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=40,
+        vocab_size=60, max_position_embeddings=24, layer_norm_eps=1e-6)).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=False)
+    # strict except for HF's derived buffers
+    assert not unexpected and set(missing) <= {"embeddings.position_ids",
+                                               "embeddings.token_type_ids"}
+    back = load_bert(to_hf_state_dict(ours), config)
+    ids, mask, types = _inputs(60, 2, 3, 10, seed=7)
+    with torch.no_grad():
+        a, _ = ours(ids, mask, types)
+        b = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        c, _ = back(ids, mask, types)
+    assert torch.equal(a, c)
+    assert (a - b)[mask.bool()].abs().max().item() <= TOL
+
+def test_gradients_match_hf_in_training_mode(transformers, tmp_path):
+    """Fine-tuning works the same: every parameter's gradient equals HF's (dropout 0)."""
+    hf_config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=4,
+                                        hidden_size=32, intermediate_size=48, vocab_size=70,
+                                        max_position_embeddings=16, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(8)
+    ref = transformers.BertModel(hf_config)
+    _randomise(ref, seed=9)
+    ref.save_pretrained(tmp_path)
+    ours = load_bert(tmp_path).train()
+    ref.train()
+    ids, mask, types = _inputs(70, 2, 3, 11, seed=10)
+    probe = torch.randn(3, 11, 32, generator=torch.Generator().manual_seed(11))
+    valid = mask[..., None].float()
+    (ref(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+     * probe * valid).sum().backward()
+    (ours(ids, mask, types)[0] * probe * valid).sum().backward()
+    grads = {name: p.grad for name, p in ours.named_parameters()}
+    theirs = {name: p.grad for name, p in ref.named_parameters()}
+    worst = 0.0
+    for name in grads:
+        if theirs[hf_name(name)] is None:  # the pooler is not on this loss's path
+            assert grads[name] is None
+            continue
+        worst = max(worst, (grads[name] - theirs[hf_name(name)]).abs().max().item())
+    print(f"\nmax|grad diff| vs HF over {len(grads)} parameters: {worst:.3g}")
+    assert worst <= 1e-5, worst

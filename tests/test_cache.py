@@ -1,0 +1,21 @@
+"""KVCache: reorder (beam search) and overflow."""
+
+
+import pytest
+import torch
+
+from headwise.cache import KVCache
+
+
+def test_kv_cache_reorder_and_overflow():
+    cache = KVCache(2, 3, 1, 4, 5)
+    k = torch.randn(3, 1, 2, 4)
+    cache.layers[1].self_attn.update(k, k + 1)
+    cache.advance(2)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    torch.testing.assert_close(cache.k[1, :, :, :2], k[[2, 2, 0]])
+    torch.testing.assert_close(cache.v[1, :, :, :2], k[[2, 2, 0]] + 1)
+    with pytest.raises(ValueError, match="do not fit a cache of max_len=5"):
+        cache.layers[0].self_attn.update(torch.randn(3, 1, 4, 4), torch.randn(3, 1, 4, 4))
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        KVCache(2, 0, 1, 4, 5)
