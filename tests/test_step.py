@@ -7,7 +7,7 @@ import torch
 
 import headwise
 from headwise._record import recording
-from headwise.generate import generate_with_logits
+from headwise.decoding import generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 from headwise.step import DecodeStep
 

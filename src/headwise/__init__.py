@@ -7,9 +7,10 @@ position, ``j`` key position, ``d`` head dim, ``m`` model dim. Masks: True = may
 from headwise import masks, models
 from headwise.attention import BACKENDS, attention, attention_weights, register_backend
 from headwise.cache import KVCache
-from headwise.generate import generate
-from headwise.heads import PerHeadAttention, fuse, merge_heads, split_heads, unfuse
+from headwise.decoding import generate
+from headwise.heads import merge_heads, split_heads
 from headwise.layers import MultiHeadAttention
+from headwise.per_head import PerHeadAttention, fuse, unfuse
 from headwise.trace import Trace, trace
 
 __version__ = "0.1.0"

@@ -57,7 +57,7 @@ class MultiHeadAttention(nn.Module):
         self.backend = backend
         hd, kvd = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Each projection is h (or g) per-head projections side by side: column block x of
-        # q_proj.weight.T is head x's own W_q (see headwise.heads.unfuse).
+        # q_proj.weight.T is head x's own W_q (see headwise.per_head.unfuse).
         self.q_proj = nn.Linear(embed_dim, hd, bias=bias)
         self.k_proj = nn.Linear(self.kdim, kvd, bias=bias)
         self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)

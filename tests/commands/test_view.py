@@ -49,7 +49,7 @@ def test_view_lm_generate_matches_step_by_step_attention(checkpoints, tmp_path):
     """--generate N: the page holds prompt + continuation, and the weights of each generated
     token equal those the model used while generating it with the KV cache."""
     from headwise import checkpoint
-    from headwise.generate import generate
+    from headwise.decoding import generate
 
     out = tmp_path / "gen.html"
     assert main(["view", "--checkpoint", str(checkpoints["lm"]), "--text", "abc",

@@ -99,7 +99,7 @@ def _continue(model, ids, n, tok, config, device) -> list[int]:
     if n <= 0:
         raise ValueError(f"--generate: the text already fills max_len={config.max_len}; "
                          "shorten --text")
-    from headwise.generate import generate
+    from headwise.decoding import generate
 
     with torch.no_grad():
         out = generate(model, torch.tensor([ids], device=device), max_new_tokens=n,
@@ -138,7 +138,7 @@ def _seq2seq_input(args, tok, config, model, device) -> tuple[list[int], list[in
     if args.tgt is not None:
         tgt_ids = [tok.bos_id] + tok.encode(args.tgt)
     else:
-        from headwise.generate import generate
+        from headwise.decoding import generate
 
         limit = args.max_new_tokens or 2 * len(src_ids) + 8
         limit = max(1, min(limit, config.max_len - 1))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import headwise
-from headwise.generate import _sample, generate, generate_with_logits
+from headwise.decoding import _sample, generate, generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 
 

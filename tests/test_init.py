@@ -1,0 +1,104 @@
+"""The package: its public names, and an import graph without cycles.
+
+The graph counts every ``import`` of a headwise module anywhere in a file, including imports
+inside functions: if the graph with those edges is acyclic, no function-level import exists to
+dodge a cycle (each one could move to the top of its file without creating one)."""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+import headwise
+import headwise.decoding
+import headwise.per_head
+
+SRC = Path(headwise.__file__).resolve().parent
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """``{module: {headwise modules it imports}}`` over every ``.py`` file under ``root``."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: climb from this file's package
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                for alias in node.names:  # `from p import m` imports module p.m when it is one
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in files else base)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_import_graph_of_headwise_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 30 and "headwise.layers" in graph["headwise.per_head"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle(tmp_path):
+    """The checker itself can fail: a function-level import that closes a loop is reported."""
+    pkg = tmp_path / "headwise"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("from . import lm\n")
+    (pkg / "models" / "lm.py").write_text("from headwise import layers\n")
+    (pkg / "layers.py").write_text("def f():\n    from headwise.models.lm import X\n")
+    graph = import_graph(pkg)
+    assert graph["headwise.models"] == {"headwise.models.lm"}
+    assert find_cycle(graph) == ["headwise.layers", "headwise.models.lm", "headwise.layers"]
+    (pkg / "layers.py").write_text("def f():\n    return 1\n")
+    assert find_cycle(import_graph(pkg)) is None
+
+
+def test_public_functions_shadow_no_module():
+    """``headwise.generate`` is the function, its module is ``headwise.decoding``; the per-head
+    form lives in ``headwise.per_head`` and ``headwise.heads`` imports no model code."""
+    assert headwise.generate is headwise.decoding.generate
+    assert isinstance(headwise.generate, types.FunctionType)
+    assert not (SRC / "generate.py").exists()
+    assert headwise.PerHeadAttention is headwise.per_head.PerHeadAttention
+    assert headwise.fuse is headwise.per_head.fuse and headwise.unfuse is headwise.per_head.unfuse
+    assert import_graph()["headwise.heads"] == set()
+    for name in headwise.__all__:
+        assert hasattr(headwise, name), name
