@@ -2,34 +2,67 @@
 
 Axis legend used everywhere: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query
 position, ``j`` key position, ``d`` head dim, ``m`` model dim. Masks: True = may attend.
+
+The public names below are imported on first use (PEP 562), so ``import headwise.cli`` and
+``headwise --help`` do not pay for importing torch; ``hw.MultiHeadAttention`` and
+``from headwise import trace`` work as usual.
 """
 
-from headwise import masks, models
-from headwise.attention import BACKENDS, attention, attention_weights, register_backend
-from headwise.cache import KVCache
-from headwise.decoding import generate
-from headwise.heads import merge_heads, split_heads
-from headwise.layers import MultiHeadAttention
-from headwise.per_head import PerHeadAttention, fuse, unfuse
-from headwise.trace import Trace, trace
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BACKENDS",
-    "KVCache",
-    "MultiHeadAttention",
-    "PerHeadAttention",
-    "attention",
-    "attention_weights",
-    "fuse",
-    "generate",
-    "masks",
-    "models",
-    "merge_heads",
-    "register_backend",
-    "split_heads",
-    "trace",
-    "Trace",
-    "unfuse",
-]
+# public name -> the module that defines it (a submodule itself when the name is the module)
+_EXPORTS = {
+    "BACKENDS": "headwise.attention",
+    "attention": "headwise.attention",
+    "attention_weights": "headwise.attention",
+    "register_backend": "headwise.attention",
+    "KVCache": "headwise.cache",
+    "generate": "headwise.decoding",
+    "merge_heads": "headwise.heads",
+    "split_heads": "headwise.heads",
+    "PerHeadAttention": "headwise.per_head",
+    "fuse": "headwise.per_head",
+    "unfuse": "headwise.per_head",
+    "MultiHeadAttention": "headwise.layers",
+    "Trace": "headwise.trace",
+    "trace": "headwise.trace",
+    "masks": None,
+    "models": None,
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'headwise' has no attribute {name!r}")
+    module = _EXPORTS[name]
+    value = (importlib.import_module(f"headwise.{name}") if module is None
+             else getattr(importlib.import_module(module), name))
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """``attention`` and ``trace`` name both a submodule and the function it defines; the
+    function is the public name. Importing the submodule makes the import system
+    bind ``headwise.<name>`` to the module: keep the function's place instead (as the eager
+    ``from headwise.trace import trace`` of older versions did)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == f"headwise.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

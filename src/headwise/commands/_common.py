@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # command modules import nothing heavy until they run
+    import torch
 
 
 def parse_device(name: str) -> torch.device:
     """``--device`` value -> torch.device, with one readable error for a bad or absent device."""
+    import torch
+
     try:
         device = torch.device(name)
     except RuntimeError:

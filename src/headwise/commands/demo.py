@@ -18,15 +18,19 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported when the demo runs: `headwise demo --help` stays fast
+    import torch
 
 DEFAULT_STEPS = 1000
+HELP = "the main job: train a Transformer to reverse strings and look inside it"
+EXAMPLE = "headwise demo --out headwise-demo"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "demo", help="the main job: train a Transformer to reverse strings and look inside it",
+        "demo",
         description="Train an encoder-decoder Transformer on `reverse` (about two minutes on "
                     "2 CPU cores), print what it learned, write a report folder.")
     p.add_argument("--out", default="headwise-demo", help="report folder (default headwise-demo)")
@@ -51,7 +55,6 @@ def demo_config(steps: int = DEFAULT_STEPS, seed: int = 0, **runtime):
                        eval_size=1000, checkpoint_every=0, seed=seed, **runtime)
 
 
-@torch.no_grad()
 def mirror_scores(model, batch) -> torch.Tensor:
     """``(layers, heads)``: for each cross-attention head, the fraction of target positions
     whose largest weight is on the mirrored source position.
@@ -59,8 +62,11 @@ def mirror_scores(model, batch) -> torch.Tensor:
     Decoder position ``t`` (input ``<bos>``/``y[t-1]``) predicts ``y[t] = x[L-1-t]``, so a head
     that looks up the right source symbol attends from ``t`` to ``L-1-t``: the anti-diagonal.
     The ``<eos>`` position is left out."""
-    _, att = model(batch.src, batch.tgt_in, src_valid_lens=batch.src_lens,
-                   return_weights={"cross": True})
+    import torch
+
+    with torch.no_grad():
+        _, att = model(batch.src, batch.tgt_in, src_valid_lens=batch.src_lens,
+                       return_weights={"cross": True})
     cross = torch.stack(att["cross"])  # (layers, b, h, i, j)
     hits = torch.zeros(cross.shape[0], cross.shape[2])
     total = 0
@@ -165,6 +171,8 @@ def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:
 
 def _artefacts(model, task, heldout, device, out: Path) -> dict[str, str]:
     """Head view, heatmaps and shape trace of a few held-out examples."""
+    import torch
+
     from headwise.trace import trace
     from headwise.viz import head_view, heatmaps
     tok = task.tokenizer

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from headwise.commands._common import parse_device
+
+if TYPE_CHECKING:  # imported when the command runs: `headwise explain --help` stays fast
+    import torch
+
+HELP = "run a real pretrained BERT (all-MiniLM-L6-v2) and show its heads"
+EXAMPLE = 'headwise explain "The cat sat on the mat." -o reports/cat'
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "explain", help="run a real pretrained BERT (all-MiniLM-L6-v2) and show its heads",
+        "explain",
         description="Run a real pretrained BERT on TEXT, write the interactive head view and "
                     "heatmaps of every head, and print the trace summary of the run.")
     p.add_argument("text", nargs="+", help="one or more texts (several = an example picker)")
@@ -47,6 +52,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from rich.console import Console
 
     from headwise import pretrained, viz
@@ -97,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_similarities(hidden: torch.Tensor, attention_mask: torch.Tensor, encoder) -> None:
     """Cosine similarity of the texts' sentence embeddings (the checkpoint's own pooling)."""
+    import torch
+
     from headwise.pretrained import mean_pool
 
     pooled = (mean_pool(hidden, attention_mask) if encoder.pooling == "mean" else hidden[:, 0])

@@ -17,18 +17,22 @@ import argparse
 import re
 import sys
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from torch import nn
+if TYPE_CHECKING:  # imported where used: `headwise params --help` must not load torch
+    from rich.console import Console
+    from torch import nn
 
 KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
 
 
+HELP = "parameter table: per head vs fused vs one big head, per component"
+EXAMPLE = "headwise params mha --embed-dim 512 --heads 8"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "params", help="parameter table: per head vs fused vs one big head, per component",
+        "params",
         description="Count the parameters of a configuration on real modules: each attention "
                     "projection fused, split into per-head projections, and as one big head; "
                     "for a model, every component and the total.")
@@ -59,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.kind != "mha" and (args.kdim or args.vdim or args.out_dim):
         raise ValueError("--kdim, --vdim and --out-dim apply to `params mha` only")
+    from rich.console import Console
+
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 100)
     if args.kind == "mha":
         import headwise as hw
@@ -85,6 +91,10 @@ def _linear(linear: nn.Linear) -> str:
 
 def attention_table(console: Console, mha, title: str | None = None) -> None:
     """Per projection: fused vs h per-head projections vs one big head, all counted."""
+    from rich import box
+    from rich.table import Table
+    from torch import nn
+
     import headwise as hw
 
     per_head = hw.unfuse(mha)
@@ -151,6 +161,9 @@ def _same(fused: int, per_head: int, big: int) -> str:
 
 def component_table(console: Console, model: nn.Module) -> None:
     """Every component of a model, per layer and in total, tied weights counted once."""
+    from rich import box
+    from rich.table import Table
+
     groups: OrderedDict[str, dict] = OrderedDict()
     seen: set[int] = set()
     for path, param in model.named_parameters(remove_duplicate=False):

@@ -13,8 +13,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --help` stays fast
+    import torch
 
 KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
 WEIGHT_KINDS = {"encoder": ("encoder_self",), "decoder": ("decoder_self", "cross"),
@@ -22,9 +24,13 @@ WEIGHT_KINDS = {"encoder": ("encoder_self",), "decoder": ("decoder_self", "cross
                 "lm": ("decoder_self",)}
 
 
+HELP = "named-axis shape trace of every split and merge in a real forward pass"
+EXAMPLE = "headwise trace mha --embed-dim 512 --heads 8 --seq 4"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "trace", help="named-axis shape trace of every split and merge in a real forward pass",
+        "trace",
         description="Build a model (or load a checkpoint), run it once on random tokens, and "
                     "print every step with its shape written with named axes: b batch, h heads, "
                     "g key/value heads, i query position, j key position, d head dim, m model "
@@ -74,6 +80,8 @@ def register(subparsers) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    import torch
+
     from headwise.trace import trace
 
     _check_args(args)
@@ -121,6 +129,7 @@ def _print(result, args) -> None:
 
 def format_weights(output) -> str:
     """Each head's ``(i, j)`` weights of example 0, for every layer that returned them."""
+    import torch
     _, weights = output
     if isinstance(weights, torch.Tensor):
         named = [("attention", weights)]
@@ -155,6 +164,7 @@ def _cell(v: float) -> str:
 
 # -------------------------------------------------------------------------------- building
 def _check_args(args) -> None:
+    import torch
     if args.checkpoint and args.kind:
         raise ValueError(f"give a model kind or --checkpoint, not both (got {args.kind!r} and "
                          f"--checkpoint {args.checkpoint})")
@@ -204,6 +214,7 @@ def _check_args(args) -> None:
 
 def build(args) -> tuple[torch.nn.Module, tuple, dict]:
     """The model of ``args`` and its inputs: ``(model, positional args, keyword args)``."""
+    import torch
     m = args.embed_dim or 512
     h = args.heads or 8
     backend = args.backend or "auto"
@@ -251,6 +262,7 @@ def build(args) -> tuple[torch.nn.Module, tuple, dict]:
 
 
 def _model_inputs(kind, model, config, args, vocab, device) -> tuple[tuple, dict]:
+    import torch
     b, n = args.batch, args.seq
     nk = args.kv_seq or n
     ids = lambda length: torch.randint(1, vocab, (b, length), device=device)  # noqa: E731
@@ -274,6 +286,7 @@ def _model_inputs(kind, model, config, args, vocab, device) -> tuple[tuple, dict
 
 def _lengths(b: int, n: int, pad: int, device) -> torch.Tensor:
     """Every example full except the last, whose final ``pad`` positions are padding."""
+    import torch
     lens = torch.full((b,), n, dtype=torch.long, device=device)
     lens[-1] = n - pad
     return lens
@@ -299,6 +312,8 @@ def _weights(spec: str | None, kind: str):
 
 
 def _from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
+    import torch
+
     from headwise import checkpoint
 
     for name in ("embed_dim", "heads", "head_dim", "kv_heads", "ff", "vocab", "layers"):

@@ -10,11 +10,14 @@ import argparse
 import subprocess
 import sys
 
+HELP = "train a model on a synthetic task, a text file, sentence pairs or a corpus"
+EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
+
 
 def register(subparsers) -> None:
     from headwise.train import add_arguments
     p = subparsers.add_parser(
-        "train", help="train a model on a synthetic task, a text file, sentence pairs or a corpus",
+        "train",
         description="Train with AdamW, warm-up + cosine decay, evaluation, atomic checkpoints "
                     "and exact --resume. Options left out take the task's preset.")
     add_arguments(p)

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from headwise.commands._common import parse_device
 
+if TYPE_CHECKING:  # imported when the command runs: `headwise view --help` stays fast
+    pass
+
 KIND_CHOICES = ("encoder_self", "decoder_self", "cross")
+HELP = "write the interactive head view (one offline HTML file) for a checkpoint"
+EXAMPLE = "headwise view --checkpoint headwise-demo/checkpoint --src abcdefgh"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "view", help="write the interactive head view (one offline HTML file) for a checkpoint",
+        "view",
         description="Run a checkpoint on one input and write every layer's and head's attention "
                     "as one self-contained HTML file (no network needed to open it).")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint folder")
@@ -46,6 +50,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from headwise import checkpoint
     from headwise.viz import head_view, heatmaps
 
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _continue(model, ids, n, tok, config, device) -> list[int]:
+    import torch
     if n < 0:
         raise ValueError(f"--generate {n}: pass a number of new tokens >= 0")
     n = min(n, config.max_len - len(ids))
@@ -126,6 +133,7 @@ def _lm_input(args, tok, config) -> list[int]:
 
 
 def _seq2seq_input(args, tok, config, model, device) -> tuple[list[int], list[int]]:
+    import torch
     if args.text is not None:
         raise ValueError("this checkpoint is an encoder-decoder model; pass --src \"...\" "
                          "(and optionally --tgt \"...\") instead of --text")
