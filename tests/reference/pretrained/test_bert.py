@@ -25,12 +25,6 @@ def hf_models(transformers, minilm_folder):
 
 
 @pytest.fixture(scope="module")
-def st_model(minilm_folder):
-    from sentence_transformers import SentenceTransformer
-    return SentenceTransformer(str(minilm_folder), device="cpu")
-
-
-@pytest.fixture(scope="module")
 def batch(minilm, sentences):
     inputs = minilm.tokenizer.batch(sentences)
     lengths = inputs["attention_mask"].sum(1)
@@ -41,22 +35,6 @@ def batch(minilm, sentences):
 
 def _valid_max(a, b, mask):
     return (a - b)[mask.bool()].abs().max().item()
-
-
-def test_tokenizer_matches_the_reference_tokenizer(minilm, st_model, sentences):
-    st = st_model
-    ref = st.tokenizer(sentences, padding=True, return_tensors="pt")
-    ours = minilm.tokenizer.batch(sentences)
-    for key in ("input_ids", "attention_mask", "token_type_ids"):
-        assert torch.equal(ours[key], ref[key]), key
-    pair = minilm.tokenizer.batch(["who is there?"], ["the heads are."])
-    ref_pair = st.tokenizer(["who is there?"], ["the heads are."], return_tensors="pt")
-    assert torch.equal(pair["token_type_ids"], ref_pair["token_type_ids"])
-    assert pair["token_type_ids"].sum() > 0
-    ids = minilm.tokenizer.encode("Hello world")
-    assert minilm.tokenizer.tokens(ids) == ["[CLS]", "hello", "world", "[SEP]"]
-    assert minilm.tokenizer.decode(ids) == "hello world"
-    assert minilm.tokenizer.max_length == st.max_seq_length == 256
 
 
 def test_last_hidden_state_matches_hf_eager_and_sdpa(minilm, hf_models, batch):
@@ -94,27 +72,6 @@ def test_every_attention_head_matches_hf_eager(minilm, hf_models, batch):
         assert torch.all(w[:, :, :, ~mask.any(0)] == 0)
         assert torch.all(w.masked_select(~mask[:, None, None, :].expand_as(w)) == 0)
         torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
-
-
-def test_sentence_embeddings_match_sentence_transformers(minilm, st_model, sentences):
-    from headwise import pretrained
-
-    ref = st_model.encode(sentences, convert_to_tensor=True, batch_size=len(sentences))
-    ours = pretrained.embed(sentences)
-    one_by_one = minilm.embed(sentences, batch_size=1)  # no padding at all
-    chunked = minilm.embed(sentences, batch_size=2)  # sorted by length, then put back in order
-    assert (chunked - ref).abs().max().item() <= TOL
-    diff = (ours - ref).abs().max().item()
-    print(f"\nsentence embeddings max|diff| vs sentence-transformers: {diff:.3g}; "
-          f"batched vs one at a time: {(ours - one_by_one).abs().max().item():.3g}")
-    assert ours.shape == (len(sentences), 384)
-    assert diff <= TOL
-    assert (ours - one_by_one).abs().max().item() <= TOL
-    torch.testing.assert_close(ours.norm(dim=-1), torch.ones(len(sentences)))
-    # the embeddings mean something: paraphrases are nearer than unrelated sentences
-    a, b, c = pretrained.embed(["A man is playing a guitar.", "Someone plays the guitar.",
-                                "The stock market fell sharply today."])
-    assert a @ b > a @ c + 0.3
 
 
 def test_float64_matches_hf_float64_tightly(transformers, minilm_folder, batch):
@@ -163,8 +120,6 @@ def test_padding_never_changes_real_tokens(minilm, sentences):
     mask = inputs["attention_mask"]
     assert _valid_max(scrambled_out, batched, mask) <= 1e-5
 
-
-TOL = 5e-5
 
 HF_CONFIGS = [
     dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=64, intermediate_size=96,

@@ -1,0 +1,54 @@
+"""Reading a local Hugging Face checkpoint folder: its ``config.json`` and its safetensors
+weights (one file or a sharded index). Never pickle, never the network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from headwise.errors import CheckpointError
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    folder = path if path.is_dir() else path.parent
+    file = folder / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; expected a folder with config.json and "
+                              "model.safetensors")
+    if not file.is_file():
+        raise CheckpointError(f"{folder} has no config.json; pass config= or point at the "
+                              "checkpoint folder")
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON ({exc})") from None
+
+
+def read_weights(path: Path, device) -> dict[str, torch.Tensor]:
+    if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        files = ([path / "model.safetensors"] if (path / "model.safetensors").is_file() else
+                 sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+                 if index.is_file() else [])
+        if not files:
+            found = sorted(p.name for p in path.iterdir())
+            pickled = [n for n in found if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+            hint = (f"; {pickled} are pickle files, which headwise never loads: convert them "
+                    "with safetensors.torch.save_file" if pickled else "")
+            raise CheckpointError(f"{path} has no model.safetensors (found {found}){hint}")
+    elif path.suffix == ".safetensors":
+        files = [path]
+    else:
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .safetensors file")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file), device=str(device)))
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors ({exc})") from None
+    return state
