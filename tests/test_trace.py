@@ -130,11 +130,14 @@ def test_masks_and_grouped_heads_are_described():
     assert "mask bool (b=1, h=1, i=1, j=5) = key padding" in text
     assert "causal" in text
     split_k = _by_name(t, "split heads k")
-    assert split_k.info["pattern"] == "b n (g d) -> b g n d"
-    assert "2 key/value heads, each shared by 2 query heads" in split_k.info["note"]
+    assert split_k.axes == ("b", "g", "j", "d") and split_k.shape == (1, 2, 5, 4)
+    assert split_k.info["kv_heads"] == 2 and split_k.info["query_heads"] == 4
+    assert "b n (g d) -> b g n d; 2 key/value heads, each shared by 2 query heads" in text
     eager = hw.trace(mha, x, mask=hw.masks.from_valid_lens(torch.tensor([3]), 5),
                      return_weights=True)
-    assert _by_name(eager, "mask").info["kind"] == "bool (1, 1, 1, 5)"
+    mask = _by_name(eager, "mask")
+    assert mask.info == {"form": "bool", "shape": [1, 1, 1, 5]}
+    assert "bool (1, 1, 1, 5)" in str(eager)
 
 
 def test_unfused_per_head_loop_is_traced_head_by_head():

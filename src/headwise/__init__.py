@@ -30,8 +30,8 @@ _EXPORTS = {
     "fuse": "headwise.per_head",
     "unfuse": "headwise.per_head",
     "MultiHeadAttention": "headwise.layers",
-    "Trace": "headwise.trace",
-    "trace": "headwise.trace",
+    "Trace": "headwise.tracing",
+    "trace": "headwise.tracing",
     "masks": None,
     "models": None,
 }
@@ -54,10 +54,10 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``attention`` and ``trace`` name both a submodule and the function it defines; the
-    function is the public name. Importing the submodule makes the import system
-    bind ``headwise.<name>`` to the module: keep the function's place instead (as the eager
-    ``from headwise.trace import trace`` of older versions did)."""
+    """``attention`` names both a submodule and the function it defines; the function is the
+    public name. Importing the submodule makes the import system bind ``headwise.<name>`` to
+    the module: keep the function's place instead. (``trace`` needs no such care: its
+    implementation is the package ``headwise.tracing``.)"""
 
     def __setattr__(self, name: str, value) -> None:
         if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == f"headwise.{name}":

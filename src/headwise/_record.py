@@ -1,17 +1,187 @@
-"""The hook every traced step goes through.
+"""The hook every traced step goes through, and the one table of step names.
 
-Attention code calls :func:`record` at each step (project, split heads, scores, ...). With no
-trace active this is a single global read and a return, so the fast path pays nothing; inside
-:func:`headwise.trace` a recorder collects every step with its shape and named axes.
+Attention code calls :func:`record` at each step (project, split heads, scores, ...) with a
+:class:`StepKind` from the table below and structured facts (``pattern=``, ``kernel=``,
+``memory=``, ``reason=``, ``weights_source=`` ...). With no trace active this is a single global
+read and a return, so the fast path pays nothing; inside :func:`headwise.trace` a recorder
+collects every step with its shape and named axes.
+
+The table is the contract between producers and :mod:`headwise.tracing`: the trace dispatches on
+the member and its :class:`Role`, reads axes from the table and facts from the keywords, and never
+parses text. Each member's ``label`` and ``note`` are display only (a test rewrites all of them
+and checks that the trace's structured output does not move). Adding a step is one line here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import torch
+
+__all__ = ["FUSED_KERNEL", "PROJECTION", "SPLIT_HEADS", "Memory", "Role", "StepKind", "WeightsSource", "active",
+           "describe", "record", "recording"]
+
+
+class Memory(StrEnum):
+    """The memory class of an attention call, in the sequence length n."""
+
+    LINEAR = "O(n)"  # no (b, h, i, j) tensor exists at any time
+    QUADRATIC = "O(n^2)"  # the (b, h, i, j) scores or weights were materialised
+
+
+class Role(StrEnum):
+    """What the trace does with a step beyond listing it."""
+
+    PLAIN = ""
+    QUERIES = "queries"  # its shape gives the logical scores' (b, h, i)
+    KEYS = "keys"  # its shape gives j; split ``g`` ways under grouped-query attention
+    VALUES = "values"  # split ``g`` ways under grouped-query attention
+    CACHED_KEYS = "cached keys"  # its shape gives j (every cached position)
+    ATTENTION = "attention"  # the attention result: one AttentionRun per call
+    FUSED_ATTENTION = "fused attention"  # the result of a kernel that keeps the scores inside
+
+
+def _split_axes(axes: str) -> list[str]:
+    """``"b n (h d)"`` -> ``["b", "n", "(h d)"]``."""
+    out: list[str] = []
+    for word in axes.split():
+        if out and out[-1].startswith("(") and not out[-1].endswith(")"):
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """How the attention weights a call returned were produced.
+
+    Attributes:
+        method: ``"softmax"`` (softmax of the materialised ``(b, h, i, j)`` scores) or
+            ``"lse"`` (recomputed from the row log-sum-exp a kernel returned).
+        kernel: whose log-sum-exp (``"flash"``, ``"efficient"``, ``"chunked pass"``).
+        chunk_rows: query rows recomputed at a time (``None``: all at once).
+    """
+
+    method: str
+    kernel: str = ""
+    chunk_rows: int | None = None
+
+    def describe(self) -> str:
+        """``"recomputed from the flash LSE, 256-row chunks"``."""
+        if self.method == "lse":
+            text = f"recomputed from the {self.kernel} LSE".replace("the  LSE", "the LSE")
+        else:
+            text = "softmax of the materialised scores"
+        return text + (f", {self.chunk_rows}-row chunks" if self.chunk_rows else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "kernel": self.kernel, "chunk_rows": self.chunk_rows,
+                "description": self.describe()}
+
+
+def _kv_note(facts: dict) -> str:
+    if facts.get("reused"):
+        return "cross-attention keys/values, projected once per source and reused"
+    return "self: every position so far; cross: stored once"
+
+
+def _mask_note(facts: dict) -> str:
+    if facts.get("form") == "causal":
+        return f"causal ({facts.get('alignment', 'bottom-right')})"
+    return f"{facts.get('form')} {tuple(facts.get('shape', ()))}"
+
+
+def _attention_note(facts: dict) -> str:
+    kernel = facts.get("kernel")
+    ran = f"{facts.get('backend')}[{kernel}]" if kernel else str(facts.get("backend"))
+    reason = facts.get("reason")
+    text = f"{ran}, {facts.get('memory')} memory" + (f" ({reason})" if reason else "")
+    source = facts.get("weights_source")
+    if isinstance(source, WeightsSource):
+        text += f"; weights {source.describe()}"
+    if "mask" in facts:
+        text += f"; mask: {facts['mask']}"
+    if "causal" in facts:
+        text += f"; causal: {facts['causal']}"
+    return text
+
+
+class StepKind(StrEnum):
+    """Every step a producer may record: ``NAME = key, axes, note, role``.
+
+    ``key`` (the member's value) is the step's stable name in :class:`headwise.Trace` (``find``,
+    ``to_dict``, ``to_json``). ``axes`` name the recorded tensor's axes in the legend ``b h g i j
+    d m``; ``n`` is a position outside attention, ``out`` the attention output size (shown as
+    ``m`` when it equals the model dim), ``(h d)`` a merged axis, and ``g`` is shown as ``h`` when
+    every query head has its own key/value head. ``note`` is display only: a template filled with
+    the step's facts, or a function of them. ``label`` (display only) defaults to the key.
+    """
+
+    # MultiHeadAttention, in forward order
+    INPUT = "input", "b i m"
+    QKV_PROJECTION = ("q, k, v projection", "b i qkv",
+                      "one GEMM over cat(W_q, W_k, W_v), then cut into q, k, v")
+    Q_PROJECTION = "q projection", "b i (h d)"
+    K_PROJECTION = "k projection", "b j (g d)"
+    V_PROJECTION = "v projection", "b j (g d)"
+    SPLIT_Q = "split heads q", "b h i d", "{pattern}", Role.QUERIES
+    SPLIT_K = "split heads k", "b g j d", "{pattern}", Role.KEYS
+    SPLIT_V = "split heads v", "b g j d", "{pattern}", Role.VALUES
+    KV_CACHE = "kv cache", "b g j d", _kv_note, Role.CACHED_KEYS
+    SCORES = "scores", "b h i j", "q k^T * {scale:.4g}"
+    MASK = "mask", "b h i j", _mask_note
+    SOFTMAX = "softmax", "b h i j", "over j; fully masked rows -> 0"
+    DROPOUT = "dropout", "b h i j", "p={p}"
+    WEIGHTED_SUM = "weighted sum", "b h i d", _attention_note, Role.ATTENTION
+    FUSED_ATTENTION = "fused attention", "b h i d", _attention_note, Role.FUSED_ATTENTION
+    HEAD_MASK = "head mask", "b h i d"
+    MERGE_HEADS = "merge heads", "b i (h d)", "{pattern}"
+    OUTPUT_PROJECTION = "output projection", "b i out"
+    # models
+    EMBED = "embed", "b n m"
+    SCALE_EMBEDDING = "scale embedding by sqrt(m)", "b n m", "scale={scale:.4g}"
+    ADD_POSITIONS = "add positions", "b n m", "offset={offset}"
+    TOKEN_EMBEDDING = "token embedding", "b n m"
+    SEGMENT_AND_POSITION = "+ segment + learned position", "b n m"
+    EMBEDDING_NORM = "embedding LayerNorm", "b n m"
+    BLOCK_OUTPUT = "block output", "b n m"
+    MEMORY = "memory", "b j m"
+    LOGITS = "logits", "b n vocab"
+
+    def __new__(cls, key: str, axes: str, note: str | Callable[[dict], str] = "",
+                role: Role = Role.PLAIN):
+        member = str.__new__(cls, key)
+        member._value_ = key
+        member.axes = tuple(_split_axes(axes))
+        member.note = note
+        member.role = role
+        member.label = key
+        return member
+
+
+# the projection and the head split of each of q, k and v, by name
+PROJECTION = {"q": StepKind.Q_PROJECTION, "k": StepKind.K_PROJECTION, "v": StepKind.V_PROJECTION}
+SPLIT_HEADS = {"q": StepKind.SPLIT_Q, "k": StepKind.SPLIT_K, "v": StepKind.SPLIT_V}
+
+
+FUSED_KERNEL = "fused kernel"  # the reason a fused path records: nothing fell back
+
+
+def describe(step: StepKind, facts: dict[str, Any]) -> str:
+    """The display note of one recorded step (never read back by the trace)."""
+    note = step.note
+    if callable(note):
+        return note(facts)
+    try:
+        return note.format_map(facts)
+    except (KeyError, ValueError, TypeError):
+        return note
+
 
 Recorder = Callable[..., None]
 _recorder: Recorder | None = None
@@ -22,11 +192,11 @@ def active() -> bool:
     return _recorder is not None
 
 
-def record(step: str, tensor: torch.Tensor | None = None, axes: str = "", **info: Any) -> None:
-    """Report one step of a computation: its name, result, axis names (e.g. ``"b h i d"``) and
-    any extra facts (``pattern=...``, ``backend=...``, ``memory=...``)."""
+def record(step: StepKind, tensor: torch.Tensor | None = None, **facts: Any) -> None:
+    """Report one step: a :class:`StepKind` from the table, its result and structured facts
+    (``pattern=``, ``backend=``, ``kernel=``, ``memory=``, ``reason=``, ``weights_source=``)."""
     if _recorder is not None:
-        _recorder(step, tensor, axes, **info)
+        _recorder(step, tensor, **facts)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from einops import repeat
 
 from headwise import _flash_cpu
 from headwise import masks as _masks
-from headwise._record import active, record
+from headwise._record import FUSED_KERNEL, Memory, StepKind, WeightsSource, active, record
 
 __all__ = ["attention", "attention_weights", "BACKENDS", "register_backend", "sdpa_kernel_name"]
 
@@ -89,14 +89,14 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-    record("scores", scores, "b h i j", note=f"q k^T * {scale:.4g}")
+    record(StepKind.SCORES, scores, scale=scale)
     scores = _apply_masks(scores, mask, causal)
     # A row with no allowed key would be softmax(-inf, ..., -inf) = NaN. Give it finite scores,
     # then zero its probabilities: zero output and zero (not NaN) gradients.
     dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
     scores = scores.masked_fill(dead, 0.0)
     weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
-    record("softmax", weights, "b h i j", note="over j; fully masked rows -> 0")
+    record(StepKind.SOFTMAX, weights)
     return weights
 
 
@@ -106,12 +106,12 @@ def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) 
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask
-        record("mask", scores, "b h i j", kind=_mask_kind(mask))
+        record(StepKind.MASK, scores, form=_mask_form(mask), shape=tuple(mask.shape))
     if causal:
         nq, nk = scores.shape[-2:]
         allowed = _masks.causal(nq, nk, device=scores.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        record("mask", scores, "b h i j", kind="causal (bottom-right)")
+        record(StepKind.MASK, scores, form="causal", alignment="bottom-right")
     return scores
 
 
@@ -122,10 +122,11 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
-        record("dropout", probs, "b h i j", p=dropout_p)
+        record(StepKind.DROPOUT, probs, p=dropout_p)
     out = torch.einsum("bhij,bhje->bhie", probs, v)
-    record("weighted sum", out, "b h i d", backend="eager", memory="O(n^2)",
-           reason=_eager_reason(return_weights))
+    record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
+           memory=Memory.QUADRATIC, reason=_eager_reason(return_weights),
+           weights_source=WeightsSource("softmax") if return_weights else None)
     return out, (weights if return_weights else None)
 
 
@@ -162,8 +163,9 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
                                              enable_gqa=h != g)
     if active():
         kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
-        record("fused attention", out, "b h i d", backend=f"sdpa[{kernel}]",
-               memory="O(n^2)" if kernel == "MATH" else "O(n)",
+        record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
+               fused=kernel != "MATH",
+               memory=Memory.QUADRATIC if kernel == "MATH" else Memory.LINEAR,
                reason=_sdpa_reason(kernel, dropout_p, q, v),
                mask=_mask_kind(mask) if mask is not None else "none",
                causal="is_causal" if is_causal else ("in mask" if causal else "no"))
@@ -195,9 +197,12 @@ def _expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
     return x if g == h else repeat(x, "b g j d -> b (g r) j d", r=h // g)
 
 
+def _mask_form(mask: torch.Tensor) -> str:
+    return "bool" if mask.dtype == torch.bool else "float (additive)"
+
+
 def _mask_kind(mask: torch.Tensor) -> str:
-    form = "bool" if mask.dtype == torch.bool else "float (additive)"
-    return f"{form} {tuple(mask.shape)}"
+    return f"{_mask_form(mask)} {tuple(mask.shape)}"
 
 
 def _eager_reason(return_weights: bool) -> str:
@@ -206,7 +211,7 @@ def _eager_reason(return_weights: bool) -> str:
 
 def _sdpa_reason(kernel: str, dropout_p: float, q, v) -> str:
     if kernel != "MATH":
-        return "fused kernel"
+        return FUSED_KERNEL
     if dropout_p > 0:
         return "dropout > 0 (the CPU flash kernel has no dropout)"
     if q.shape[-1] != v.shape[-1]:

@@ -12,7 +12,7 @@ from einops import rearrange
 from torch import nn
 
 from headwise import masks as _masks
-from headwise._record import record
+from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.attention import BACKENDS, dispatch
 from headwise.heads import MERGE, SPLIT
 
@@ -91,7 +91,7 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         mask = self._check_inputs(query, key, value, mask, valid_lens, head_mask)
-        record("input", query, "b i m")
+        record(StepKind.INPUT, query)
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q, k, v = self._project(query, key, value, cache)
         # 3) attend, each head separately
@@ -100,27 +100,25 @@ class MultiHeadAttention(nn.Module):
                                 backend=self.backend)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
-            record("head mask", out, "b h i d")
+            record(StepKind.HEAD_MASK, out)
         # 4) merge heads: (b, h, i, d) -> (b, i, h*d)  5) output projection
         out = rearrange(out, MERGE)
-        record("merge heads", out, "b i (h d)", pattern=MERGE)
+        record(StepKind.MERGE_HEADS, out, pattern=MERGE)
         out = self.out_proj(out)
-        record("output projection", out, "b i m")
+        record(StepKind.OUTPUT_PROJECTION, out)
         return out, weights
 
     def _project(self, query, key, value, cache):
         """q ``(b, h, i, d)``, k and v ``(b, g, j, d)``, through the cache when one is given."""
         if cache is not None and cache.ready:  # cross-attention: k/v already projected
             q = self._split(self.q_proj(query), "q", self.num_heads)
-            record("kv cache", cache.k, "b g j d", note="cross-attention keys/values, projected "
-                   "once per source and reused")
+            record(StepKind.KV_CACHE, cache.k, reused=True)
             return q, cache.k, cache.v
         if key is query and value is query and self.kdim == self.vdim == self.embed_dim:
             # Self-attention: the three projections as one GEMM over the concatenated weights
             # (what a fused in_proj does), then cut the result back into q, k, v.
             qkv = F.linear(query, *self._qkv_weight())
-            record("q, k, v projection", qkv, "b i qkv",
-                   note="one GEMM over cat(W_q, W_k, W_v), then cut into q, k, v")
+            record(StepKind.QKV_PROJECTION, qkv)
             q, k, v = qkv.split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
@@ -129,7 +127,7 @@ class MultiHeadAttention(nn.Module):
         v = self._split(v, "v", self.num_kv_heads)
         if cache is not None:  # self: append and return all positions; cross: store
             k, v = cache.update(k, v)
-            record("kv cache", k, "b g j d", note="self: every position so far; cross: stored once")
+            record(StepKind.KV_CACHE, k, reused=False)
         return q, k, v
 
     def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -143,9 +141,9 @@ class MultiHeadAttention(nn.Module):
         return torch.cat([p.weight for p in projs]), bias
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
-        record(f"{name} projection", x, "b n (h d)" if name == "q" else "b n (g d)")
+        record(PROJECTION[name], x)
         x = rearrange(x, SPLIT, h=heads)
-        record(f"split heads {name}", x, "b h i d" if name == "q" else "b g j d", pattern=SPLIT)
+        record(SPLIT_HEADS[name], x, pattern=SPLIT)
         return x
 
     # ------------------------------------------------------------------ checks and conversion

@@ -173,7 +173,7 @@ def _artefacts(model, task, heldout, device, out: Path) -> dict[str, str]:
     """Head view, heatmaps and shape trace of a few held-out examples."""
     import torch
 
-    from headwise.trace import trace
+    from headwise.tracing import trace
     from headwise.viz import head_view, heatmaps
     tok = task.tokenizer
     picks = [k for k in range(len(heldout)) if 8 <= int(heldout.src_lens[k]) <= 12][:4]

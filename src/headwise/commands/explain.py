@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from headwise import pretrained, viz
-    from headwise.trace import trace
+    from headwise.tracing import trace
 
     console = Console()
     texts, pairs = list(args.text), args.pair

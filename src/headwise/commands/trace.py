@@ -82,7 +82,7 @@ def register(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import torch
 
-    from headwise.trace import trace
+    from headwise.tracing import trace
 
     _check_args(args)
     if args.print_weights and args.weights is None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from headwise._record import record
+from headwise._record import StepKind, record
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 
@@ -141,14 +141,14 @@ class BertEmbeddings(nn.Module):
                 ) -> torch.Tensor:
         """``input_ids (b, n)``, ``token_type_ids (b, n)`` (default all 0) -> ``(b, n, m)``."""
         x = self.word(input_ids)
-        record("token embedding", x, "b n m")
+        record(StepKind.TOKEN_EMBEDDING, x)
         # the segment table's row 0 when no segments are given (BERT's default type ids)
         x = x + (self.token_type.weight[0] if token_type_ids is None
                  else self.token_type(token_type_ids))
         x = self.position(x)
-        record("+ segment + learned position", x, "b n m")
+        record(StepKind.SEGMENT_AND_POSITION, x)
         x = self.dropout(self.norm(x))
-        record("embedding LayerNorm", x, "b n m")
+        record(StepKind.EMBEDDING_NORM, x)
         return x
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise._record import record
+from headwise._record import StepKind, record
 from headwise.layers import MultiHeadAttention
 
 __all__ = [
@@ -197,7 +197,7 @@ class EncoderBlock(_Block):
         x, weights = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
             y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights))
         x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
-        record("block output", x, "b n m")
+        record(StepKind.BLOCK_OUTPUT, x)
         return x, weights
 
     def extra_repr(self) -> str:
@@ -268,7 +268,7 @@ class DecoderBlock(_Block):
                 y, memory, mask=memory_mask, head_mask=cross_head_mask,
                 return_weights=want_cross, cache=cross_cache))
         x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
-        record("block output", x, "b i m")
+        record(StepKind.BLOCK_OUTPUT, x)
         return x, (self_w, cross_w)
 
     def extra_repr(self) -> str:

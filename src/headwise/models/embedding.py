@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from headwise._record import record
+from headwise._record import StepKind, record
 from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
 
 __all__ = ["Embeddings", "add_output_head", "init_weights"]
@@ -39,12 +39,12 @@ class Embeddings(nn.Module):
     def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``ids: (b, n)`` -> ``(b, n, m)``; ``offset`` = positions already decoded."""
         x = self.tokens(ids)
-        record("embed", x, "b n m")
+        record(StepKind.EMBED, x)
         if self.scale != 1.0:
             x = x * self.scale
-            record("scale embedding by sqrt(m)", x, "b n m", scale=self.scale)
+            record(StepKind.SCALE_EMBEDDING, x, scale=self.scale)
         x = self.positions(x, offset)
-        record("add positions", x, "b n m", offset=offset)
+        record(StepKind.ADD_POSITIONS, x, offset=offset)
         return drop(self, x)
 
     def extra_repr(self) -> str:

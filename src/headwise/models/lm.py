@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise._record import record
+from headwise._record import StepKind, record
 from headwise.cache import KVCache
 from headwise.models import _checks
 from headwise.models._select import select
@@ -91,7 +91,7 @@ class TransformerLM(nn.Module):
             x = x[:, -1:]
         x = self.final_norm(x)
         logits = self.lm_head(x)
-        record("logits", logits, "b n v")
+        record(StepKind.LOGITS, logits)
         return logits, weights
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:

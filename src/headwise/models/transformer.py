@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from headwise import masks as _masks
-from headwise._record import record
+from headwise._record import StepKind, record
 from headwise.cache import KVCache
 from headwise.models import _checks
 from headwise.models._select import select
@@ -71,7 +71,7 @@ class Encoder(nn.Module):
             x, w = block(x, mask=mask, return_weights=bool(want and want[i]))
             weights.append(w)
         x = self.final_norm(x)
-        record("memory", x, "b j m")
+        record(StepKind.MEMORY, x)
         return x, weights
 
 
@@ -150,7 +150,7 @@ class Decoder(nn.Module):
         if last_only and x.shape[1] > 1:  # generation needs only the newest position
             x = x[:, -1:]
         logits = self.lm_head(self.final_norm(x))
-        record("logits", logits, "b i v")
+        record(StepKind.LOGITS, logits)
         return logits, self_ws, cross_ws
 
 
