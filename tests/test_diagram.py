@@ -31,6 +31,24 @@ def test_png_is_large_non_blank_and_coloured_per_head(tmp_path, kv_heads):
         assert _has_colour(img, color), color
 
 
+@pytest.mark.parametrize("heads, kv_heads", [(4, None), (6, 2)])
+def test_q_and_k_arrows_go_into_every_head(tmp_path, monkeypatch, heads, kv_heads):
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation
+
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig),
+                                                                 save(fig, *a, **k)))
+    mha = hw.MultiHeadAttention(24, heads, num_kv_heads=kv_heads)
+    draw(mha, torch.randn(1, 4, 24), path=tmp_path / "d.png", dpi=40)
+    [ax] = drawn[0].axes
+    arrows = [a for a in ax.texts if isinstance(a, Annotation) and a.arrow_patch is not None]
+    for color in head_colors(heads):  # one q arrow and one k arrow in each head's colour
+        ends = [a.xy for a in arrows if to_rgb(a.arrow_patch.get_edgecolor()) == to_rgb(color)]
+        assert len(ends) == 2 and ends[0][0] == ends[1][0], (color, ends)
+
+
 def test_bad_diagram_requests(tmp_path, capsys):
     mha = hw.MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match="unsupported file type"):

@@ -216,9 +216,9 @@ def _figure(mha, run, cross, causal, plt):
     def text(x, y, s, size=10, color=_INK, **kw):
         ax.text(x, y, s, fontsize=size, color=color, **kw)
 
-    def arrow(x0, y0, x1, y1, label=None, above=True, rad=0.0):
+    def arrow(x0, y0, x1, y1, label=None, above=True, rad=0.0, color=_ARROW, lw=1.4):
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=0,
-                    arrowprops=dict(arrowstyle="-|>", color=_ARROW, lw=1.4, shrinkA=2, shrinkB=2,
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=lw, shrinkA=2, shrinkB=2,
                                     connectionstyle=f"arc3,rad={rad}"))
         if label:
             ax.text((x0 + x1) / 2, (y0 + y1) / 2 + (-0.08 if above else 0.1), label,
@@ -289,9 +289,14 @@ def _figure(mha, run, cross, causal, plt):
         note += "; hatched = masked (weight 0)"
     text(x_sc, grid_top + grid_h + 0.2, note, size=8.5, color=_MUTED, va="top")
     kv_w = g * d * sx
-    arrow(x_qkv + h * d * sx, row_y[0] + rows_h[0] / 2, x_sc, grid_top + grid_h * 0.3, "q_x")
-    arrow(x_qkv + kv_w, row_y[1] + rows_h[1] / 2, x_sc, grid_top + grid_h * 0.7,
-          "k_x" if g == h else f"k_(x // {h // g})", above=False)
+    k_label = "k_x" if g == h else f"k_(x // {h // g})"
+    for x in range(h):  # every head gets its own q_x and k_x, in its colour
+        r, c = divmod(x, grid_cols)
+        px, py = x_sc + c * (pw + pgap_x), grid_top + r * (ph + pgap_y)
+        arrow(x_qkv + h * d * sx, row_y[0] + rows_h[0] / 2, px, py + ph * 0.3,
+              "q_x" if x == 0 else None, color=colors[x], lw=1.0)
+        arrow(x_qkv + kv_w, row_y[1] + rows_h[1] / 2, px, py + ph * 0.7,
+              k_label if x == 0 else None, above=False, color=colors[x], lw=1.0)
 
     # ---- merge heads
     merge_y = col_top + (col_h - nq * sy) / 2
@@ -314,8 +319,9 @@ def _figure(mha, run, cross, causal, plt):
 
     # ---- output projection
     matrix(run["out"], x_out, merge_y, out_w, nq * sy, grey)
-    text(x_out, merge_y - 0.42, f"output   (i={nq}, m={mha.out_dim})", size=10, va="bottom",
-         fontweight="bold")
+    out_axis = "m" if mha.out_dim == mha.embed_dim else "out"
+    text(x_out, merge_y - 0.42, f"output   (i={nq}, {out_axis}={mha.out_dim})", size=10,
+         va="bottom", fontweight="bold")
     arrow(x_merge + merge_w, merge_y + nq * sy / 2, x_out, merge_y + nq * sy / 2,
           f"W_o: {h * d}×{mha.out_dim}")
     return fig

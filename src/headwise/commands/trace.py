@@ -12,16 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --help` stays fast
-    import torch
+    pass
 
 KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
-WEIGHT_KINDS = {"encoder": ("encoder_self",), "decoder": ("decoder_self", "cross"),
-                "transformer": ("encoder_self", "decoder_self", "cross"),
-                "lm": ("decoder_self",)}
 
 
 HELP = "named-axis shape trace of every split and merge in a real forward pass"
@@ -43,6 +39,8 @@ def register(subparsers) -> None:
     size.add_argument("--head-dim", type=int, help="per-head size d (default m // h)")
     size.add_argument("--kdim", type=int, help="mha: key input size (cross-attention)")
     size.add_argument("--vdim", type=int, help="mha: value input size (cross-attention)")
+    size.add_argument("--out-dim", type=int,
+                      help="mha: output size (default m: headwise returns to the query size)")
     size.add_argument("--kv-heads", type=int, help="key/value heads g (grouped-query)")
     size.add_argument("--ff", type=int, help="feed-forward width (default 4 * m)")
     size.add_argument("--vocab", type=int, help="vocabulary size (default 1000)")
@@ -63,6 +61,9 @@ def register(subparsers) -> None:
                           "--weights unless --weights selects layers")
     run.add_argument("--pad", type=int, default=0,
                      help="the last N key/source positions of the last example are padding")
+    run.add_argument("--tgt-pad", type=int, default=0,
+                     help="decoder, transformer: the last N target positions of the last "
+                          "example are padding (combined with the causal mask)")
     run.add_argument("--causal", action="store_true", help="mha: causal masking")
     run.add_argument("--dropout", type=float, default=0.0,
                      help="attention/residual dropout; > 0 runs in training mode")
@@ -70,6 +71,11 @@ def register(subparsers) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", default="cpu")
     out = p.add_argument_group("output")
+    out.add_argument("--explain", action="store_true",
+                     help="explain the head split (reshape, transpose, fold to (b*h, n, d)) "
+                          "with these sizes, prove folded == unfolded and measure the fold")
+    out.add_argument("--explain-seq", type=int, default=256, metavar="N",
+                     help="--explain: sequence length of the timed comparison (default 256)")
     out.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     out.add_argument("--full", action="store_true", help="do not collapse identical blocks")
     out.add_argument("--summary", action="store_true",
@@ -82,14 +88,17 @@ def register(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import torch
 
+    from headwise.commands._trace_models import build, from_checkpoint
     from headwise.tracing import trace
 
     _check_args(args)
+    if args.explain:
+        return _explain(args)
     if args.print_weights and args.weights is None:
         args.weights = "all"
     torch.manual_seed(args.seed)
     if args.checkpoint:
-        model, inputs, kwargs = _from_checkpoint(args)
+        model, inputs, kwargs = from_checkpoint(args)
     else:
         model, inputs, kwargs = build(args)
     if args.dropout > 0:
@@ -109,6 +118,17 @@ def run_command(args: argparse.Namespace) -> int:
             written = draw(model, *inputs, path=path, mask=kwargs.get("mask"),
                            valid_lens=kwargs.get("valid_lens"), causal=kwargs.get("causal", False))
             print(f"diagram written to {written}", file=sys.stderr)
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from headwise.commands._fold import explain
+
+    m, h = args.embed_dim or 512, args.heads or 8
+    d = args.head_dim or m // h
+    if d < 1:
+        raise ValueError(f"--embed-dim {m} is smaller than --heads {h}: give --head-dim")
+    print(explain(args.batch, args.seq, m, h, d, args.explain_seq, args.seed))
     return 0
 
 
@@ -174,15 +194,13 @@ def _check_args(args) -> None:
         if args.kind not in KINDS:
             raise ValueError(f"unknown model kind {args.kind!r}; choose one of "
                              f"{', '.join(KINDS)}")
-    for name in ("embed_dim", "heads", "head_dim", "kdim", "vdim", "kv_heads", "ff", "vocab",
-                 "layers", "batch", "seq", "kv_seq"):
+    for name in ("embed_dim", "heads", "head_dim", "kdim", "vdim", "out_dim", "kv_heads", "ff",
+                 "vocab", "layers", "batch", "seq", "kv_seq", "explain_seq"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     kind = args.kind or "checkpoint"
-    if (args.kdim or args.vdim or args.causal) and kind != "mha":
-        raise ValueError("--kdim, --vdim and --causal apply to `trace mha` only (the models "
-                         "choose their own masks)")
+    _check_kind_options(args, kind)
     if (args.svg or args.png) and kind != "mha":
         raise ValueError("--svg/--png draw the split/merge diagram of `trace mha`; for a model's "
                          "weights use headwise.viz")
@@ -212,147 +230,19 @@ def _check_args(args) -> None:
         raise ValueError("`trace mha --weights` takes no value (an mha has one kind of weights)")
 
 
-def build(args) -> tuple[torch.nn.Module, tuple, dict]:
-    """The model of ``args`` and its inputs: ``(model, positional args, keyword args)``."""
-    import torch
-    m = args.embed_dim or 512
-    h = args.heads or 8
-    backend = args.backend or "auto"
-    b, n = args.batch, args.seq
-    nk = args.kv_seq or n
-    device = torch.device(args.device)
-    if args.kind == "mha":
-        import headwise as hw
-
-        model = hw.MultiHeadAttention(m, h, head_dim=args.head_dim, kdim=args.kdim,
-                                      vdim=args.vdim, num_kv_heads=args.kv_heads,
-                                      dropout=args.dropout, backend=backend).to(device).eval()
-        query = torch.randn(b, n, m, device=device)
-        cross = args.kdim or args.vdim or nk != n
-        kwargs = {"causal": True} if args.causal else {}
-        if args.pad:
-            kwargs["valid_lens"] = _lengths(b, nk, args.pad, device)
-        if args.weights:
-            kwargs["return_weights"] = True
-        if not cross:
-            return model, (query,), kwargs
-        key = torch.randn(b, nk, model.kdim, device=device)
-        value = torch.randn(b, nk, model.vdim, device=device)
-        return model, (query, key, value), kwargs
-
-    from headwise.models import LMConfig, TransformerConfig
-    from headwise.models import build as build_model
-
-    common = dict(d_model=m, num_heads=h, num_layers=args.layers or 6, d_ff=args.ff or 4 * m,
-                  dropout=args.dropout, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  backend=backend)
-    vocab = args.vocab or 1000
-    if args.kind == "lm":
-        config = LMConfig(vocab_size=vocab, max_len=max(2048, n), **common)
-        model = build_model(config)
-    else:
-        from headwise.models import Decoder, Encoder
-
-        config = TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab,
-                                   max_len=max(512, n, nk), **common)
-        model = {"encoder": Encoder, "decoder": Decoder, "transformer": build_model}[
-            args.kind](config)
-    model = model.to(device).eval()
-    return model, *_model_inputs(args.kind, model, config, args, vocab, device)
-
-
-def _model_inputs(kind, model, config, args, vocab, device) -> tuple[tuple, dict]:
-    import torch
-    b, n = args.batch, args.seq
-    nk = args.kv_seq or n
-    ids = lambda length: torch.randint(1, vocab, (b, length), device=device)  # noqa: E731
-    kwargs: dict = {}
-    weights = _weights(args.weights, kind)
-    if weights is not None:
-        kwargs["return_weights"] = weights
-    lens = _lengths(b, nk, args.pad, device) if args.pad else None
-    if kind == "lm":
-        return (ids(n),), kwargs
-    if kind == "encoder":
-        lens = _lengths(b, n, args.pad, device) if args.pad else None
-        return (ids(n),), {**kwargs, **({"src_valid_lens": lens} if lens is not None else {})}
-    if lens is not None:
-        kwargs["src_valid_lens"] = lens
-    if kind == "decoder":
-        memory = torch.randn(b, nk, config.d_model, device=device)
-        return (ids(n), memory), kwargs
-    return (ids(nk), ids(n)), kwargs
-
-
-def _lengths(b: int, n: int, pad: int, device) -> torch.Tensor:
-    """Every example full except the last, whose final ``pad`` positions are padding."""
-    import torch
-    lens = torch.full((b,), n, dtype=torch.long, device=device)
-    lens[-1] = n - pad
-    return lens
-
-
-def _weights(spec: str | None, kind: str):
-    """``--weights`` to a model's ``return_weights``: True, a kind, or {kind: [layers]}."""
-    if spec is None:
-        return None
-    if spec == "all":
-        return True
-    kinds = WEIGHT_KINDS[kind]
-    name, _, layers = spec.partition(":")
-    if name not in kinds:
-        raise ValueError(f"--weights {spec!r}: unknown kind {name!r}; this model has "
-                         f"{', '.join(kinds)} (or give --weights with no value for all)")
-    if not layers:
-        return {name}
-    try:
-        return {name: [int(x) for x in layers.split(",")]}
-    except ValueError:
-        raise ValueError(f"--weights {spec!r}: layers must be integers, e.g. {name}:0,2") from None
-
-
-def _from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
-    import torch
-
-    from headwise import checkpoint
-
-    for name in ("embed_dim", "heads", "head_dim", "kv_heads", "ff", "vocab", "layers"):
-        if getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} cannot be combined with --checkpoint: "
-                             "the checkpoint fixes the sizes")
-    folder = Path(args.checkpoint)
-    loaded = checkpoint.load(folder, device=args.device)
-    model, config = loaded.model.eval(), loaded.config
-    kind = config.kind
-    if args.backend:
-        from headwise.attention import BACKENDS
-
-        if args.backend != "auto" and args.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {args.backend!r}; choose 'auto' or one of "
-                             f"{sorted(BACKENDS)}")
-        for sub in model.modules():
-            if hasattr(sub, "backend") and hasattr(sub, "num_heads"):
-                sub.backend = args.backend
-    device = torch.device(args.device)
-    vocab = getattr(config, "vocab_size", None) or config.tgt_vocab_size
-    if args.text is not None:
-        if loaded.tokenizer is None:
-            raise ValueError(f"--text: checkpoint {folder} has no tokenizer; trace random ids "
-                             "(omit --text)")
-        ids = torch.tensor([loaded.tokenizer.encode(args.text)], device=device)
-        if ids.shape[1] == 0:
-            raise ValueError("--text is empty after tokenization")
-        shown = (loaded.tokenizer.tokens(ids[0].tolist()) if hasattr(loaded.tokenizer, "tokens")
-                 else ids[0].tolist())
-        print(f"{folder}: {kind} checkpoint; text {args.text!r} -> {ids.shape[1]} tokens "
-              f"{shown}")
-        args.seq = ids.shape[1]
-        args.batch = 1
-        if kind == "lm":
-            return model, (ids,), _model_inputs("lm", model, config, args, vocab, device)[1]
-        args.kv_seq = ids.shape[1]
-        _, kwargs = _model_inputs(kind, model, config, args, vocab, device)
-        return model, (ids, ids), kwargs
-    if kind == "transformer":
-        vocab = min(config.src_vocab_size, config.tgt_vocab_size)
-    return model, *_model_inputs(kind, model, config, args, vocab, device)
+def _check_kind_options(args, kind: str) -> None:
+    """Options that only some model kinds take."""
+    if (args.kdim or args.vdim or args.causal or args.out_dim) and kind != "mha":
+        raise ValueError("--kdim, --vdim, --out-dim and --causal apply to `trace mha` only (the "
+                         "models choose their own sizes and masks)")
+    if args.tgt_pad < 0:
+        raise ValueError(f"--tgt-pad must be >= 0, got {args.tgt_pad}")
+    if args.tgt_pad and kind not in ("decoder", "transformer"):
+        raise ValueError(f"--tgt-pad applies to `trace decoder` and `trace transformer` (target "
+                         f"padding), not to {kind}; use --pad for key padding")
+    if args.tgt_pad >= args.seq:
+        raise ValueError(f"--tgt-pad {args.tgt_pad} leaves no real target position out of "
+                         f"--seq {args.seq}; use --tgt-pad < {args.seq}")
+    if args.explain and args.checkpoint:
+        raise ValueError("--explain takes sizes (--embed-dim, --heads, --batch, --seq), not "
+                         "--checkpoint")
