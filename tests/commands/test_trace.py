@@ -137,3 +137,17 @@ def test_cli_writes_png_and_svg(tmp_path, capsys):
     assert png.stat().st_size > 20_000
     text = svg.read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text and "head 1" in text
+
+
+def test_out_dim_tgt_pad_and_explain_options(capsys):
+    assert main(["trace", "mha", "--embed-dim", "4", "--heads", "2", "--out-dim", "6",
+                 "--seq", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "output projection" in out and "(b=1, i=3, out=6)" in out
+    for argv, message in ((["trace", "lm", "--out-dim", "6"], "apply to `trace mha` only"),
+                          (["trace", "lm", "--tgt-pad", "1"], "--tgt-pad applies to"),
+                          (["trace", "transformer", "--seq", "3", "--tgt-pad", "3"],
+                           "leaves no real target position"),
+                          (["trace", "mha", "--explain-seq", "0"], "--explain-seq must be >= 1")):
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv

@@ -36,15 +36,44 @@ def run(command: str) -> str:
     return out.getvalue()
 
 
+# measured in the run (time, memory, float32 rounding between two kernels): compared with the
+# numbers blanked, so the rest of the line (layout, kernel) still has to match
+MEASURED = re.compile(r"\d ms |max \|difference\|")
+
+# each answer's key lines: (a word of the command, patterns its output must contain)
+KEY_LINES = [
+    ("--vocab 33300", [r"split heads q +\(b=1, h=8, i=8, d=64\) +b n \(h d\) -> b h n d",
+                       r"merge heads +\(b=1, i=8, \(h d\)=512\)"]),
+    ("--out-dim 6", [r"MultiHeadAttention +self +sdpa"]),
+    ("--tgt-pad 1", [r"self_attn: .*self-attention, causal, mask bool \(b=1, h=1, i=1, j=4\) = "
+                     r"key padding", r"mask +\(b=1, h=2, i=4, j=4\) +bool \(1, 1, 1, 4\)\n"
+                     r" +mask +\(b=1, h=2, i=4, j=4\) +causal \(bottom-right\)"]),
+    ("--explain", [r"folded == unfolded: yes", r"bit for bit: yes",
+                   r"4\. fold \(optional\) +\(3, 2, 2, 3\) +-> \(6, 2, 3\)",
+                   r"4-D \(b, h, n, d\) +FLASH_ATTENTION", r"3-D \(b\*h, n, d\) folded +MATH",
+                   r"one big head of size h\*d=6 instead: .*\(a different function\)"]),
+]
+
+
 def normalise(text: str) -> str:
-    return " ".join(text.split())
+    lines = [re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", line) if MEASURED.search(line) else line
+             for line in text.splitlines()]
+    return " ".join(" ".join(lines).split())
+
+
+def _decoder_self_rows(out: str) -> list[list[str]]:
+    block = out.split("decoder_self[0]:")[1].split("\n\n")[0]
+    return [line.split()[1:] for line in block.splitlines() if line.strip().startswith("i=")]
 
 
 def test_the_page_asks_every_learner_question():
     text = DOC.read_text()
     for question in ("Where are the heads created", "no more parameters than one big head",
                      "hidden size is not the query size", "keys of size 3, values of size 2",
-                     "each head's weights", "padding and causal masks"):
+                     "each head's weights", "padding and causal masks",
+                     "folding just one huge single-head attention",
+                     "keys and values come from the encoder output", "Bottom-right alignment",
+                     "combined mask", "output size is a convention"):
         assert question in text
     assert len(blocks(text)) >= 10
 
@@ -56,6 +85,20 @@ def test_documented_output_is_still_true(command, shown, tmp_path, monkeypatch):
     got = run(command)
     assert normalise(got) == normalise(shown), f"{command}\n--- got ---\n{got}"
     assert got.strip(), command
+    for word, patterns in KEY_LINES:
+        if word in command:
+            for pattern in patterns:
+                assert re.search(pattern, got), (command, pattern)
+    if "--tgt-pad 1" in command:  # causal AND target padding: a triangle, last key column 0
+        rows = _decoder_self_rows(got)
+        assert len(rows) == 8 and all(row[-1] == "0" for row in rows)
+        assert all(row[n + 1:] == ["0"] * (3 - n) for n, row in enumerate(rows[:4]))
+
+
+def test_every_key_line_belongs_to_a_documented_command():
+    commands = [command for command, _ in blocks(DOC.read_text())]
+    for word, _ in KEY_LINES:
+        assert any(word in command for command in commands), word
 
 
 def update() -> None:
