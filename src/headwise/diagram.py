@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -121,136 +122,168 @@ def _run(mha, query, key, value, mask, valid_lens, causal, b) -> dict[str, np.nd
 
 # ---------------------------------------------------------------------------- the figure
 def _figure(mha, run, cross, causal, plt):
-    from matplotlib.collections import LineCollection, PatchCollection
-    from matplotlib.patches import Rectangle
+    L = _layout(mha, run)
+    fig = plt.figure(figsize=(L.width, L.height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, L.width)
+    ax.set_ylim(L.height, 0)
+    ax.axis("off")
+    c = _Canvas(ax, L.sy)
+    colors = head_colors(mha.num_heads)
+    # ---- title
+    c.text(0.6, 0.45, f"{_describe(mha)}: where the heads are split and merged", size=14,
+           fontweight="bold", va="center")
+    c.text(0.6, 0.9, f"each colour is one head: its columns of W_q, W_k, W_v, its attention "
+           f"weights, its block of the merged output.  "
+           f"{'cross' if cross else 'self'}-attention"
+           f"{', causal' if causal else ''}; shades are real values of one run",
+           size=9.5, color=_MUTED, va="center")
+    inputs = _draw_inputs(c, L, mha, run, cross)
+    _draw_qkv(c, L, mha, run, cross, inputs, colors)
+    _draw_weights(c, L, mha, run, colors)
+    _draw_merge(c, L, mha, run, colors)
+    return fig
 
+
+def _layout(mha, run) -> SimpleNamespace:
+    """Where everything goes. Units are inches at the final size: rows (positions) share one
+    height, feature columns one width, so the same axis has the same size everywhere."""
     h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
     nq, nk = run["x"].shape[0], run["key"].shape[0]
-    colors = head_colors(h)
-    kv_colors = [colors[y * (h // g)] for y in range(g)]
-
-    # Units are inches at the final size: rows (positions) share one height, feature columns
-    # one width, so the same axis has the same size everywhere in the picture.
-    sy = min(0.3, 2.1 / max(nq, nk))
+    L = SimpleNamespace(nq=nq, nk=nk)
+    L.sy = min(0.3, 2.1 / max(nq, nk))
     widest = max(mha.embed_dim, mha.kdim, mha.vdim, h * d, mha.out_dim)
-    sx = min(0.3, 3.4 / widest)
+    L.sx = min(0.3, 3.4 / widest)
     gap_y, gap_x = 1.05, 1.9
-    rows_h = [nq * sy, nk * sy, nk * sy]
-    col_top = 1.95
-    row_y = [col_top, col_top + rows_h[0] + gap_y, col_top + rows_h[0] + rows_h[1] + 2 * gap_y]
-    col_h = sum(rows_h) + 2 * gap_y
-
-    in_w = max(mha.embed_dim, mha.kdim, mha.vdim) * sx
-    x_in = 0.6
-    x_qkv = x_in + in_w + gap_x
-    qkv_w = max(h, g) * d * sx
-    x_sc = x_qkv + qkv_w + gap_x
-
+    L.rows_h = [nq * L.sy, nk * L.sy, nk * L.sy]
+    L.col_top = col_top = 1.95
+    L.row_y = [col_top, col_top + L.rows_h[0] + gap_y,
+               col_top + L.rows_h[0] + L.rows_h[1] + 2 * gap_y]
+    L.col_h = col_h = sum(L.rows_h) + 2 * gap_y
+    L.x_in = 0.6
+    L.x_qkv = L.x_in + max(mha.embed_dim, mha.kdim, mha.vdim) * L.sx + gap_x
+    L.x_sc = L.x_qkv + max(h, g) * d * L.sx + gap_x
     # Score panels: a grid of h (i, j) matrices, as many rows as fit beside Q, K, V.
-    cell = min(sy, 0.3)
-    pw, ph = nk * cell, nq * cell
-    grid_rows = max(1, min(h, int((col_h + 0.55) // (ph + 0.55))))
-    grid_cols = math.ceil(h / grid_rows)
-    grid_rows = math.ceil(h / grid_cols)
-    pgap_x, pgap_y = 0.35, 0.55
-    grid_w = grid_cols * pw + (grid_cols - 1) * pgap_x
-    grid_h = grid_rows * ph + (grid_rows - 1) * pgap_y
-    grid_top = col_top + (col_h - grid_h) / 2
-    x_merge = x_sc + grid_w + gap_x
-    merge_w = h * d * sx
-    x_out = x_merge + merge_w + gap_x
-    out_w = mha.out_dim * sx
-    width = x_out + max(out_w, 1.9) + 0.5
-    height = col_top + max(col_h, grid_h) + 1.2
-    y_mid = col_top + (col_h - nq * sy) / 2
+    cell = min(L.sy, 0.3)
+    L.pw, L.ph = nk * cell, nq * cell
+    grid_rows = max(1, min(h, int((col_h + 0.55) // (L.ph + 0.55))))
+    L.grid_cols = math.ceil(h / grid_rows)
+    grid_rows = math.ceil(h / L.grid_cols)
+    L.pgap_x, L.pgap_y = 0.35, 0.55
+    L.grid_w = L.grid_cols * L.pw + (L.grid_cols - 1) * L.pgap_x
+    L.grid_h = grid_rows * L.ph + (grid_rows - 1) * L.pgap_y
+    L.grid_top = col_top + (col_h - L.grid_h) / 2
+    L.x_merge = L.x_sc + L.grid_w + gap_x
+    L.merge_w = h * d * L.sx
+    L.x_out = L.x_merge + L.merge_w + gap_x
+    L.out_w = mha.out_dim * L.sx
+    L.width = L.x_out + max(L.out_w, 1.9) + 0.5
+    L.height = col_top + max(col_h, L.grid_h) + 1.2
+    L.y_mid = col_top + (col_h - nq * L.sy) / 2
+    return L
 
-    fig = plt.figure(figsize=(width, height))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, width)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
 
-    def matrix(data, x, y, w, hgt, cmap, *, vmin=None, vmax=None, edge=None, hatch=None,
+class _Canvas:
+    """The drawing primitives: shaded matrices, head-coloured column blocks, text, arrows."""
+
+    def __init__(self, ax, sy: float):
+        self.ax, self.sy = ax, sy
+
+    def matrix(self, data, x, y, w, hgt, cmap, *, vmin=None, vmax=None, edge=None, hatch=None,
                numbers=False):
+        from matplotlib.patches import Rectangle
+
         lo = float(np.min(data)) if vmin is None else vmin
         hi = float(np.max(data)) if vmax is None else vmax
-        ax.imshow(data, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1,
-                  extent=(x, x + w, y + hgt, y), interpolation="nearest", aspect="auto",
-                  zorder=1)
-        r, c = data.shape
+        self.ax.imshow(data, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1,
+                       extent=(x, x + w, y + hgt, y), interpolation="nearest", aspect="auto",
+                       zorder=1)
+        self._grid_and_hatch(data.shape, x, y, w, hgt, hatch)
+        if numbers:
+            self._numbers(data, x, y, w, hgt, lo, hi, hatch)
+        self.ax.add_patch(Rectangle((x, y), w, hgt, fill=False, lw=1.3, edgecolor=edge or _INK,
+                                    zorder=4))
+
+    def _grid_and_hatch(self, shape, x, y, w, hgt, hatch):
+        from matplotlib.collections import LineCollection, PatchCollection
+        from matplotlib.patches import Rectangle
+
+        r, c = shape
         if r <= 40 and c <= 40:  # cell grid where cells are big enough to count
             segs = [[(x, yy), (x + w, yy)] for yy in np.linspace(y, y + hgt, r + 1)[1:-1]]
             segs += [[(xx, y), (xx, y + hgt)] for xx in np.linspace(x, x + w, c + 1)[1:-1]]
-            ax.add_collection(LineCollection(segs, colors="white", linewidths=0.6, zorder=2))
+            self.ax.add_collection(LineCollection(segs, colors="white", linewidths=0.6,
+                                                  zorder=2))
         if hatch is not None:
             cells = [Rectangle((x + ci * w / c, y + ri * hgt / r), w / c, hgt / r)
                      for ri, ci in zip(*np.nonzero(hatch), strict=True)]
-            ax.add_collection(PatchCollection(cells, facecolor="#eceff1", edgecolor="#b0bec5",
-                                              hatch="////", linewidths=0.0, zorder=3))
-        if numbers and w / c >= 0.27 and hgt / r >= 0.2:
-            span = (hi - lo) or 1.0
-            for ri in range(r):
-                for ci in range(c):
-                    if hatch is not None and hatch[ri, ci]:
-                        continue
-                    dark = (data[ri, ci] - lo) / span > 0.45
-                    ax.text(x + (ci + 0.5) * w / c, y + (ri + 0.5) * hgt / r,
-                            f"{data[ri, ci]:.2f}".lstrip("0"), ha="center", va="center",
-                            fontsize=6.5, color="white" if dark else _INK, zorder=5)
-        ax.add_patch(Rectangle((x, y), w, hgt, fill=False, lw=1.3, edgecolor=edge or _INK,
-                               zorder=4))
+            self.ax.add_collection(PatchCollection(cells, facecolor="#eceff1",
+                                                   edgecolor="#b0bec5", hatch="////",
+                                                   linewidths=0.0, zorder=3))
 
-    def blocks(data, x, y, heads, width_per_head, hcolors, labels):
+    def _numbers(self, data, x, y, w, hgt, lo, hi, hatch):
+        r, c = data.shape
+        if not (w / c >= 0.27 and hgt / r >= 0.2):
+            return
+        span = (hi - lo) or 1.0
+        for ri in range(r):
+            for ci in range(c):
+                if hatch is not None and hatch[ri, ci]:
+                    continue
+                dark = (data[ri, ci] - lo) / span > 0.45
+                self.ax.text(x + (ci + 0.5) * w / c, y + (ri + 0.5) * hgt / r,
+                             f"{data[ri, ci]:.2f}".lstrip("0"), ha="center", va="center",
+                             fontsize=6.5, color="white" if dark else _INK, zorder=5)
+
+    def blocks(self, data, x, y, heads, width_per_head, hcolors, labels):
         """A projection matrix with each head's column block shaded in the head's colour."""
         lo, hi = float(np.min(data)), float(np.max(data))
         per = data.shape[1] // heads
         for n in range(heads):
             part = data[:, n * per:(n + 1) * per]
-            matrix(part, x + n * width_per_head, y, width_per_head, data.shape[0] * sy,
-                   _ramp(hcolors[n]), vmin=lo, vmax=hi, edge=hcolors[n])
+            self.matrix(part, x + n * width_per_head, y, width_per_head, data.shape[0] * self.sy,
+                        _ramp(hcolors[n]), vmin=lo, vmax=hi, edge=hcolors[n])
             if labels:
                 label = labels[n] if width_per_head >= 0.09 * len(labels[n]) else f"{n}"
-                ax.text(x + (n + 0.5) * width_per_head, y - 0.07, label, ha="center",
-                        va="bottom", fontsize=8, color=hcolors[n], fontweight="bold")
+                self.ax.text(x + (n + 0.5) * width_per_head, y - 0.07, label, ha="center",
+                             va="bottom", fontsize=8, color=hcolors[n], fontweight="bold")
 
-    def text(x, y, s, size=10, color=_INK, **kw):
-        ax.text(x, y, s, fontsize=size, color=color, **kw)
+    def text(self, x, y, s, size=10, color=_INK, **kw):
+        self.ax.text(x, y, s, fontsize=size, color=color, **kw)
 
-    def arrow(x0, y0, x1, y1, label=None, above=True, rad=0.0, color=_ARROW, lw=1.4):
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=0,
-                    arrowprops=dict(arrowstyle="-|>", color=color, lw=lw, shrinkA=2, shrinkB=2,
-                                    connectionstyle=f"arc3,rad={rad}"))
+    def arrow(self, x0, y0, x1, y1, label=None, above=True, rad=0.0, color=_ARROW, lw=1.4):
+        self.ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=0,
+                         arrowprops=dict(arrowstyle="-|>", color=color, lw=lw, shrinkA=2,
+                                         shrinkB=2, connectionstyle=f"arc3,rad={rad}"))
         if label:
-            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + (-0.08 if above else 0.1), label,
-                    ha="center", va="bottom" if above else "top", fontsize=8.5, color=_MUTED,
-                    bbox=dict(facecolor="white", edgecolor="none", pad=1.0), zorder=6)
+            self.ax.text((x0 + x1) / 2, (y0 + y1) / 2 + (-0.08 if above else 0.1), label,
+                         ha="center", va="bottom" if above else "top", fontsize=8.5,
+                         color=_MUTED, bbox=dict(facecolor="white", edgecolor="none", pad=1.0),
+                         zorder=6)
 
-    grey = _ramp("#546e7a")
-    # ---- title
-    text(0.6, 0.45, f"{_describe(mha)}: where the heads are split and merged", size=14,
-         fontweight="bold", va="center")
-    text(0.6, 0.9, f"each colour is one head: its columns of W_q, W_k, W_v, its attention "
-         f"weights, its block of the merged output.  "
-         f"{'cross' if cross else 'self'}-attention"
-         f"{', causal' if causal else ''}; shades are real values of one run",
-         size=9.5, color=_MUTED, va="center")
 
-    # ---- inputs
+def _draw_inputs(c: _Canvas, L, mha, run, cross) -> list[tuple]:
+    nq, nk = L.nq, L.nk
+    if cross:
+        inputs = [("query x", run["x"], mha.embed_dim, "m", L.row_y[0], nq),
+                  ("key input", run["key"], mha.kdim, "kdim", L.row_y[1], nk),
+                  ("value input", run["value"], mha.vdim, "vdim", L.row_y[2], nk)]
+    else:
+        inputs = [("x", run["x"], mha.embed_dim, "m", L.y_mid, nq)]
+    for name, data, feat, fname, y, n in inputs:
+        c.matrix(data, L.x_in, y, feat * L.sx, n * L.sy, _grey())
+        pos = "i" if name.startswith(("query", "x")) else "j"
+        c.text(L.x_in, y - 0.12, f"{name}  ({pos}={n}, {fname}={feat})", size=9.5, va="bottom")
+    return inputs
+
+
+def _draw_qkv(c: _Canvas, L, mha, run, cross, inputs, colors) -> None:
+    h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
+    nq, nk, sx, sy = L.nq, L.nk, L.sx, L.sy
+    kv_colors = [colors[y * (h // g)] for y in range(g)]
     head_labels = [f"head {n}" for n in range(h)] if h <= 12 else None
     kv_labels = ([f"kv {y} → heads {y * (h // g)}–{(y + 1) * (h // g) - 1}" for y in range(g)]
                  if g != h else head_labels)
-    if cross:
-        inputs = [("query x", run["x"], mha.embed_dim, "m", row_y[0], nq),
-                  ("key input", run["key"], mha.kdim, "kdim", row_y[1], nk),
-                  ("value input", run["value"], mha.vdim, "vdim", row_y[2], nk)]
-    else:
-        inputs = [("x", run["x"], mha.embed_dim, "m", y_mid, nq)]
-    for name, data, feat, fname, y, n in inputs:
-        matrix(data, x_in, y, feat * sx, n * sy, grey)
-        pos = "i" if name.startswith(("query", "x")) else "j"
-        text(x_in, y - 0.12, f"{name}  ({pos}={n}, {fname}={feat})", size=9.5, va="bottom")
-
-    # ---- Q, K, V
     specs = [("Q = x W_q", run["q"], h, colors, head_labels, "i", nq, "h", mha.embed_dim),
              ("K = " + ("key" if cross else "x") + " W_k", run["k"], g, kv_colors, kv_labels,
               "j", nk, "g" if g != h else "h", mha.kdim),
@@ -258,73 +291,86 @@ def _figure(mha, run, cross, causal, plt):
               "j", nk, "g" if g != h else "h", mha.vdim)]
     sources = inputs if cross else inputs * 3
     for (name, data, heads, hc, labels, pos, n, ax_name, fin), y, src in zip(
-            specs, row_y, sources, strict=True):
-        blocks(data, x_qkv, y, heads, d * sx, hc, labels)
-        text(x_qkv, y - 0.42, f"{name}   ({pos}={n}, ({ax_name} d)={heads}·{d}={heads * d})",
-             size=10, va="bottom", fontweight="bold")
+            specs, L.row_y, sources, strict=True):
+        c.blocks(data, L.x_qkv, y, heads, d * sx, hc, labels)
+        c.text(L.x_qkv, y - 0.42, f"{name}   ({pos}={n}, ({ax_name} d)={heads}·{d}="
+               f"{heads * d})", size=10, va="bottom", fontweight="bold")
         _, _, src_feat, _, src_y, src_n = src
-        arrow(x_in + src_feat * sx, src_y + src_n * sy / 2, x_qkv, y + n * sy / 2,
-              f"W_{name[0].lower()}: {fin}×{heads * d}")
+        c.arrow(L.x_in + src_feat * sx, src_y + src_n * sy / 2, L.x_qkv, y + n * sy / 2,
+                f"W_{name[0].lower()}: {fin}×{heads * d}")
     split_note = f"split heads = {SPLIT}:\nhead x is column block x (no new parameters)"
     if g != h:
         split_note += (f"\n{g} key/value heads: kv head y serves query heads "
                        f"y·{h // g} … y·{h // g}+{h // g - 1}")
-    text(x_qkv, row_y[2] + rows_h[2] + 0.25, split_note, size=8.5, color=_MUTED, va="top")
+    c.text(L.x_qkv, L.row_y[2] + L.rows_h[2] + 0.25, split_note, size=8.5, color=_MUTED,
+           va="top")
 
-    # ---- per-head weights
+
+def _panel(L, x: int) -> tuple[float, float]:
+    """Top-left corner of head ``x``'s weights panel."""
+    r, col = divmod(x, L.grid_cols)
+    return L.x_sc + col * (L.pw + L.pgap_x), L.grid_top + r * (L.ph + L.pgap_y)
+
+
+def _draw_weights(c: _Canvas, L, mha, run, colors) -> None:
+    h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
     wmax = float(np.max(run["weights"])) or 1.0
     for x in range(h):
-        r, c = divmod(x, grid_cols)
-        px = x_sc + c * (pw + pgap_x)
-        py = grid_top + r * (ph + pgap_y)
+        px, py = _panel(L, x)
         blocked = ~run["allowed"][x]
-        matrix(run["weights"][x], px, py, pw, ph, _ramp(colors[x]), vmin=0.0, vmax=wmax,
-               edge=colors[x], hatch=blocked if blocked.any() else None, numbers=True)
-        text(px + pw / 2, py - 0.06, f"head {x}", size=8.5, color=colors[x], ha="center",
-             va="bottom", fontweight="bold")
-    text(x_sc, grid_top - 0.42, f"weights A_x = softmax(q_x k_xᵀ/√{d})   (h={h}, i={nq}, "
-         f"j={nk})", size=10, va="bottom", fontweight="bold")
+        c.matrix(run["weights"][x], px, py, L.pw, L.ph, _ramp(colors[x]), vmin=0.0, vmax=wmax,
+                 edge=colors[x], hatch=blocked if blocked.any() else None, numbers=True)
+        c.text(px + L.pw / 2, py - 0.06, f"head {x}", size=8.5, color=colors[x], ha="center",
+               va="bottom", fontweight="bold")
+    c.text(L.x_sc, L.grid_top - 0.42, f"weights A_x = softmax(q_x k_xᵀ/√{d})   (h={h}, "
+           f"i={L.nq}, j={L.nk})", size=10, va="bottom", fontweight="bold")
     note = "rows: queries i, columns: keys j"
     if run["allowed"].size and not run["allowed"].all():
         note += "; hatched = masked (weight 0)"
-    text(x_sc, grid_top + grid_h + 0.2, note, size=8.5, color=_MUTED, va="top")
-    kv_w = g * d * sx
+    c.text(L.x_sc, L.grid_top + L.grid_h + 0.2, note, size=8.5, color=_MUTED, va="top")
+    kv_w = g * d * L.sx
     k_label = "k_x" if g == h else f"k_(x // {h // g})"
     for x in range(h):  # every head gets its own q_x and k_x, in its colour
-        r, c = divmod(x, grid_cols)
-        px, py = x_sc + c * (pw + pgap_x), grid_top + r * (ph + pgap_y)
-        arrow(x_qkv + h * d * sx, row_y[0] + rows_h[0] / 2, px, py + ph * 0.3,
-              "q_x" if x == 0 else None, color=colors[x], lw=1.0)
-        arrow(x_qkv + kv_w, row_y[1] + rows_h[1] / 2, px, py + ph * 0.7,
-              k_label if x == 0 else None, above=False, color=colors[x], lw=1.0)
+        px, py = _panel(L, x)
+        c.arrow(L.x_qkv + h * d * L.sx, L.row_y[0] + L.rows_h[0] / 2, px, py + L.ph * 0.3,
+                "q_x" if x == 0 else None, color=colors[x], lw=1.0)
+        c.arrow(L.x_qkv + kv_w, L.row_y[1] + L.rows_h[1] / 2, px, py + L.ph * 0.7,
+                k_label if x == 0 else None, above=False, color=colors[x], lw=1.0)
 
-    # ---- merge heads
-    merge_y = col_top + (col_h - nq * sy) / 2
-    blocks(run["merged"], x_merge, merge_y, h, d * sx, colors, head_labels)
-    text(x_merge, merge_y - 0.42, f"merged heads   (i={nq}, (h d)={h}·{d}={h * d})", size=10,
-         va="bottom", fontweight="bold")
-    text(x_merge, merge_y - 0.62, f"merge heads = {MERGE}: block x is A_x V_x", size=8.5,
-         color=_MUTED, va="bottom")
-    arrow(x_sc + grid_w, grid_top + grid_h / 2, x_merge, merge_y + nq * sy / 2, "A_x V_x")
+
+def _draw_merge(c: _Canvas, L, mha, run, colors) -> None:
+    h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
+    nq, sx, sy = L.nq, L.sx, L.sy
+    head_labels = [f"head {n}" for n in range(h)] if h <= 12 else None
+    merge_y = L.col_top + (L.col_h - nq * sy) / 2
+    c.blocks(run["merged"], L.x_merge, merge_y, h, d * sx, colors, head_labels)
+    c.text(L.x_merge, merge_y - 0.42, f"merged heads   (i={nq}, (h d)={h}·{d}={h * d})",
+           size=10, va="bottom", fontweight="bold")
+    c.text(L.x_merge, merge_y - 0.62, f"merge heads = {MERGE}: block x is A_x V_x", size=8.5,
+           color=_MUTED, va="bottom")
+    c.arrow(L.x_sc + L.grid_w, L.grid_top + L.grid_h / 2, L.x_merge, merge_y + nq * sy / 2,
+            "A_x V_x")
     # V goes around the weights to the merged heads: the weights pick rows of each v_x
-    y_v = row_y[2] + rows_h[2] / 2
-    y_route = max(y_v, grid_top + grid_h + 0.75)
-    x_turn = x_sc - 0.6
-    x_up = x_merge + merge_w * 0.5
-    ax.plot([x_qkv + kv_w + 0.03, x_turn, x_turn, x_up], [y_v, y_v, y_route, y_route],
-            color=_ARROW, lw=1.4, zorder=0, solid_joinstyle="round")
-    arrow(x_up, y_route, x_up, merge_y + nq * sy, None)
-    ax.text((x_turn + x_up) / 2, y_route + 0.08, "v_x  (A_x V_x: each query's weighted mix "
-            "of the values)", ha="center", va="top", fontsize=8.5, color=_MUTED)
-
+    y_v = L.row_y[2] + L.rows_h[2] / 2
+    y_route = max(y_v, L.grid_top + L.grid_h + 0.75)
+    x_turn, x_up = L.x_sc - 0.6, L.x_merge + L.merge_w * 0.5
+    c.ax.plot([L.x_qkv + g * d * sx + 0.03, x_turn, x_turn, x_up], [y_v, y_v, y_route, y_route],
+              color=_ARROW, lw=1.4, zorder=0, solid_joinstyle="round")
+    c.arrow(x_up, y_route, x_up, merge_y + nq * sy, None)
+    c.ax.text((x_turn + x_up) / 2, y_route + 0.08, "v_x  (A_x V_x: each query's weighted mix "
+              "of the values)", ha="center", va="top", fontsize=8.5, color=_MUTED)
     # ---- output projection
-    matrix(run["out"], x_out, merge_y, out_w, nq * sy, grey)
+    c.matrix(run["out"], L.x_out, merge_y, L.out_w, nq * sy, _grey())
     out_axis = "m" if mha.out_dim == mha.embed_dim else "out"
-    text(x_out, merge_y - 0.42, f"output   (i={nq}, {out_axis}={mha.out_dim})", size=10,
-         va="bottom", fontweight="bold")
-    arrow(x_merge + merge_w, merge_y + nq * sy / 2, x_out, merge_y + nq * sy / 2,
-          f"W_o: {h * d}×{mha.out_dim}")
-    return fig
+    c.text(L.x_out, merge_y - 0.42, f"output   (i={nq}, {out_axis}={mha.out_dim})", size=10,
+           va="bottom", fontweight="bold")
+    c.arrow(L.x_merge + L.merge_w, merge_y + nq * sy / 2, L.x_out, merge_y + nq * sy / 2,
+            f"W_o: {h * d}×{mha.out_dim}")
+
+
+def _grey():
+    """The colormap of what belongs to no single head (inputs, output)."""
+    return _ramp("#546e7a")
 
 
 def _ramp(color: str):

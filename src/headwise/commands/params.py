@@ -93,7 +93,6 @@ def attention_table(console: Console, mha, title: str | None = None) -> None:
     """Per projection: fused vs h per-head projections vs one big head, all counted."""
     from rich import box
     from rich.table import Table
-    from torch import nn
 
     import headwise as hw
 
@@ -132,6 +131,14 @@ def attention_table(console: Console, mha, title: str | None = None) -> None:
     table.add_row("total", "", f"{_count(mha):,}", "", f"{_count(per_head):,}", "",
                   f"{_count(big):,}", _same(_count(mha), _count(per_head), _count(big)))
     console.print(table)
+    _explain_counts(console, mha, big)
+
+
+def _explain_counts(console: Console, mha, big) -> None:
+    """The notes under the table: what each column is and why the counts agree."""
+    from torch import nn
+
+    h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
     console.print(f"fused: this module; per head: headwise.unfuse (separate Linear(in, {d}) per "
                   f"head; W_o stays one Linear, it mixes all heads); one head: "
                   f"MultiHeadAttention(h=1, head_dim={h * d}). in→out is one nn.Linear with its "
