@@ -28,7 +28,10 @@ def seq2seq(seed=0, **kw) -> Transformer:
     return Transformer(TransformerConfig(**args)).eval()
 
 
+LLAMA = dict(positional="rope", norm="rms", ffn="glu", activation="silu", bias=False,
+             num_kv_heads=2, tie_embeddings=True)
 LM_VARIANTS = [dict(), dict(num_kv_heads=2), dict(num_kv_heads=1, positional="learned"),
+               LLAMA, dict(LLAMA, sliding_window=4, rope_theta=500.0, rotary_dim=4),
                dict(norm_first=False, activation="gelu", tie_embeddings=True)]
 
 

@@ -109,3 +109,30 @@ def test_inference_after_in_place_weight_updates_uses_the_new_weights(update):
         fresh.load_state_dict(mha.state_dict())
         want, _ = fresh(x)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_window_softcap_sinks_and_rope_paths_in_the_trace():
+    """A sliding window is a banded bool mask the fused kernel takes (the CPU flash kernel with
+    is_causal); soft-capping and sinks run eager and say why; RoPE is a step of its own after the
+    head split, and grouped key/value heads are named."""
+    from headwise.rope import RotaryEmbedding
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 16)
+    mha = hw.MultiHeadAttention(16, 4, num_kv_heads=2, rope=RotaryEmbedding(4), window=3).eval()
+    t = hw.trace(mha, x, causal=True)
+    names = [s.name for s in t.steps]
+    assert names.index("split heads k") < names.index("rotary positions q") \
+        < names.index("fused attention")
+    fused = next(s for s in t.steps if s.name == "fused attention")
+    assert "FLASH_ATTENTION" in str(fused.info), fused.info
+    # the window is a mask: same output as the eager reference with the same band
+    eager = hw.MultiHeadAttention(16, 4, num_kv_heads=2, rope=RotaryEmbedding(4), window=3,
+                                  backend="eager").eval()
+    eager.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(mha(x, causal=True)[0], eager(x, causal=True)[0], atol=1e-6,
+                               rtol=0)
+    for kw in (dict(softcap=2.0), dict(sinks=True)):
+        capped = hw.MultiHeadAttention(16, 4, **kw).eval()
+        t = hw.trace(capped, x, causal=True)
+        summed = next(s for s in t.steps if s.name == "weighted sum")
+        assert "no fused kernel takes them" in str(summed.info), summed.info

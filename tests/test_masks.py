@@ -50,3 +50,17 @@ def test_mask_errors_are_readable():
         masks.check(torch.ones(2, 3, dtype=torch.int64), "x")
     with pytest.raises(ValueError, match="does not broadcast"):
         masks.check(torch.ones(2, 1, 1, 5, dtype=torch.bool), "x", (2, 4, 3, 4))
+
+
+def test_sliding_window_band_bottom_right():
+    from headwise.masks import causal, sliding_window
+    # 3 newest queries of 6 keys, window 2: query i at position i + 3 sees keys i + 2 .. (i + 3)
+    band = sliding_window(3, 6, 2)
+    assert band.int().tolist() == [[0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
+    assert (band & causal(3, 6)).int().tolist() == [[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0],
+                                                    [0, 0, 0, 0, 1, 1]]
+    both = sliding_window(4, 4, 2, causal=False)
+    assert both.int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    assert sliding_window(2, 2, 9).all()
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        sliding_window(2, 2, 0)

@@ -2,6 +2,8 @@
 (every block variant, both families, one row and many), and generate uses it only when nothing
 needs to see the modules (traces, hooks)."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -51,8 +53,59 @@ def test_lm_step_equals_module_path(kw, rows):
         torch.testing.assert_close(step_cache.k, ref_cache.k, atol=1e-5, rtol=0)
 
 
+# Every combination of the config axes the step must follow: norm, feed-forward, positions,
+# biases, grouped-query groups (4 query heads over 4, 2 or 1 key/value heads), sliding window.
+AXES = dict(norm=["layer", "rms"], ffn=["mlp", "glu"], positional=["sinusoidal", "learned", "rope"],
+            bias=[True, False], num_kv_heads=[4, 2, 1], sliding_window=[None, 3])
+COMBINATIONS = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*AXES.values())]
+
+
+def _step_matches_module_path(model, rows, prompt_len=5, steps=6, seed=0):
+    """Prompt through the modules, then ``steps`` tokens both ways: logits and caches agree."""
+    gen = torch.Generator().manual_seed(seed)
+    v = model.config.vocab_size
+    prompt = torch.randint(0, v, (rows, prompt_len), generator=gen)
+    nxt = torch.randint(0, v, (rows, steps), generator=gen)
+    with torch.inference_mode():
+        ref_cache, step_cache = (model.new_cache(rows, prompt_len + steps) for _ in range(2))
+        model(prompt, cache=ref_cache)
+        model(prompt, cache=step_cache)
+        step = DecodeStep(model, step_cache)
+        for t in range(steps):
+            want, _ = model(nxt[:, t:t + 1], cache=ref_cache)
+            torch.testing.assert_close(step(nxt[:, t]), want[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(step_cache.k, ref_cache.k, atol=1e-5, rtol=0)
+        torch.testing.assert_close(step_cache.v, ref_cache.v, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("axes", COMBINATIONS, ids=lambda a: "-".join(map(str, a.values())))
+def test_step_equals_module_path_for_every_combination_of_the_config_axes(axes):
+    """Each component's one-row form (RMSNorm, SwiGLU, RoPE at the cached position, grouped
+    key/value heads, the window as a slice of the cache) against its forward, in every mix."""
+    torch.manual_seed(len(str(axes)))
+    model = _lm(d_model=16, num_heads=4, num_layers=2, d_ff=24, vocab_size=23, max_len=16,
+                activation="silu", **axes)
+    _step_matches_module_path(model, rows=2)
+
+
+@pytest.mark.parametrize("extra", [dict(attn_softcap=2.0), dict(attention_sinks=True),
+                                   dict(norm_first=False, rotary_dim=2, rope_theta=50.0)])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_step_follows_softcap_sinks_post_norm_and_partial_rotary(extra, rows):
+    model = _lm(d_model=16, num_heads=4, num_layers=2, d_ff=24, vocab_size=23, max_len=16,
+                positional="rope", norm="rms", ffn="glu", activation="silu", num_kv_heads=2,
+                sliding_window=4, **extra)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.randn_like(p))
+    _step_matches_module_path(model, rows=rows)
+
+
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("kw", [dict(), dict(norm_first=False, num_kv_heads=2, bias=False)])
+@pytest.mark.parametrize("kw", [dict(), dict(norm_first=False, num_kv_heads=2, bias=False),
+                                dict(positional="rope", norm="rms", ffn="glu", num_kv_heads=1,
+                                     sliding_window=2)])
 def test_seq2seq_step_equals_module_path_with_source_padding(kw, rows):
     torch.manual_seed(rows)
     args = dict(src_vocab_size=19, tgt_vocab_size=23, d_model=24, num_heads=4, num_layers=2,

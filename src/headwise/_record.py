@@ -132,10 +132,18 @@ class StepKind(StrEnum):
     SPLIT_Q = "split heads q", "b h i d", "{pattern}", Role.QUERIES
     SPLIT_K = "split heads k", "b g j d", "{pattern}", Role.KEYS
     SPLIT_V = "split heads v", "b g j d", "{pattern}", Role.VALUES
+    ROTARY_Q = ("rotary positions q", "b h i d", "RoPE from position {offset}: feature pairs "
+                "(k, k + r/2) turn by position * {theta:g}^(-2k/r), r = {rotary_dim}")
+    ROTARY_K = ("rotary positions k", "b g j d", "RoPE from position {offset}, as q (before the "
+                "keys are cached)")
     KV_CACHE = "kv cache", "b g j d", _kv_note, Role.CACHED_KEYS
     SCORES = "scores", "b h i j", "q k^T * {scale:.4g}"
+    SOFT_CAP = ("soft-cap", "b h i j", "{softcap:g} * tanh(scores / {softcap:g}); eager only: "
+                "no fused kernel takes a function of the scores")
     MASK = "mask", "b h i j", _mask_note
     SOFTMAX = "softmax", "b h i j", "over j; fully masked rows -> 0"
+    SOFTMAX_WITH_SINKS = ("softmax with sinks", "b h i j", "over j and one learned sink logit "
+                          "per head, whose share is dropped (rows sum to < 1); eager only")
     DROPOUT = "dropout", "b h i j", "p={p}"
     WEIGHTED_SUM = "weighted sum", "b h i d", _attention_note, Role.ATTENTION
     FUSED_ATTENTION = "fused attention", "b h i d", _attention_note, Role.FUSED_ATTENTION

@@ -48,7 +48,8 @@ def register_backend(name: str, fn: Backend | None = None):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
               mask: torch.Tensor | None = None, causal: bool = False, dropout_p: float = 0.0,
               scale: float | None = None, return_weights: bool = False,
-              backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+              backend: str = "auto", softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled dot-product attention over heads.
 
     Args:
@@ -62,19 +63,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         scale: score scale, default ``1 / sqrt(d)``.
         return_weights: also return the per-head probabilities ``(b, h, i, j)``.
         backend: ``"auto"``, ``"eager"``, ``"sdpa"`` or any name in :data:`BACKENDS`.
+        softcap: attention-logit soft-capping ``softcap * tanh(scores / softcap)`` (Gemma 2).
+        sinks: ``(h,)`` learned sink logits (gpt-oss). Either one runs the eager path.
 
     Returns:
         ``(output (b, h, i, e), weights (b, h, i, j) or None)``.
     """
     _check(q, k, v, mask, dropout_p, backend)
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ValueError(f"attention: softcap must be None or > 0, got {softcap!r}")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor)
+                              or tuple(sinks.shape) != (q.shape[1],)):
+        raise ValueError(f"attention: sinks must be a tensor of shape (h,)=({q.shape[1]},), got "
+                         f"{getattr(sinks, 'shape', type(sinks).__name__)}")
     return dispatch(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                    return_weights=return_weights, backend=backend)
+                    return_weights=return_weights, backend=backend, softcap=softcap,
+                    sinks=sinks)
 
 
 def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
-             return_weights=False, backend="auto"):
+             return_weights=False, backend="auto", softcap=None, sinks=None):
     """:func:`attention` without the input checks, for callers that validated their inputs at
-    their own boundary (MultiHeadAttention): a decoding step pays for no check twice."""
+    their own boundary (MultiHeadAttention): a decoding step pays for no check twice.
+
+    ``softcap`` (a float) and ``sinks`` (``(h,)`` logits) change the softmax itself: no fused
+    kernel takes a function of the scores or an extra softmax column, so either one runs the
+    eager reference (:func:`attention_weights` says how), whatever ``backend`` asks."""
+    if softcap is not None or sinks is not None:
+        return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                     return_weights=return_weights, softcap=softcap, sinks=sinks)
     if backend == "auto":
         backend = "eager" if return_weights else "sdpa"
     return BACKENDS[backend](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
@@ -82,21 +99,39 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
-                      causal: bool = False, scale: float | None = None) -> torch.Tensor:
+                      causal: bool = False, scale: float | None = None,
+                      softcap: float | None = None, sinks: torch.Tensor | None = None,
+                      ) -> torch.Tensor:
     """The per-head probabilities ``(b, h, i, j)`` alone (``k`` already has ``h`` heads).
 
-    Fully masked rows are all zero; every other row sums to 1 with exactly 0 on masked keys.
+    Fully masked rows are all zero; every other row sums to 1 with exactly 0 on masked keys
+    (to less than 1 with ``sinks``).
+
+    Args:
+        softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2).
+        sinks: ``(h,)`` learned logits, one extra softmax column per head that takes
+            probability but carries no value (gpt-oss): ``p_ij = e^s_ij / (sum_j e^s_ij +
+            e^sink_h)``.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
     record(StepKind.SCORES, scores, scale=scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+        record(StepKind.SOFT_CAP, scores, softcap=softcap)
     scores = _apply_masks(scores, mask, causal)
     # A row with no allowed key would be softmax(-inf, ..., -inf) = NaN. Give it finite scores,
     # then zero its probabilities: zero output and zero (not NaN) gradients.
     dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
     scores = scores.masked_fill(dead, 0.0)
-    weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
-    record(StepKind.SOFTMAX, weights)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
+        record(StepKind.SOFTMAX, weights)
+        return weights
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    weights = weights.masked_fill(dead, 0.0)
+    record(StepKind.SOFTMAX_WITH_SINKS, weights)
     return weights
 
 
@@ -116,16 +151,19 @@ def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) 
 
 
 @register_backend("eager")
-def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False):
-    """The reference math, step by step. Materialises ``(b, h, i, j)``: O(n^2) memory."""
+def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
+          softcap=None, sinks=None):
+    """The reference math, step by step. Materialises ``(b, h, i, j)``: O(n^2) memory.
+    ``softcap`` and ``sinks`` as in :func:`attention_weights`."""
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-    weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale)
+    weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
+                                sinks=sinks)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)
     out = torch.einsum("bhij,bhje->bhie", probs, v)
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
-           memory=Memory.QUADRATIC, reason=_eager_reason(return_weights),
+           memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)
     return out, (weights if return_weights else None)
 
@@ -205,7 +243,11 @@ def _mask_kind(mask: torch.Tensor) -> str:
     return f"{_mask_form(mask)} {tuple(mask.shape)}"
 
 
-def _eager_reason(return_weights: bool) -> str:
+def _eager_reason(return_weights: bool, softcap=None, sinks=None) -> str:
+    if softcap is not None or sinks is not None:
+        return " and ".join(x for x, on in (("soft-capping", softcap is not None),
+                                            ("attention sinks", sinks is not None)) if on) \
+            + " (no fused kernel takes them)"
     return "weights requested" if return_weights else "eager backend chosen"
 
 

@@ -38,6 +38,11 @@ class SelfAttentionCache:
     def __init__(self, owner: KVCache, k: torch.Tensor, v: torch.Tensor):
         self.owner, self.k, self.v = owner, k, v
 
+    @property
+    def offset(self) -> int:
+        """Positions already cached: the position of the next key written."""
+        return self.owner.length
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.owner.length
         end = start + k.shape[2]

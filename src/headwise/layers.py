@@ -14,9 +14,11 @@ from torch import nn
 from headwise import masks as _masks
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.attention import BACKENDS, dispatch
+from headwise.attention_row import AttentionRow
 from headwise.heads import MERGE, SPLIT
+from headwise.rope import RotaryEmbedding
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["AttentionRow", "MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -34,6 +36,13 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         dropout: dropout on attention probabilities while training.
         backend: attention backend (``"auto"``, ``"eager"``, ``"sdpa"``, ...).
+        rope: a :class:`~headwise.rope.RotaryEmbedding` rotating q and k after the head split
+            (at their positions: the cache's length onwards), or None.
+        window: sliding window: a query sees keys at most ``window - 1`` positions before it
+            (a banded bool mask: it stays on the fused SDPA kernels; the decoding step reads
+            only the window's slice of the cache instead).
+        softcap: attention-logit soft-capping ``c * tanh(s / c)`` (eager path).
+        sinks: a learned sink logit per head, parameter ``sinks (h,)`` (eager path).
 
     "Queries of size 4, keys of size 3, values of size 2, hidden size 6 in 2 heads" is
     ``MultiHeadAttention(4, 2, head_dim=3, kdim=3, vdim=2)``.
@@ -42,10 +51,13 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None,
                  kdim: int | None = None, vdim: int | None = None,
                  num_kv_heads: int | None = None, out_dim: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, backend: str = "auto"):
+                 dropout: float = 0.0, backend: str = "auto",
+                 rope: RotaryEmbedding | None = None, window: int | None = None,
+                 softcap: float | None = None, sinks: bool = False):
         super().__init__()
         _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim,
                       dropout, backend)
+        _check_variants(rope, window, softcap)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = head_dim or embed_dim // num_heads
@@ -63,6 +75,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)
         self.out_proj = nn.Linear(hd, self.out_dim, bias=bias)
         self._qkv_sizes = (hd, kvd, kvd)
+        self.rope, self.window, self.softcap = rope, window, softcap
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
@@ -94,10 +108,13 @@ class MultiHeadAttention(nn.Module):
         record(StepKind.INPUT, query)
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q, k, v = self._project(query, key, value, cache)
+        if self.window is not None:
+            mask = _masks.combine(mask, _masks.sliding_window(
+                q.shape[2], k.shape[2], self.window, causal=causal, device=q.device))
         # 3) attend, each head separately
         out, weights = dispatch(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                 dropout_p=self.dropout if self.training else 0.0,
-                                backend=self.backend)
+                                backend=self.backend, softcap=self.softcap, sinks=self.sinks)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
             record(StepKind.HEAD_MASK, out)
@@ -125,10 +142,20 @@ class MultiHeadAttention(nn.Module):
         q = self._split(q, "q", self.num_heads)
         k = self._split(k, "k", self.num_kv_heads)
         v = self._split(v, "v", self.num_kv_heads)
+        if self.rope is not None:  # positions enter here, per head, before keys are cached
+            q, k = self._rotate(q, k, 0 if cache is None else cache.offset)
         if cache is not None:  # self: append and return all positions; cross: store
             k, v = cache.update(k, v)
             record(StepKind.KV_CACHE, k, reused=False)
         return q, k, v
+
+    def _rotate(self, q, k, offset: int):
+        cos, sin = self.rope.angles(offset, q.shape[2], q)
+        q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+        facts = dict(offset=offset, theta=self.rope.theta, rotary_dim=self.rope.rotary_dim)
+        record(StepKind.ROTARY_Q, q, **facts)
+        record(StepKind.ROTARY_K, k, **facts)
+        return q, k
 
     def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``cat(W_q, W_k, W_v)`` (and biases), made afresh on every call.
@@ -145,6 +172,12 @@ class MultiHeadAttention(nn.Module):
         x = rearrange(x, SPLIT, h=heads)
         record(SPLIT_HEADS[name], x, pattern=SPLIT)
         return x
+
+    def row(self, *, transpose: bool, fuse: bool, cross: bool = False) -> AttentionRow:
+        """This attention's one-row form for the cached decoding step (:class:`AttentionRow`).
+        ``fuse``: self-attention's q, k, v as one product over a copy of ``cat(W_q, W_k, W_v)``;
+        ``cross``: the encoder-decoder's cross-attention (keys/values come from the cache)."""
+        return AttentionRow(self, transpose=transpose, fuse=fuse, cross=cross)
 
     # ------------------------------------------------------------------ checks and conversion
     def _check_inputs(self, query, key, value, mask, valid_lens, head_mask):
@@ -200,7 +233,10 @@ class MultiHeadAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
                 f"num_kv_heads={self.num_kv_heads}, out_dim={self.out_dim}, "
-                f"backend={self.backend!r}")
+                f"backend={self.backend!r}"
+                + "".join(f", {k}={v}" for k, v in (("window", self.window),
+                                                    ("softcap", self.softcap)) if v is not None)
+                + (", sinks=True" if self.sinks is not None else ""))
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, backend: str = "auto") -> MultiHeadAttention:
@@ -265,6 +301,17 @@ class MultiHeadAttention(nn.Module):
                                                   self.v_proj.bias)))
                 mha.out_proj.bias.copy_(self.out_proj.bias)
         return mha
+
+
+def _check_variants(rope, window, softcap) -> None:
+    if rope is not None and not isinstance(rope, RotaryEmbedding):
+        raise TypeError(f"MultiHeadAttention: rope must be a RotaryEmbedding or None, got "
+                        f"{type(rope).__name__}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                               or window < 1):
+        raise ValueError(f"MultiHeadAttention: window must be None or an int >= 1, got {window!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ValueError(f"MultiHeadAttention: softcap must be None or > 0, got {softcap!r}")
 
 
 def _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim, dropout,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["causal", "from_valid_lens", "padding", "combine", "as_bias", "check"]
+__all__ = ["causal", "sliding_window", "from_valid_lens", "padding", "combine", "as_bias",
+           "check"]
 
 _ALIGNS = ("bottom_right", "top_left")
 
@@ -37,6 +38,24 @@ def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
         raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
     offset = nk - nq if align == "bottom_right" else 0
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def sliding_window(nq: int, nk: int, window: int, *, causal: bool = True,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Sliding-window mask ``(i, j)`` (Longformer; Mistral), bottom-right aligned like
+    :func:`causal`: query ``i`` sits at position ``p = i + (nk - nq)``.
+
+    With ``causal`` it keeps the keys ``j > p - window`` (the query itself and the
+    ``window - 1`` positions before it; later keys are causal's business, so the result combines
+    with ``is_causal``); without, the keys with ``|p - j| < window``.
+    """
+    for name, n, low in (("nq", nq, 0), ("nk", nk, 0), ("window", window, 1)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < low:
+            raise ValueError(f"sliding_window: {name} must be an int >= {low}, got {n!r}")
+    ones = torch.ones(nq, nk, dtype=torch.bool, device=device)
+    offset = nk - nq
+    keep = ones.triu(diagonal=offset - window + 1)  # j >= p - window + 1
+    return keep if causal else keep & ones.tril(diagonal=offset + window - 1)
 
 
 def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) -> torch.Tensor:

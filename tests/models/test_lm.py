@@ -36,9 +36,13 @@ def test_shapes_weights_and_build():
     torch.testing.assert_close(logits_w, logits, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("norm_first", [True, False])
-def test_causal_by_gradients(norm_first):
-    model = tiny(norm_first=norm_first, num_kv_heads=2).double()
+LLAMA = dict(positional="rope", norm="rms", ffn="glu", activation="silu", bias=False)
+
+
+@pytest.mark.parametrize("kw", [dict(norm_first=True), dict(norm_first=False), LLAMA,
+                                dict(LLAMA, norm_first=False, rotary_dim=4)])
+def test_causal_by_gradients(kw):
+    model = tiny(num_kv_heads=2, **kw).double()
     tokens = torch.randint(0, 37, (2, 8))
     for t in range(8):
         grads = _input_grads(model, tokens, lambda logits, t=t: logits[:, t].sum())
@@ -173,3 +177,17 @@ def test_tiny_lm_learns_a_periodic_task():
         final = nn.functional.cross_entropy(logits[:, period - 1:].reshape(-1, V),
                                             seq[:, period:].reshape(-1)).item()
     assert final < 0.1 * math.log(V), f"held-out loss {final:.3f} vs uniform {math.log(V):.3f}"
+
+
+@pytest.mark.parametrize("window, layers", [(1, 2), (2, 3), (3, 2)])
+def test_sliding_window_receptive_field_by_gradients(window, layers):
+    """With a window of w, L layers reach exactly L * (w - 1) positions back: position t's
+    logits depend on positions max(0, t - L(w-1)) .. t and no other."""
+    model = tiny(num_layers=layers, sliding_window=window, **LLAMA).double()
+    tokens = torch.randint(0, 37, (1, 10))
+    for t in range(10):
+        grads = _input_grads(model, tokens, lambda logits, t=t: logits[:, t].sum())
+        per_pos = grads.abs().sum((0, 2))
+        first = max(0, t - layers * (window - 1))
+        assert (per_pos[t + 1:] == 0).all() and (per_pos[:first] == 0).all()
+        assert (per_pos[first:t + 1] > 0).all()

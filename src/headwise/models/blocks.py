@@ -13,13 +13,18 @@ Architecture"):
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from headwise import _rows
 from headwise._record import StepKind, record
 from headwise.layers import MultiHeadAttention
+from headwise.models.feedforward import (ACTIVATIONS, FeedForward, check_activation, drop,
+                                         make_feedforward)
+from headwise.models.norms import make_norm
+from headwise.rope import RotaryEmbedding
 
 __all__ = [
     "ACTIVATIONS",
@@ -28,51 +33,9 @@ __all__ = [
     "FeedForward",
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "check_activation",
+    "drop",
 ]
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# "gelu" is the exact erf form BERT uses; "gelu_tanh" the approximation of GPT-2.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
-
-
-def check_activation(activation: str, where: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{where}: activation must be one of {sorted(ACTIVATIONS)}, got "
-                         f"{activation!r}")
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward ``down(drop(act(up(x))))``, applied to every position alone.
-
-    Args:
-        d_model: model dim ``m``. d_ff: hidden width (usually ``4 * m``).
-        activation: ``"relu"``, ``"gelu"`` (exact erf, as BERT), ``"gelu_tanh"`` or ``"silu"``.
-        dropout: dropout after the activation while training.
-        bias: whether ``up`` and ``down`` have biases.
-
-    ``forward(x (b, n, m)) -> (b, n, m)``.
-    """
-
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
-                 dropout: float = 0.0, bias: bool = True):
-        super().__init__()
-        check_activation(activation, "FeedForward")
-        self.activation = activation
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
-        self._act = ACTIVATIONS[activation]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: (b, n, m) -> (b, n, m)``."""
-        return self.down(drop(self, self._act(self.up(x))))
-
-    def extra_repr(self) -> str:
-        return f"activation={self.activation!r}"
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -137,15 +100,29 @@ class LearnedPositionalEncoding(nn.Module):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
-def drop(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``owner.dropout(x)``, skipping the call when it is the identity (eval or p = 0): decoding
-    one token at a time is bound by per-call overhead, not arithmetic (``owner.training`` is a
-    plain attribute; reading the submodule is not free)."""
-    return owner.dropout(x) if owner.training and owner.dropout.p > 0 else x
-
-
 class _Block(nn.Module):
-    """The residual sublayer shared by both blocks."""
+    """What both blocks share: the residual sublayer, and building norms and sublayers."""
+
+    def _build(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float,
+               norm_first: bool, activation: str, layer_norm_eps: float,
+               num_kv_heads: int | None, head_dim: int | None, bias: bool, backend: str,
+               norm: str, ffn: str, rope: RotaryEmbedding | None, window: int | None,
+               softcap: float | None, sinks: bool) -> tuple[dict, partial]:
+        """Set ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``; return the
+        keyword arguments of a position-free attention (cross-attention) and a function making
+        one more norm."""
+        self.norm_first = norm_first
+        new_norm = partial(make_norm, norm, d_model, layer_norm_eps)
+        attn = dict(head_dim=head_dim, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
+                    backend=backend)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, rope=rope, window=window,
+                                            softcap=softcap, sinks=sinks, **attn)
+        self.attn_norm = new_norm()
+        self.ff = make_feedforward(ffn, d_model, d_ff, activation=activation, dropout=dropout,
+                                   bias=bias)
+        self.ff_norm = new_norm()
+        self.dropout = nn.Dropout(dropout)
+        return dict(softcap=softcap, sinks=sinks, **attn), new_norm
 
     def _sublayer(self, x, norm, fn):
         """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
@@ -156,18 +133,33 @@ class _Block(nn.Module):
         out, extra = fn(x)
         return norm(x + drop(self, out)), extra
 
+    def row(self, cache, *, transpose: bool, fuse: bool) -> BlockRow:
+        """This block's one-row form for the cached decoding step (:class:`BlockRow`)."""
+        return BlockRow(self, cache, transpose=transpose, fuse=fuse)
 
-class EncoderBlock(_Block):
-    """Self-attention then feed-forward, each in a residual sublayer (pre- or post-norm).
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}"
 
-    Args:
+
+_BLOCK_ARGS = """
         d_model: model dim ``m``. num_heads: query heads ``h``. d_ff: feed-forward width.
         dropout: on sublayer outputs (and attention probabilities, and after the activation).
         norm_first: pre-norm (True) or post-norm (False, BERT / the original paper).
         activation: of the feed-forward (see :class:`FeedForward`).
-        layer_norm_eps: LayerNorm epsilon (BERT uses 1e-12).
+        layer_norm_eps: the norm's epsilon (BERT uses 1e-12).
         num_kv_heads: key/value heads for grouped-query attention. head_dim: per-head size.
         bias: biases in every projection. backend: attention backend.
+        norm: ``"layer"`` or ``"rms"``. ffn: ``"mlp"`` or ``"glu"`` (see
+            :mod:`headwise.models.norms`, :mod:`headwise.models.feedforward`).
+        rope: a :class:`~headwise.rope.RotaryEmbedding` for self-attention, or None.
+        window, softcap, sinks: self-attention's sliding window, logit soft-cap and learned
+            sinks (see :class:`~headwise.layers.MultiHeadAttention`)."""
+
+
+class EncoderBlock(_Block):
+    __doc__ = """Self-attention then feed-forward, each in a residual sublayer (pre- or post-norm).
+
+    Args:""" + _BLOCK_ARGS + """
 
     Submodules: ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``.
     """
@@ -175,16 +167,14 @@ class EncoderBlock(_Block):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
                  norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
-                 backend: str = "auto"):
+                 backend: str = "auto", norm: str = "layer", ffn: str = "mlp",
+                 rope: RotaryEmbedding | None = None, window: int | None = None,
+                 softcap: float | None = None, sinks: bool = False):
         super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim,
-                                            num_kv_heads=num_kv_heads, bias=bias,
-                                            dropout=dropout, backend=backend)
-        self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.ff_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
+                    activation=activation, layer_norm_eps=layer_norm_eps,
+                    num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias, backend=backend,
+                    norm=norm, ffn=ffn, rope=rope, window=window, softcap=softcap, sinks=sinks)
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False,
                 head_mask: torch.Tensor | None = None, return_weights: bool = False,
@@ -200,15 +190,13 @@ class EncoderBlock(_Block):
         record(StepKind.BLOCK_OUTPUT, x)
         return x, weights
 
-    def extra_repr(self) -> str:
-        return f"norm_first={self.norm_first}"
-
 
 class DecoderBlock(_Block):
     """Causal self-attention, cross-attention to the encoder output, feed-forward.
 
     Same arguments as :class:`EncoderBlock`, plus ``cross_attention``: with ``False`` the block
     has no ``cross_attn``/``cross_norm`` and is a decoder-only (language model) block.
+    Cross-attention takes no RoPE and no window (its keys have no positions of their own).
 
     Submodules: ``self_attn``, ``attn_norm``, ``cross_attn``, ``cross_norm``, ``ff``,
     ``ff_norm``, ``dropout``.
@@ -217,21 +205,21 @@ class DecoderBlock(_Block):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
                  norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
-                 backend: str = "auto", cross_attention: bool = True):
+                 backend: str = "auto", norm: str = "layer", ffn: str = "mlp",
+                 rope: RotaryEmbedding | None = None, window: int | None = None,
+                 softcap: float | None = None, sinks: bool = False,
+                 cross_attention: bool = True):
         super().__init__()
-        self.norm_first = norm_first
-        attn = dict(head_dim=head_dim, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-                    backend=backend)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, **attn)
-        self.attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        cross, new_norm = self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
+                            activation=activation, layer_norm_eps=layer_norm_eps,
+                            num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias,
+                            backend=backend, norm=norm, ffn=ffn, rope=rope, window=window,
+                            softcap=softcap, sinks=sinks)
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, **attn)
-            self.cross_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, **cross)
+            self.cross_norm = new_norm()
         else:
             self.cross_attn = self.cross_norm = None
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.ff_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
@@ -275,13 +263,54 @@ class DecoderBlock(_Block):
         return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"
 
 
+class BlockRow:
+    """A block for decoding rows ``x (b, m)``: its sublayers' one-row forms (attention, norms,
+    feed-forward) in the block's residual order, each output projection with the residual
+    addition fused (``x + y @ W^T`` as one ``addmm``). Dropout is off (eval)."""
+
+    __slots__ = ("pre", "self_attn", "attn_norm", "cross_attn", "cross_norm", "ff_inner",
+                 "ff_out", "ff_norm", "cache")
+
+    def __init__(self, block: _Block, cache, *, transpose: bool, fuse: bool):
+        self.pre, self.cache = block.norm_first, cache
+        self.self_attn = block.self_attn.row(transpose=transpose, fuse=fuse)
+        self.attn_norm, self.ff_norm = block.attn_norm.row(), block.ff_norm.row()
+        cross = getattr(block, "cross_attn", None)
+        self.cross_attn = (None if cross is None
+                           else cross.row(transpose=transpose, fuse=fuse, cross=True))
+        self.cross_norm = None if cross is None else block.cross_norm.row()
+        self.ff_inner, self.ff_out = block.ff.row(transpose=transpose, fuse=fuse)
+
+    def __call__(self, x: torch.Tensor, rot, memory_mask) -> torch.Tensor:
+        """``x (b, m)`` -> ``(b, m)``; ``rot``: this position's RoPE ``(cos, sin)`` or None."""
+        attn = self.self_attn
+        x = self._sublayer(x, self.attn_norm, attn.out,
+                           lambda y: attn.self_attend(y, self.cache.self_attn, rot))
+        if self.cross_attn is not None:
+            cross = self.cross_attn
+            x = self._sublayer(x, self.cross_norm, cross.out, lambda y: cross.cross_attend(
+                y, self.cache.cross_attn, memory_mask))
+        return self._sublayer(x, self.ff_norm, self.ff_out, self.ff_inner)
+
+    def _sublayer(self, x, norm, out_w, inner):
+        """Pre-norm ``x + inner(norm(x)) @ W``, post-norm ``norm(x + inner(x) @ W)``."""
+        if self.pre:
+            return _rows.residual(x, inner(norm(x)), out_w)
+        return norm(_rows.residual(x, inner(x), out_w))
+
+
 def block_args(c) -> dict:
-    """The keyword arguments every block of a model config shares (LM, encoder, decoder)."""
+    """The keyword arguments every block of a model config shares (LM, encoder, decoder); one
+    stateless :class:`~headwise.rope.RotaryEmbedding` serves every block of the stack."""
+    rope = (RotaryEmbedding(c.head_size, theta=c.rope_theta, rotary_dim=c.rotary_dim)
+            if c.positional == "rope" else None)
     return dict(dropout=c.dropout, norm_first=c.norm_first, activation=c.activation,
                 layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
-                head_dim=c.head_dim, bias=c.bias, backend=c.backend)
+                head_dim=c.head_dim, bias=c.bias, backend=c.backend, norm=c.norm, ffn=c.ffn,
+                rope=rope, window=c.sliding_window, softcap=c.attn_softcap,
+                sinks=c.attention_sinks)
 
 
 def final_norm(c) -> nn.Module:
-    """The LayerNorm after the last block of a pre-norm stack; post-norm blocks end normalised."""
-    return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+    """The norm after the last block of a pre-norm stack; post-norm blocks end normalised."""
+    return make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()

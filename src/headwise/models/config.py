@@ -15,7 +15,11 @@ from typing import Any, ClassVar
 __all__ = ["CONFIGS", "LMConfig", "TransformerConfig", "config_from_dict"]
 
 _ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-_POSITIONALS = ("sinusoidal", "learned")
+_POSITIONALS = ("sinusoidal", "learned", "rope")
+_NORMS = ("layer", "rms")
+_OPTIONAL_INTS = ("num_kv_heads", "head_dim", "num_decoder_layers", "rotary_dim",
+                  "sliding_window")
+_FFNS = ("mlp", "glu")
 
 
 class _Config:
@@ -61,13 +65,14 @@ class _Config:
         name = type(self).__name__
         for field in ints:
             value = getattr(self, field)
-            if value is None and field in ("num_kv_heads", "head_dim", "num_decoder_layers"):
+            if value is None and field in _OPTIONAL_INTS:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name}: {field} must be an int, got {value!r}")
             if value < 1:
                 raise ValueError(f"{name}: {field} must be >= 1, got {value}")
-        for field in ("norm_first", "tie_embeddings", "scale_embeddings", "bias"):
+        for field in ("norm_first", "tie_embeddings", "scale_embeddings", "bias",
+                      "attention_sinks"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"{name}: {field} must be True or False, got "
                                 f"{getattr(self, field)!r}")
@@ -88,6 +93,7 @@ class _Config:
                              f"{self.positional!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"{name}: layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        self._check_modern(name)
         if self.pad_id is not None:
             smallest = min(getattr(self, v) for v in vocabs)
             if (not isinstance(self.pad_id, int) or isinstance(self.pad_id, bool)
@@ -98,6 +104,31 @@ class _Config:
         if self.backend != "auto" and self.backend not in BACKENDS:
             raise ValueError(f"{name}: unknown backend {self.backend!r}; choose 'auto' or one "
                              f"of {sorted(BACKENDS)}")
+
+    def _check_modern(self, name: str) -> None:
+        """The Llama-era fields: norm, ffn, RoPE, sliding window, soft-capping."""
+        for field, choices in (("norm", _NORMS), ("ffn", _FFNS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{name}: {field} must be one of {choices}, got "
+                                 f"{getattr(self, field)!r}")
+        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0:
+            raise ValueError(f"{name}: rope_theta must be > 0, got {self.rope_theta!r}")
+        if self.rotary_dim is not None:
+            if self.positional != "rope":
+                raise ValueError(f"{name}: rotary_dim={self.rotary_dim} needs positional='rope', "
+                                 f"got positional={self.positional!r}")
+            if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
+                raise ValueError(f"{name}: rotary_dim must be even and <= the head size "
+                                 f"{self.head_size}, got {self.rotary_dim}")
+        if self.attn_softcap is not None and (
+                not isinstance(self.attn_softcap, (int, float)) or not self.attn_softcap > 0):
+            raise ValueError(f"{name}: attn_softcap must be None or > 0, got "
+                             f"{self.attn_softcap!r}")
+
+    @property
+    def rotary_size(self) -> int:
+        """How many features of each head RoPE rotates (``rotary_dim`` or the whole head)."""
+        return self.rotary_dim or self.head_size
 
 
 @dataclass(frozen=True)
@@ -112,12 +143,24 @@ class LMConfig(_Config):
         head_dim: per-head size ``d`` (default ``d_model // num_heads``).
         norm_first: pre-norm (with a final LayerNorm) or post-norm.
         activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
-        positional: ``"sinusoidal"`` or ``"learned"``.
+        positional: ``"sinusoidal"``, ``"learned"`` or ``"rope"`` (see below).
         tie_embeddings: the output projection shares the token embedding matrix.
         pad_id: the padding id (ignored by the loss, written after ``eos`` in generation),
             or None.
         scale_embeddings: multiply token embeddings by ``sqrt(d_model)`` (Vaswani et al.).
         layer_norm_eps, bias, backend: passed to every block.
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, Zhang & Sennrich 2019; Llama);
+            ``layer_norm_eps`` is the epsilon of either.
+        ffn: ``"mlp"`` (``down(act(up(x)))``) or ``"glu"`` (``down(act(gate(x)) * up(x))``,
+            Shazeer 2020; with ``activation="silu"`` this is Llama's SwiGLU).
+        positional ``"rope"``: rotary positions on q and k after the head split (Su et al.
+            2021, the rotate-half form of GPT-NeoX / HF Llama), base ``rope_theta``, on the
+            first ``rotary_dim`` features of each head (default all).
+        sliding_window: each query sees itself and the ``sliding_window - 1`` keys before it
+            (Mistral), or None.
+        attn_softcap: scores become ``c * tanh(scores / c)`` before masking (Gemma 2), or None.
+        attention_sinks: a learned logit per head joins every softmax (gpt-oss; rows of
+            weights then sum to at most 1).
     """
 
     kind: ClassVar[str] = "lm"
@@ -140,10 +183,18 @@ class LMConfig(_Config):
     layer_norm_eps: float = 1e-5
     bias: bool = True
     backend: str = "auto"
+    norm: str = "layer"
+    ffn: str = "mlp"
+    rope_theta: float = 10000.0
+    rotary_dim: int | None = None
+    sliding_window: int | None = None
+    attn_softcap: float | None = None
+    attention_sinks: bool = False
 
     def __post_init__(self):
         self._check(("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len",
-                     "num_kv_heads", "head_dim"), ("vocab_size",))
+                     "num_kv_heads", "head_dim", "rotary_dim", "sliding_window"),
+                    ("vocab_size",))
 
 
 @dataclass(frozen=True)
@@ -157,7 +208,8 @@ class TransformerConfig(_Config):
         pad_id: if set, source tokens equal to it are masked out of every attention to the
             source (in addition to ``src_valid_lens``); also ignored by the loss.
         scale_embeddings: multiply embeddings by ``sqrt(d_model)`` (default True, as the paper).
-        The other fields are as in :class:`LMConfig`.
+        The other fields are as in :class:`LMConfig` (RoPE, sliding windows, soft-capping and
+        sinks apply to self-attention; cross-attention has no positions of its own).
     """
 
     kind: ClassVar[str] = "transformer"
@@ -182,10 +234,18 @@ class TransformerConfig(_Config):
     layer_norm_eps: float = 1e-5
     bias: bool = True
     backend: str = "auto"
+    norm: str = "layer"
+    ffn: str = "mlp"
+    rope_theta: float = 10000.0
+    rotary_dim: int | None = None
+    sliding_window: int | None = None
+    attn_softcap: float | None = None
+    attention_sinks: bool = False
 
     def __post_init__(self):
         self._check(("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_layers",
-                     "d_ff", "max_len", "num_decoder_layers", "num_kv_heads", "head_dim"),
+                     "d_ff", "max_len", "num_decoder_layers", "num_kv_heads", "head_dim",
+                     "rotary_dim", "sliding_window"),
                     ("src_vocab_size", "tgt_vocab_size"))
 
     @property

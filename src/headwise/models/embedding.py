@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from headwise._record import StepKind, record
@@ -16,7 +18,8 @@ __all__ = ["Embeddings", "add_output_head", "init_weights"]
 class Embeddings(nn.Module):
     """``forward(ids (b, n), offset=0) -> (b, n, m)``: ``drop(pos(E[ids] * scale, offset))``.
 
-    Submodules: ``tokens`` (``nn.Embedding``), ``positions``, ``dropout``. ``scale`` is
+    Submodules: ``tokens`` (``nn.Embedding``), ``positions`` (None with ``"rope"``: positions
+    then rotate q and k inside attention), ``dropout``. ``scale`` is
     ``sqrt(m)`` with ``scale_embeddings`` (Vaswani et al. 2017, section 3.4), else 1.
     """
 
@@ -24,8 +27,10 @@ class Embeddings(nn.Module):
                  dropout: float, scale: bool):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, d_model)
-        pe = {"sinusoidal": SinusoidalPositionalEncoding, "learned": LearnedPositionalEncoding}
-        self.positions = pe[positional](d_model, max_len)
+        # "rope": positions enter every self-attention's q and k instead (headwise.rope)
+        pe = {"sinusoidal": SinusoidalPositionalEncoding, "learned": LearnedPositionalEncoding,
+              "rope": None}
+        self.positions = None if pe[positional] is None else pe[positional](d_model, max_len)
         self.dropout = nn.Dropout(dropout)
         self.scale = math.sqrt(d_model) if scale else 1.0
 
@@ -43,9 +48,24 @@ class Embeddings(nn.Module):
         if self.scale != 1.0:
             x = x * self.scale
             record(StepKind.SCALE_EMBEDDING, x, scale=self.scale)
-        x = self.positions(x, offset)
-        record(StepKind.ADD_POSITIONS, x, offset=offset)
+        if self.positions is not None:
+            x = self.positions(x, offset)
+            record(StepKind.ADD_POSITIONS, x, offset=offset)
         return drop(self, x)
+
+    def row(self) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """The one-row form: ``f(ids (b,), position) -> (b, m)`` (eval: no dropout)."""
+        tokens, scale, pos = self.tokens.weight, self.scale, self.positions
+        table = None
+        if pos is not None:
+            table = pos.weight if isinstance(pos, LearnedPositionalEncoding) else pos.pe
+            table = table.detach().to(tokens.dtype)
+
+        def embed(ids: torch.Tensor, position: int) -> torch.Tensor:
+            x = F.embedding(ids, tokens)
+            x = x * scale if scale != 1.0 else x
+            return x if table is None else x + table[position]
+        return embed
 
     def extra_repr(self) -> str:
         return f"scale={self.scale:.4g}"

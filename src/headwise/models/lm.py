@@ -4,6 +4,31 @@
 causal :class:`DecoderBlock` s without cross-attention -> final LayerNorm (pre-norm only) ->
 ``lm_head`` -> ``logits (b, n, vocab)``. ``logits[:, t]`` predicts ``tokens[:, t + 1]``: the
 "shift right" of the Trax model is done by the caller, who feeds ``[bos] + text[:-1]``.
+
+Llama-style decoders are the same class, chosen by config (every field defaults to the 2017 /
+GPT-2 behaviour, so older configs and checkpoints load unchanged)::
+
+    LMConfig(vocab_size=49152, d_model=576, num_heads=9, num_kv_heads=3, num_layers=30,
+             d_ff=1536, max_len=8192, dropout=0.0, positional="rope", rope_theta=100000.0,
+             norm="rms", layer_norm_eps=1e-5, ffn="glu", activation="silu", bias=False,
+             tie_embeddings=True, pad_id=None)     # SmolLM2-135M
+
+Parameter names -> Hugging Face ``LlamaForCausalLM`` -> GGUF tensor (block ``i``):
+
+- ``embed.tokens.weight`` -> ``model.embed_tokens.weight`` -> ``token_embd``
+- ``blocks.i.attn_norm.weight`` -> ``model.layers.i.input_layernorm`` -> ``blk.i.attn_norm``
+- ``blocks.i.self_attn.{q,k,v}_proj.weight`` -> ``...self_attn.{q,k,v}_proj`` ->
+  ``blk.i.attn_{q,k,v}`` (*)
+- ``blocks.i.self_attn.out_proj.weight`` -> ``...self_attn.o_proj`` -> ``blk.i.attn_output``
+- ``blocks.i.ff_norm.weight`` -> ``...post_attention_layernorm`` -> ``blk.i.ffn_norm``
+- ``blocks.i.ff.{gate,up,down}.weight`` -> ``...mlp.{gate,up,down}_proj`` ->
+  ``blk.i.ffn_{gate,up,down}``
+- ``final_norm.weight`` -> ``model.norm.weight`` -> ``output_norm``
+- ``lm_head.weight`` -> ``lm_head.weight`` -> ``output`` (absent when tied)
+
+(*) RoPE here is HF's rotate-half form (:mod:`headwise.rope`): GGUF's q/k rows are permuted for
+llama.cpp's adjacent-pair form and must be unpermuted when loading. ``self_attn.sinks`` (h,)
+exists only with ``attention_sinks``; RoPE has no parameters.
 """
 
 from __future__ import annotations

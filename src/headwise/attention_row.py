@@ -1,0 +1,69 @@
+"""Multi-head attention for one new position per row: the cached decoding step's form of
+:class:`~headwise.layers.MultiHeadAttention` (built by its ``row`` method).
+
+Axis legend: ``b`` rows, ``m`` model dim, ``h`` query heads, ``g`` key/value heads, ``d`` head
+dim, ``j`` cached positions, ``r`` rotated features.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headwise import _rows
+from headwise.attention import dispatch
+
+__all__ = ["AttentionRow"]
+
+
+class AttentionRow:
+    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new position each.
+
+    The same projections (as :mod:`headwise._rows` weights), the same RoPE, the same attention
+    dispatch (backend, soft-capping, sinks) and the same :class:`~headwise.cache.KVCache` as the
+    module; only the bookkeeping is gone. A sliding window reads the last ``window`` cached
+    positions instead of masking the rest (the single newest query needs no mask at all).
+    """
+
+    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "sizes", "rope", "window", "kw")
+
+    def __init__(self, attn, *, transpose: bool, fuse: bool, cross: bool):
+        t = transpose
+        self.h, self.g, self.d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.sizes = attn._qkv_sizes
+        self.out = _rows.of_linear(attn.out_proj, t)
+        self.rope, self.window = attn.rope, attn.window
+        sinks = None if attn.sinks is None else attn.sinks.detach()
+        self.kw = dict(backend=attn.backend, softcap=attn.softcap, sinks=sinks)
+        self.qkv = self.k = self.v = None
+        self.q = _rows.of_linear(attn.q_proj, t)
+        if cross:
+            return
+        if fuse:  # one product over cat(W_q, W_k, W_v), copied once per generation
+            self.qkv, self.q = _rows.weight(*attn._qkv_weight(), t), None
+        else:
+            self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
+
+    def self_attend(self, x: torch.Tensor, cache, rot) -> torch.Tensor:
+        """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
+        ``rot``: this position's RoPE ``(cos, sin)``, each ``(r,)`` (None without RoPE)."""
+        b, g, d = x.shape[0], self.g, self.d
+        if self.qkv is not None:
+            q, k, v = _rows.linear(x, self.qkv).split_with_sizes(self.sizes, dim=-1)
+        else:
+            q, k, v = (_rows.linear(x, w) for w in (self.q, self.k, self.v))
+        q, k = q.view(b, self.h, 1, d), k.view(b, g, 1, d)
+        if self.rope is not None:
+            q, k = self.rope.rotate(q, *rot), self.rope.rotate(k, *rot)
+        k, v = cache.update(k, v.view(b, g, 1, d))
+        if self.window is not None and k.shape[2] > self.window:
+            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
+        # a single newest query sees every cached key: no causal mask (bottom-right alignment)
+        out, _ = dispatch(q, k, v, **self.kw)
+        return out.view(b, -1)
+
+    def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:
+        """``x (b, m)`` against the encoder keys/values the prompt step stored in ``cache``."""
+        b = x.shape[0]
+        q = _rows.linear(x, self.q).view(b, self.h, 1, self.d)
+        out, _ = dispatch(q, cache.k, cache.v, mask=mask, **self.kw)
+        return out.view(b, -1)
