@@ -183,9 +183,9 @@ def test_tiny_lm_learns_a_periodic_task():
 def test_sliding_window_receptive_field_by_gradients(window, layers):
     """With a window of w, L layers reach exactly L * (w - 1) positions back: position t's
     logits depend on positions max(0, t - L(w-1)) .. t and no other."""
-    model = tiny(num_layers=layers, sliding_window=window, **LLAMA).double()
-    tokens = torch.randint(0, 37, (1, 10))
-    for t in range(10):
+    model = tiny(num_layers=layers, sliding_window=window, d_model=16, d_ff=24, **LLAMA).double()
+    tokens = torch.randint(0, 37, (1, 8))
+    for t in range(8):
         grads = _input_grads(model, tokens, lambda logits, t=t: logits[:, t].sum())
         per_pos = grads.abs().sum((0, 2))
         first = max(0, t - layers * (window - 1))
