@@ -107,22 +107,23 @@ class _Block(nn.Module):
                norm_first: bool, activation: str, layer_norm_eps: float,
                num_kv_heads: int | None, head_dim: int | None, bias: bool, backend: str,
                norm: str, ffn: str, rope: RotaryEmbedding | None, window: int | None,
-               softcap: float | None, sinks: bool) -> tuple[dict, partial]:
-        """Set ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``; return the
-        keyword arguments of a position-free attention (cross-attention) and a function making
-        one more norm."""
+               softcap: float | None, sinks: bool, cross_attention: bool = False) -> None:
+        """Set ``self_attn``, ``attn_norm``, (``cross_attn``, ``cross_norm``), ``ff``,
+        ``ff_norm``, ``dropout``, in this order (the order ``init_weights`` draws them in).
+        Cross-attention takes no positions and no window: its keys are the encoder's."""
         self.norm_first = norm_first
         new_norm = partial(make_norm, norm, d_model, layer_norm_eps)
         attn = dict(head_dim=head_dim, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-                    backend=backend)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, rope=rope, window=window,
-                                            softcap=softcap, sinks=sinks, **attn)
+                    backend=backend, softcap=softcap, sinks=sinks)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, rope=rope, window=window, **attn)
         self.attn_norm = new_norm()
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, **attn)
+            self.cross_norm = new_norm()
         self.ff = make_feedforward(ffn, d_model, d_ff, activation=activation, dropout=dropout,
                                    bias=bias)
         self.ff_norm = new_norm()
         self.dropout = nn.Dropout(dropout)
-        return dict(softcap=softcap, sinks=sinks, **attn), new_norm
 
     def _sublayer(self, x, norm, fn):
         """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
@@ -210,16 +211,13 @@ class DecoderBlock(_Block):
                  softcap: float | None = None, sinks: bool = False,
                  cross_attention: bool = True):
         super().__init__()
-        cross, new_norm = self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
-                            activation=activation, layer_norm_eps=layer_norm_eps,
-                            num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias,
-                            backend=backend, norm=norm, ffn=ffn, rope=rope, window=window,
-                            softcap=softcap, sinks=sinks)
-        if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, **cross)
-            self.cross_norm = new_norm()
-        else:
+        if not cross_attention:
             self.cross_attn = self.cross_norm = None
+        self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
+                    activation=activation, layer_norm_eps=layer_norm_eps,
+                    num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias, backend=backend,
+                    norm=norm, ffn=ffn, rope=rope, window=window, softcap=softcap, sinks=sinks,
+                    cross_attention=cross_attention)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
