@@ -119,3 +119,22 @@ def test_optimizer_of_another_model_is_refused(tmp_path):
     ckpt.save(tmp_path / "inference", model, cfg)
     with pytest.raises(CheckpointError, match="no training state"):
         ckpt.load_train_state(tmp_path / "inference")
+
+
+@pytest.mark.parametrize("name", ["reverse", "lm"])
+def test_checkpoints_written_before_the_rework_load_with_identical_outputs(name):
+    """Two tiny checkpoints saved by headwise at commit 5fb359a (before issue 11 moved configs,
+    heads and modules; see tests/fixtures/old_checkpoints/make.py) load with today's code and
+    give bit-identical logits, attention weights and greedy / beam / sampled generations."""
+    from safetensors.torch import load_file
+
+    from tests.fixtures.old_checkpoints.make import HERE, outputs
+
+    loaded = ckpt.load(HERE / name)
+    assert loaded.config.kind == name.replace("reverse", "transformer")
+    assert loaded.tokenizer is not None and loaded.metadata["written_by"].endswith("make.py")
+    want = load_file(str(HERE / f"{name}.expected.safetensors"))
+    got = outputs(name, loaded.model)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
