@@ -30,7 +30,8 @@ from headwise import _flash_cpu
 from headwise import masks as _masks
 from headwise._record import FUSED_KERNEL, Memory, StepKind, WeightsSource, active, record
 
-__all__ = ["attention", "attention_weights", "BACKENDS", "register_backend", "sdpa_kernel_name"]
+__all__ = ["attention", "attention_weights", "BACKENDS", "check_backend", "register_backend",
+           "resolve_backend", "sdpa_kernel_name"]
 
 Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 BACKENDS: dict[str, Backend] = {}
@@ -43,6 +44,22 @@ def register_backend(name: str, fn: Backend | None = None):
         BACKENDS[name] = f
         return f
     return add(fn) if fn is not None else add
+
+
+def check_backend(backend: str, where: str) -> None:
+    """The one check of a backend name, for every place that accepts one: ``"auto"`` or a name
+    in :data:`BACKENDS`. ``where`` names the caller in the message."""
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"{where}: unknown backend {backend!r}; choose 'auto' or one of "
+                         f"{sorted(BACKENDS)}")
+
+
+def resolve_backend(backend: str, return_weights: bool) -> str:
+    """The ``"auto"`` rule: the fused ``"sdpa"`` kernel unless the weights are wanted (no fused
+    kernel exposes the probabilities), then the ``"eager"`` reference. Other names pass."""
+    if backend == "auto":
+        return "eager" if return_weights else "sdpa"
+    return backend
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -92,10 +109,9 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
     if softcap is not None or sinks is not None:
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks)
-    if backend == "auto":
-        backend = "eager" if return_weights else "sdpa"
-    return BACKENDS[backend](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p,
-                             scale=scale, return_weights=return_weights)
+    core = BACKENDS[resolve_backend(backend, return_weights)]
+    return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                return_weights=return_weights)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
@@ -286,6 +302,4 @@ def _check(q, k, v, mask, dropout_p, backend) -> None:
         _masks.check(mask, "attention", (b, h, nq, nk))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"attention: unknown backend {backend!r}; choose 'auto' or one of "
-                         f"{sorted(BACKENDS)}")
+    check_backend(backend, "attention")

@@ -39,7 +39,7 @@ class AttentionRow:
         if cross:
             return
         if fuse:  # one product over cat(W_q, W_k, W_v), copied once per generation
-            self.qkv, self.q = _rows.weight(*attn._qkv_weight(), t), None
+            self.qkv, self.q = _rows.weight(*attn.qkv_weight(), t), None
         else:
             self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
 

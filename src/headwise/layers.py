@@ -13,7 +13,7 @@ from torch import nn
 
 from headwise import masks as _masks
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
-from headwise.attention import BACKENDS, dispatch
+from headwise.attention import check_backend, dispatch
 from headwise.attention_row import AttentionRow
 from headwise.heads import MERGE, SPLIT
 from headwise.rope import RotaryEmbedding
@@ -65,7 +65,7 @@ class MultiHeadAttention(nn.Module):
         self.vdim = vdim or self.kdim  # value defaults to key, so its size does too
         self.num_kv_heads = num_kv_heads or num_heads
         self.out_dim = out_dim or embed_dim
-        self.dropout = dropout
+        self.dropout_p = dropout  # a probability; blocks name their nn.Dropout modules dropout
         self.backend = backend
         hd, kvd = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Each projection is h (or g) per-head projections side by side: column block x of
@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
                 q.shape[2], k.shape[2], self.window, causal=causal, device=q.device))
         # 3) attend, each head separately
         out, weights = dispatch(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
-                                dropout_p=self.dropout if self.training else 0.0,
+                                dropout_p=self.dropout_p if self.training else 0.0,
                                 backend=self.backend, softcap=self.softcap, sinks=self.sinks)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
@@ -134,7 +134,7 @@ class MultiHeadAttention(nn.Module):
         if key is query and value is query and self.kdim == self.vdim == self.embed_dim:
             # Self-attention: the three projections as one GEMM over the concatenated weights
             # (what a fused in_proj does), then cut the result back into q, k, v.
-            qkv = F.linear(query, *self._qkv_weight())
+            qkv = F.linear(query, *self.qkv_weight())
             record(StepKind.QKV_PROJECTION, qkv)
             q, k, v = qkv.split(self._qkv_sizes, dim=-1)
         else:
@@ -157,8 +157,9 @@ class MultiHeadAttention(nn.Module):
         record(StepKind.ROTARY_K, k, **facts)
         return q, k
 
-    def _qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``cat(W_q, W_k, W_v)`` (and biases), made afresh on every call.
+    def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``, made afresh on
+        every call: the fused self-attention projection (and the decoding step's).
 
         Not cached: an in-place weight update need not bump the tensors' version counters (the
         fused AdamW kernel and ``p.data.add_`` do not), so no cache key could tell a stale copy
@@ -285,7 +286,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("to_torch: this configuration has no torch.nn.MultiheadAttention "
                              "equivalent: " + "; ".join(problems))
         bias = self.q_proj.bias is not None
-        mha = nn.MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.dropout,
+        mha = nn.MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.dropout_p,
                                     bias=bias, kdim=self.kdim, vdim=self.vdim, batch_first=True)
         mha = mha.to(self.q_proj.weight)
         with torch.no_grad():
@@ -337,6 +338,4 @@ def _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_
                          "number of query heads")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"MultiHeadAttention: unknown backend {backend!r}; choose 'auto' or "
-                         f"one of {sorted(BACKENDS)}")
+    check_backend(backend, "MultiHeadAttention")

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headwise import checkpoint as ckpt
+from headwise._device import parse_device
 from headwise.data import LMBatch, Seq2SeqBatch, make_task
 from headwise.errors import CheckpointError
 from headwise.models import build
@@ -188,15 +189,6 @@ class TrainResult:
 # device, precision, distributed set-up
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
-    return dev
-
-
 def _cpu_has_native_bf16() -> bool:
     """True if the CPU has bf16 matrix instructions (AVX512-BF16 or AMX); oneDNN must agree."""
     try:
@@ -236,10 +228,10 @@ class _Dist:
 def _init_distributed(device_name: str) -> tuple[_Dist, torch.device]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return _Dist(), pick_device(device_name)
+        return _Dist(), parse_device(device_name)
     import torch.distributed as dist
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_name)
+    device = parse_device(device_name)
     if device.type == "cuda":
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)

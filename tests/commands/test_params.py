@@ -60,7 +60,7 @@ def test_model_total_is_the_models_parameter_count(capsys):
     code, out, _ = run(capsys, "lm", "--vocab", "100", "--embed-dim", "32", "--heads", "4",
                        "--layers", "3", "--tie")
     assert code == 0
-    model = build(LMConfig(100, 32, 4, num_layers=3, d_ff=128, tie_embeddings=True))
+    model = build(LMConfig(100, d_model=32, num_heads=4, num_layers=3, d_ff=128, tie_embeddings=True))
     total = re.search(r"^\s*total\s+([\d,]+)\s*$", out, re.M).group(1)
     assert int(total.replace(",", "")) == sum(p.numel() for p in model.parameters())
     assert re.search(r"blocks\.\*\.self_attn\s+3\s+4,224\s+12,672", out)

@@ -11,10 +11,9 @@ like the architecture.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import KW_ONLY, dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -22,20 +21,19 @@ from torch import nn
 from headwise._record import StepKind, record
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
+from headwise.models.config import ModelConfig
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel"]
 
-_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-
-
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(ModelConfig):
     """A BERT-family encoder.
 
     Args:
-        vocab_size: word-piece vocabulary. d_model: hidden size ``m``. num_heads: ``h``
-            (``d = m // h``). num_layers: encoder blocks. d_ff: feed-forward ("intermediate")
-            width. max_len: learned positions (longest input). type_vocab_size: segment ids.
+        vocab_size: word-piece vocabulary (the one positional argument; the rest are keywords).
+        d_model: hidden size ``m``. num_heads: ``h`` (``d = m // h``). num_layers: encoder
+            blocks. d_ff: feed-forward ("intermediate") width. max_len: learned positions
+            (longest input). type_vocab_size: segment ids.
         layer_norm_eps: every LayerNorm's epsilon (BERT: 1e-12).
         dropout: on embeddings, sublayer outputs and after the activation (HF
             ``hidden_dropout_prob``). attention_dropout: on attention probabilities.
@@ -49,77 +47,28 @@ class BertConfig:
     """
 
     kind: ClassVar[str] = "bert"
+    _INTS: ClassVar[tuple[str, ...]] = (*ModelConfig._INTS, "type_vocab_size")
+    _BOOLS: ClassVar[tuple[str, ...]] = ("pooler",)
+    _PROBABILITIES: ClassVar[tuple[str, ...]] = ("dropout", "attention_dropout")
+    _VOCABS: ClassVar[tuple[str, ...]] = ("vocab_size",)
+    _PAD_OPTIONAL: ClassVar[bool] = False
 
     vocab_size: int = 30522
+    _: KW_ONLY
     d_model: int = 768
     num_heads: int = 12
     num_layers: int = 12
     d_ff: int = 3072
-    max_len: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    dropout: float = 0.1
     attention_dropout: float = 0.1
     activation: str = "gelu"
     pad_id: int = 0
     pooler: bool = True
-    backend: str = "auto"
-
-    def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len",
-                     "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"BertConfig: {name} must be an int >= 1, got {value!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"BertConfig: d_model={self.d_model} is not divisible by "
-                             f"num_heads={self.num_heads}; BERT uses head size d_model // "
-                             "num_heads, so pick a divisor of d_model")
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"BertConfig: {name} must be in [0, 1), got {value!r}")
-        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
-            raise ValueError(f"BertConfig: layer_norm_eps must be > 0, got "
-                             f"{self.layer_norm_eps!r}")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"BertConfig: activation must be one of {_ACTIVATIONS}, got "
-                             f"{self.activation!r}")
-        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"BertConfig: pad_id must be an id in [0, {self.vocab_size}), got "
-                             f"{self.pad_id!r}")
-        if not isinstance(self.pooler, bool):
-            raise TypeError(f"BertConfig: pooler must be True or False, got {self.pooler!r}")
-        from headwise.attention import BACKENDS
-        if self.backend != "auto" and self.backend not in BACKENDS:
-            raise ValueError(f"BertConfig: unknown backend {self.backend!r}; choose 'auto' or "
-                             f"one of {sorted(BACKENDS)}")
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head size ``d = d_model // num_heads``."""
-        return self.d_model // self.num_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict of every field (``from_dict`` inverts it)."""
-        return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BertConfig:
-        """Build from ``to_dict()`` output; unknown keys raise ``ValueError``."""
-        if not isinstance(d, Mapping):
-            raise TypeError(f"BertConfig.from_dict expects a dict, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"BertConfig: unknown keys {unknown}; known keys are "
-                             f"{sorted(names)} (for a Hugging Face config.json use "
-                             "headwise.pretrained.bert_config_from_hf)")
-        return cls(**d)
-
-    def replace(self, **changes) -> BertConfig:
-        """A copy with some fields changed (checked again)."""
-        return dataclasses.replace(self, **changes)
+    def _from_dict_hint(cls) -> str:
+        return " (for a Hugging Face config.json use headwise.pretrained.bert_config_from_hf)"
 
 
 class BertEmbeddings(nn.Module):
@@ -261,7 +210,7 @@ def _block(config: BertConfig) -> EncoderBlock:
                          norm_first=False, activation=config.activation,
                          layer_norm_eps=config.layer_norm_eps, backend=config.backend)
     # BERT has its own rate for attention probabilities (attention_probs_dropout_prob)
-    block.self_attn.dropout = config.attention_dropout
+    block.self_attn.dropout_p = config.attention_dropout
     return block
 
 

@@ -1,0 +1,27 @@
+"""The one reading of a device name: ``--device`` of every command and ``TrainConfig.device``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["parse_device"]
+
+
+def parse_device(name: str) -> torch.device:
+    """``"auto"`` (CUDA when available, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` ->
+    a :class:`torch.device`; a bad or absent device is one readable ``ValueError``."""
+    import torch  # here, not at the top: `headwise <command> --help` imports this module
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {name!r} is not a torch device; use auto, cpu, cuda or "
+                         "cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
+    return device
