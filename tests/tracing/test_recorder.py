@@ -211,9 +211,9 @@ def _tiny_transformer(**kw):
                              num_layers=2, d_ff=32, **kw)
 
 CASES = {
-    "lm": lambda: (build(LMConfig(40, 16, 4, num_layers=2, d_ff=32, dropout=0.0)),
+    "lm": lambda: (build(LMConfig(40, d_model=16, num_heads=4, num_layers=2, d_ff=32, dropout=0.0)),
                    (torch.randint(0, 40, (2, 6)),), {}),
-    "lm-grouped": lambda: (build(LMConfig(40, 16, 4, num_layers=2, d_ff=32, num_kv_heads=2,
+    "lm-grouped": lambda: (build(LMConfig(40, d_model=16, num_heads=4, num_layers=2, d_ff=32, num_kv_heads=2,
                                           dropout=0.0)),
                            (torch.randint(0, 40, (2, 6)),), {"return_weights": True}),
     "encoder": lambda: (Encoder(_tiny_transformer()), (torch.randint(1, 50, (2, 7)),),
@@ -246,7 +246,7 @@ def test_tracing_changes_no_output(case):
 def test_lm_shapes_in_the_order_learners_annotate_them():
     """The Trax TransformerLM example: vocab 33300, m 512, 8 heads, one sentence of 8 tokens."""
     torch.manual_seed(0)
-    lm = build(LMConfig(33300, 512, 8, num_layers=2, dropout=0.0)).eval()
+    lm = build(LMConfig(33300, d_model=512, num_heads=8, num_layers=2, dropout=0.0)).eval()
     tokens = torch.randint(0, 33300, (1, 8))
     with torch.no_grad():
         t = hw.trace(lm, tokens)
@@ -293,7 +293,7 @@ def test_weight_selection_names_the_layers_that_fell_back():
 
 def test_identical_blocks_collapse_unless_full():
     torch.manual_seed(0)
-    lm = build(LMConfig(40, 16, 4, num_layers=4, d_ff=32, dropout=0.0)).eval()
+    lm = build(LMConfig(40, d_model=16, num_heads=4, num_layers=4, d_ff=32, dropout=0.0)).eval()
     with torch.no_grad():
         t = hw.trace(lm, torch.randint(0, 40, (1, 5)))
     short, full = t.render(), t.render(full=True)
@@ -303,7 +303,7 @@ def test_identical_blocks_collapse_unless_full():
 
 def test_kv_cache_decoding_shows_the_cached_key_length():
     torch.manual_seed(0)
-    lm = build(LMConfig(40, 16, 4, num_layers=1, d_ff=32, num_kv_heads=2, dropout=0.0)).eval()
+    lm = build(LMConfig(40, d_model=16, num_heads=4, num_layers=1, d_ff=32, num_kv_heads=2, dropout=0.0)).eval()
     prompt, step = torch.randint(0, 40, (1, 5)), torch.randint(0, 40, (1, 1))
     with torch.no_grad():
         reference = lm.new_cache(1, 16)

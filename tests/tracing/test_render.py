@@ -32,7 +32,7 @@ def _traces() -> list[hw.Trace]:
     dropped = hw.MultiHeadAttention(16, 4, dropout=0.5, backend="eager").train()
     torch.manual_seed(1)
     out.append(hw.trace(dropped, x))
-    lm = build(LMConfig(40, 16, 4, num_layers=1, d_ff=32, scale_embeddings=True)).eval()
+    lm = build(LMConfig(40, d_model=16, num_heads=4, num_layers=1, d_ff=32, scale_embeddings=True)).eval()
     with torch.no_grad():
         cache = lm.new_cache(1, 16)
         lm(torch.randint(0, 40, (1, 4)), cache=cache)
