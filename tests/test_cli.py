@@ -9,6 +9,7 @@ import pytest
 
 import headwise
 from headwise.cli import build_parser, command_names, main
+from headwise.errors import CheckpointError
 
 # `train`'s options are defined next to the training loop (headwise.train imports torch), so its
 # parser cannot be built without torch; every other command's help must not import it.
@@ -101,3 +102,57 @@ def test_top_level_help_lists_every_command_with_its_help_line(capsys):
     for name in command_names():
         assert f"    {name}" in text
     assert "example:\n  headwise demo" in text
+
+
+@pytest.mark.parametrize("bug", [KeyError("step"), AttributeError("'NoneType' object has no "
+                                                                  "attribute 'shape'"),
+                                 TypeError("unsupported operand"), IndexError("list index"),
+                                 RuntimeError("shape mismatch")])
+def test_an_internal_bug_prints_its_traceback_and_exits_non_zero(monkeypatch, capsys, bug):
+    """An exception that is not a user error, raised inside a command, is headwise's bug: the
+    maintainer gets the whole traceback, the exit status is non-zero (and not 2, the user's)."""
+    from headwise.commands import params
+
+    def broken(args):
+        raise bug
+
+    monkeypatch.setattr(params, "run", broken)
+    code = main(["params", "mha", "--embed-dim", "8", "--heads", "2"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback (most recent call last):" in err and "in broken" in err
+    assert f"{type(bug).__name__}: " in err and "internal error" in err
+    assert len(err.strip().splitlines()) > 3
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("--heads must be >= 1, got 0"),
+    CheckpointError("checkpoint folder 'x' does not exist"),
+    FileNotFoundError(2, "No such file or directory", "corpus.txt"),
+    PermissionError(13, "Permission denied", "out/model.safetensors"),
+    IsADirectoryError(21, "Is a directory", "out"),
+    NotADirectoryError(20, "Not a directory", "file/x"),
+    OSError(30, "Read-only file system", "/ro/run"),
+    OSError(28, "No space left on device", "/full/run"),
+    ValueError("a message\nthat spans\nthree lines"),
+])
+def test_a_user_error_prints_exactly_one_line_and_exits_2(monkeypatch, capsys, error):
+    from headwise.commands import params
+
+    def refuse(args):
+        raise error
+
+    monkeypatch.setattr(params, "run", refuse)
+    code = main(["params", "mha", "--embed-dim", "8", "--heads", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("headwise params: error: ")
+    assert "Traceback" not in err
+    first = str(error).splitlines()[0]
+    assert first in err
+
+
+def test_a_real_user_error_from_a_real_command_is_one_line(capsys):
+    code = main(["params", "mha", "--embed-dim", "30", "--heads", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and "not divisible" in err

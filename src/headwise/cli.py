@@ -5,8 +5,9 @@ parser sets ``func=run(args)``.
 Start-up stays under a second: command modules import torch and other heavy modules only inside
 their run function, and only the parser of the command being run is built (the others are
 listed by their ``HELP`` line). Errors a user can cause (bad arguments, missing files,
-inconsistent sizes) exit non-zero with one readable line, never a traceback; a mistyped command
-or flag gets a "did you mean".
+inconsistent sizes: :data:`headwise.errors.USER_ERRORS`) exit 2 with one readable line, never a
+traceback; any other exception is a bug in headwise and prints its full traceback (exit 1). A
+mistyped command or flag gets a "did you mean".
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import difflib
 import importlib
 import pkgutil
 import sys
+import traceback
 from collections.abc import Collection
 
 from headwise import __version__, commands
-from headwise.errors import HeadwiseError
+from headwise.errors import USER_ERRORS, one_line
 
-USER_ERRORS = (HeadwiseError, ValueError, TypeError, FileNotFoundError, NotADirectoryError,
-               IsADirectoryError, PermissionError, KeyError)
+__all__ = ["USER_ERRORS", "build_parser", "command_names", "main"]
 
 
 def command_names() -> list[str]:
@@ -129,9 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         print("headwise: interrupted", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"headwise {args.command}: error: {message}", file=sys.stderr)
+        print(f"headwise {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except Exception:  # a bug in headwise: everything a maintainer needs to act on it
+        traceback.print_exc()
+        print(f"headwise {args.command}: internal error (a bug in headwise, not in your input); "
+              "please report it with the traceback above", file=sys.stderr)
+        return 1
     return int(result or 0)
 
 

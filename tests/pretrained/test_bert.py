@@ -39,6 +39,9 @@ def test_folder_without_weights_names_what_is_missing(tmp_path):
     empty.mkdir()
     with pytest.raises(CheckpointError, match="has no config.json"):
         load_bert(empty)
+    (empty / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="must hold a JSON object.*got a list"):
+        load_bert(empty)
 
 
 def test_config_of_another_architecture_is_refused(tmp_path):

@@ -24,9 +24,13 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder} has no config.json; pass config= or point at the "
                               "checkpoint folder")
     try:
-        return json.loads(file.read_text())
+        config = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):  # file content: the user's error, not a TypeError
+        raise CheckpointError(f"{file} must hold a JSON object (a Hugging Face config), got a "
+                              f"{type(config).__name__}")
+    return config
 
 
 def read_weights(path: Path, device) -> dict[str, torch.Tensor]:
