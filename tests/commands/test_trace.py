@@ -70,7 +70,7 @@ def test_sdpa_fused_then_weights_fall_back(capsys):
     (("trace", "lm", "--weights", "cross"), "unknown kind 'cross'"),
     (("trace",), "give a kind"),
     (("trace", "--checkpoint", "/nonexistent/ckpt"), "/nonexistent/ckpt"),
-    (("trace", "mha", "--device", "banana"), "--device 'banana' is not a device"),
+    (("trace", "mha", "--device", "banana"), "--device 'banana' is not a torch device"),
     (("trace", "lm", "--kv-seq", "5"), "`trace lm` has one sequence"),
 ])
 def test_bad_input_is_one_readable_line(capsys, argv, message):
