@@ -25,7 +25,8 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with per-head weights, any q/k/v sizes and grouped heads.
 
     Args:
-        embed_dim: feature size of the query input (``m``).
+        embed_dim: feature size of the query input (``m``; the models' configs call it
+            ``d_model``, the name this module keeps is torch.nn.MultiheadAttention's).
         num_heads: number of query heads ``h``.
         head_dim: size ``d`` of each head; default ``embed_dim // num_heads``. The hidden size
             ``h * d`` need not equal ``embed_dim``.
@@ -34,7 +35,8 @@ class MultiHeadAttention(nn.Module):
             default ``num_heads``.
         out_dim: output feature size, default ``embed_dim``.
         bias: whether the four projections have biases.
-        dropout: dropout on attention probabilities while training.
+        dropout: dropout probability on the attention weights while training (kept as
+            ``dropout_p``).
         backend: attention backend (``"auto"``, ``"eager"``, ``"sdpa"``, ...).
         rope: a :class:`~headwise.rope.RotaryEmbedding` rotating q and k after the head split
             (at their positions: the cache's length onwards), or None.

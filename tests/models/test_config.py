@@ -67,3 +67,50 @@ def test_bad_types_are_type_errors():
         TransformerConfig(5, 5, tie_embeddings="yes")
     with pytest.raises(ValueError, match=r"pad_id must be None or an id in \[0, 5\)"):
         TransformerConfig(5, 9, pad_id=7)  # must be valid in both vocabularies
+
+
+def test_one_base_config_for_every_family():
+    """The shared fields, checks and (de)serialisation are written once, in ModelConfig."""
+    from headwise.models.bert import BertConfig
+    from headwise.models.config import ModelConfig
+
+    shared = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert {"d_model", "num_heads", "num_layers", "d_ff", "max_len", "dropout", "activation",
+            "layer_norm_eps", "pad_id", "backend"} <= shared
+    for cls in (LMConfig, TransformerConfig, BertConfig):
+        assert issubclass(cls, ModelConfig)
+        for method in ("to_dict", "from_dict", "replace", "_check"):
+            assert method not in vars(cls), f"{cls.__name__} redefines {method}"
+    # keyword-only past the vocabulary sizes: no silent swap of d_model and num_heads
+    with pytest.raises(TypeError, match="positional"):
+        LMConfig(10, 64, 4)
+    with pytest.raises(TypeError, match="positional"):
+        TransformerConfig(10, 12, 64)
+    with pytest.raises(TypeError, match="positional"):
+        BertConfig(100, 64)
+    # one name per concept: head_size is the per-head size in use on every config
+    assert BertConfig(100, d_model=64, num_heads=4).head_size == 16
+    assert LMConfig(10, d_model=64, num_heads=4, head_dim=5).head_size == 5
+
+
+def test_config_json_keys_of_saved_runs_still_load():
+    """The dict keys written before the shared base (kept here verbatim) build the same
+    configs: the field names are the JSON keys, so none was renamed."""
+    from headwise.models.bert import BertConfig
+
+    lm = {"activation": "silu", "backend": "auto", "bias": True, "d_ff": 20, "d_model": 12,
+          "dropout": 0.0, "head_dim": 5, "layer_norm_eps": 1e-05, "max_len": 24,
+          "norm_first": False, "num_heads": 3, "num_kv_heads": None, "num_layers": 2,
+          "pad_id": 0, "positional": "learned", "scale_embeddings": False,
+          "tie_embeddings": True, "vocab_size": 24}
+    bert = {"vocab_size": 30522, "d_model": 384, "num_heads": 12, "num_layers": 6,
+            "d_ff": 1536, "max_len": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+            "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "pad_id": 0,
+            "pooler": True, "backend": "auto"}
+    assert LMConfig.from_dict(lm).to_dict() == lm
+    assert BertConfig.from_dict(bert).to_dict() == bert
+    with pytest.raises(ValueError, match=r"BertConfig: unknown keys \['hidden_size'\].*"
+                                         "bert_config_from_hf"):
+        BertConfig.from_dict({"hidden_size": 8})
+    with pytest.raises(ValueError, match=r"pad_id must be an id in \[0, 10\)"):
+        BertConfig(10, d_model=8, num_heads=2, pad_id=None)
