@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwise.commands._common import parse_device
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,7 +24,7 @@ def build(args) -> tuple[torch.nn.Module, tuple, dict]:
     backend = args.backend or "auto"
     b, n = args.batch, args.seq
     nk = args.kv_seq or n
-    device = torch.device(args.device)
+    device = parse_device(args.device)
     if args.kind == "mha":
         import headwise as hw
 
@@ -130,15 +132,13 @@ def from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
     model, config = loaded.model.eval(), loaded.config
     kind = config.kind
     if args.backend:
-        from headwise.attention import BACKENDS
+        from headwise.attention import check_backend
 
-        if args.backend != "auto" and args.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {args.backend!r}; choose 'auto' or one of "
-                             f"{sorted(BACKENDS)}")
+        check_backend(args.backend, "--backend")
         for sub in model.modules():
             if hasattr(sub, "backend") and hasattr(sub, "num_heads"):
                 sub.backend = args.backend
-    device = torch.device(args.device)
+    device = parse_device(args.device)
     vocab = getattr(config, "vocab_size", None) or config.tgt_vocab_size
     if args.text is not None:
         if loaded.tokenizer is None:

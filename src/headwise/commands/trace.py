@@ -14,6 +14,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from headwise.commands._common import parse_device
+
 if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --help` stays fast
     pass
 
@@ -184,7 +186,6 @@ def _cell(v: float) -> str:
 
 # -------------------------------------------------------------------------------- building
 def _check_args(args) -> None:
-    import torch
     if args.checkpoint and args.kind:
         raise ValueError(f"give a model kind or --checkpoint, not both (got {args.kind!r} and "
                          f"--checkpoint {args.checkpoint})")
@@ -206,14 +207,7 @@ def _check_args(args) -> None:
                          "weights use headwise.viz")
     if args.text is not None and not args.checkpoint:
         raise ValueError("--text needs --checkpoint (a fresh model has no tokenizer)")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N") \
-            from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: CUDA is not available on this machine; use "
-                         "--device cpu")
+    parse_device(args.device)  # one readable line for a bad or absent device
     if args.pad < 0:
         raise ValueError(f"--pad must be >= 0, got {args.pad}")
     if args.pad and kind == "lm":
