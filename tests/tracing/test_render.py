@@ -46,7 +46,7 @@ def _traces() -> list[hw.Trace]:
         model.decoder(tgt, memory, memory_mask=memory_mask, cache=cache)
         out.append(hw.trace(model.decoder, tgt, memory, memory_mask=memory_mask, cache=cache))
     # a Llama-style LM (RoPE, RMSNorm, SwiGLU, window) with soft-capping and learned sinks
-    llama = build(LMConfig(40, 16, 4, num_layers=1, d_ff=32, num_kv_heads=2, positional="rope",
+    llama = build(LMConfig(40, d_model=16, num_heads=4, num_layers=1, d_ff=32, num_kv_heads=2, positional="rope",
                            norm="rms", ffn="glu", activation="silu", bias=False,
                            sliding_window=3, attn_softcap=5.0, attention_sinks=True)).eval()
     out.append(hw.trace(llama, torch.randint(0, 40, (1, 5))))

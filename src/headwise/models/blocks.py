@@ -21,8 +21,13 @@ from torch import nn
 from headwise import _rows
 from headwise._record import StepKind, record
 from headwise.layers import MultiHeadAttention
-from headwise.models.feedforward import (ACTIVATIONS, FeedForward, check_activation, drop,
-                                         make_feedforward)
+from headwise.models.feedforward import (
+    ACTIVATIONS,
+    FeedForward,
+    check_activation,
+    drop,
+    make_feedforward,
+)
 from headwise.models.norms import make_norm
 from headwise.rope import RotaryEmbedding
 

@@ -15,8 +15,6 @@ the step multiplies with the residual addition fused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
