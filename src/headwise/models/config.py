@@ -281,7 +281,7 @@ class TransformerConfig(_StackConfig):
     """
 
     kind: ClassVar[str] = "transformer"
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("num_kv_heads", "head_dim", "num_decoder_layers")
+    _OPTIONAL: ClassVar[tuple[str, ...]] = (*_StackConfig._OPTIONAL, "num_decoder_layers")
     _INTS: ClassVar[tuple[str, ...]] = (*_StackConfig._INTS, "num_decoder_layers")
     _VOCABS: ClassVar[tuple[str, ...]] = ("src_vocab_size", "tgt_vocab_size")
 
