@@ -107,8 +107,9 @@ def test_config_json_keys_of_saved_runs_still_load():
             "d_ff": 1536, "max_len": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
             "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "pad_id": 0,
             "pooler": True, "backend": "auto"}
-    assert LMConfig.from_dict(lm).to_dict() == lm
-    assert BertConfig.from_dict(bert).to_dict() == bert
+    # every old key comes back with its value (fields added since take their defaults)
+    assert LMConfig.from_dict(lm).to_dict().items() >= lm.items()
+    assert BertConfig.from_dict(bert).to_dict().items() >= bert.items()
     with pytest.raises(ValueError, match=r"BertConfig: unknown keys \['hidden_size'\].*"
                                          "bert_config_from_hf"):
         BertConfig.from_dict({"hidden_size": 8})
