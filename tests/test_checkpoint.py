@@ -57,11 +57,13 @@ def test_saving_again_replaces_atomically(tmp_path):
     assert torch.equal(ckpt.load(tmp_path / "c").model.lm_head.weight, model.lm_head.weight)
 
 
-def test_recovers_a_save_killed_between_the_two_renames(tmp_path):
+def test_without_a_newer_copy_the_previous_checkpoint_is_used_with_a_warning(tmp_path):
     model, cfg = _lm()
     ckpt.save(tmp_path / "c", model, cfg)
     (tmp_path / "c").rename(tmp_path / ".c.old")  # the state after the first os.replace
-    assert ckpt.load(tmp_path / "c").config == cfg
+    with pytest.warns(UserWarning, match="no complete newer copy"):
+        assert ckpt.load(tmp_path / "c").config == cfg
+    assert (tmp_path / "c" / "config.json").is_file()  # restored in place
 
 
 def test_missing_folder_and_files(tmp_path):
@@ -138,3 +140,174 @@ def test_checkpoints_written_before_the_rework_load_with_identical_outputs(name)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+
+
+# --------------------------------------------------------------------------------------------
+# the swap: a kill between the two renames, stale temp folders
+
+_KILL_BETWEEN_RENAMES = """
+import os, signal, sys, torch
+from headwise import checkpoint as ckpt
+from headwise.models import LMConfig, build
+real, calls = os.replace, []
+def replace(src, dst):  # SIGKILL right after the first rename (checkpoint -> .checkpoint.old)
+    real(src, dst)
+    calls.append(dst)
+    if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+torch.manual_seed(1)
+cfg = LMConfig(vocab_size=11, d_model=32, num_heads=4, num_layers=2, d_ff=48, max_len=16,
+               dropout=0.0)
+model = build(cfg)
+opt = torch.optim.AdamW(model.parameters())
+ckpt.save(sys.argv[1], model, cfg, optimizer=opt, train_state={"step": 2})
+"""
+
+
+def _kill_between_renames(folder, tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_BETWEEN_RENAMES, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+
+
+def test_a_kill_between_the_two_renames_recovers_the_newer_checkpoint(tmp_path):
+    model, cfg = _lm()  # seed 0: the older checkpoint, step 1
+    opt = torch.optim.AdamW(model.parameters())
+    folder = tmp_path / "run" / "checkpoint"
+    ckpt.save(folder, model, cfg, optimizer=opt, train_state={"step": 1})
+    _kill_between_renames(folder, tmp_path)
+    # the state the kill left: no checkpoint, the old one aside, the complete new one in temp
+    assert not folder.exists() and (folder.parent / ".checkpoint.old").is_dir()
+    temps = list(folder.parent.glob(".checkpoint.tmp-*"))
+    assert len(temps) == 1
+    newer = {k: v.clone() for k, v in ckpt.load(temps[0]).model.state_dict().items()}
+    older = model.state_dict()
+    assert any(not torch.equal(newer[k], older[k]) for k in older)  # the test can fail
+
+    loaded = ckpt.load(tmp_path / "run")  # what view / trace / resume read
+    for k, v in loaded.model.state_dict().items():
+        assert torch.equal(v, newer[k]), k
+    assert ckpt.load_train_state(tmp_path / "run")["step"] == 2
+    assert folder.is_dir() and not (folder.parent / ".checkpoint.old").exists()
+    assert not list(folder.parent.glob(".checkpoint.tmp-*"))
+
+
+def test_a_recovered_run_resumes_from_the_newer_step(tmp_path):
+    import shutil
+
+    from headwise.train import TrainConfig, train
+    run = tmp_path / "run"
+    cfg = TrainConfig(task="copy", steps=4, batch_size=8, min_len=4, max_len=6, warmup=1,
+                      model=dict(d_model=16, num_heads=2, num_layers=1, d_ff=16),
+                      eval_size=8, eval_every=0, precision="fp32")
+    quiet = dict(progress=False, verbose=False)
+    train(cfg, out=run, steps=2, **quiet)
+    shutil.copytree(run / "checkpoint", tmp_path / "step2")
+    train(resume=run, out=run, steps=3, **quiet)
+    # the state a kill between the renames of the step-3 save leaves
+    (run / "checkpoint").rename(run / ".checkpoint.tmp-999999999")  # a pid that cannot exist
+    shutil.copytree(tmp_path / "step2", run / ".checkpoint.old")
+    final = train(resume=run, out=run, steps=4, **quiet)
+    assert [h["step"] for h in final.history] == [2, 3, 4]  # resumed at 3, not at 2
+
+
+def test_stale_temp_folders_are_cleaned_but_not_a_live_writers(tmp_path):
+    import subprocess
+    import sys
+    model, cfg = _lm()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid whose process has exited (and been reaped)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = [tmp_path / f".c.tmp-{gone.pid}", tmp_path / ".c.tmp-999999999"]
+        running = tmp_path / f".c.tmp-{live.pid}"
+        for folder in [*stale, running]:
+            folder.mkdir()
+            (folder / "model.safetensors").write_bytes(b"half-written")
+        ckpt.save(tmp_path / "c", model, cfg)
+        assert not any(p.exists() for p in stale)
+        assert running.is_dir()  # its writer still runs: never touched
+        assert ckpt.load(tmp_path / "c").config == cfg
+    finally:
+        live.kill()
+        live.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# edited, truncated and absurd checkpoints: one CheckpointError each, before any allocation
+
+
+def _edit(folder, **changes):
+    meta = json.loads((folder / "config.json").read_text())
+    meta.update(changes)
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"files": ["model.safetensors"]}, "'files' must map"),
+    ({"files": {"../../etc/passwd": "0" * 64}}, "'files' must map"),
+    ({"config": "x"}, "'config' an object"),
+    ({"kind": 3}, "'kind' must be a string"),
+    ({"tokenizer": [1]}, "'tokenizer' must be an object"),
+])
+def test_edited_config_json_is_one_clear_error(tmp_path, change, match):
+    model, cfg = _lm()
+    ckpt.save(tmp_path / "c", model, cfg)
+    _edit(tmp_path / "c", **change)
+    with pytest.raises(CheckpointError, match=match):
+        ckpt.load(tmp_path / "c")
+
+
+@pytest.mark.parametrize("field", ["d_model", "num_layers"])
+def test_a_config_claiming_a_huge_model_is_refused_at_once(tmp_path, field):
+    import time
+    model, cfg = _lm()
+    ckpt.save(tmp_path / "c", model, cfg)
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    meta["config"][field] = 1_000_000 if field == "num_layers" else 1_000_000
+    meta["config"]["num_heads"] = 4
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=r"parameters"):
+        ckpt.load(tmp_path / "c")
+    assert time.perf_counter() - start < 5
+
+
+def test_a_truncated_train_state_is_reported_as_corrupted(tmp_path):
+    model, cfg = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 11, (2, 8)))[0].sum().backward()
+    opt.step()
+    ckpt.save(tmp_path / "c", model, cfg, optimizer=opt, train_state={"step": 1})
+    path = tmp_path / "c" / "train_state.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupted"):
+        ckpt.load_train_state(tmp_path / "c", opt)
+    # and with its sha256 updated (an edit, not a crash): still one clear error
+    import hashlib
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    meta["files"]["train_state.safetensors"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        ckpt.load_train_state(tmp_path / "c", opt)
+
+
+@pytest.mark.parametrize("errno_", [28, 30, 13])  # ENOSPC, EROFS, EACCES
+def test_a_filesystem_error_during_save_is_one_output_error(tmp_path, monkeypatch, errno_):
+    import os
+
+    import safetensors.torch
+
+    from headwise.errors import OutputError
+    model, cfg = _lm()
+
+    def fail(*args, **kwargs):
+        raise OSError(errno_, os.strerror(errno_))
+    monkeypatch.setattr(safetensors.torch, "save_model", fail)
+    with pytest.raises(OutputError, match=f"cannot write .*{os.strerror(errno_)}"):
+        ckpt.save(tmp_path / "c", model, cfg)
+    assert not list(tmp_path.glob(".c.tmp-*"))  # nothing half-written left behind

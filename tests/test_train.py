@@ -1,6 +1,7 @@
 """The training loop: schedule, precision choice, loss scaling, learning, determinism."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -37,7 +38,8 @@ def test_precision_choice():
 
 def test_loss_sum_matches_mean_cross_entropy_over_real_tokens():
     task = make_task("reverse")
-    cfg = TrainConfig(task="reverse", d_model=32, num_heads=2, num_layers=1, d_ff=32).resolved()
+    cfg = TrainConfig(task="reverse", model=dict(d_model=32, num_heads=2, num_layers=1,
+                                                 d_ff=32)).resolved()
     torch.manual_seed(0)
     from headwise.models import build
     model = build(build_model_config(cfg, task))
@@ -53,7 +55,7 @@ def test_loss_sum_matches_mean_cross_entropy_over_real_tokens():
 
 def test_runs_are_deterministic():
     cfg = TrainConfig(task="induction", steps=15, batch_size=8, eval_size=32, eval_every=0,
-                      min_len=6, max_len=10, dropout=0.1, precision="fp32")
+                      min_len=6, max_len=10, model=dict(dropout=0.1), precision="fp32")
     a = train(cfg, progress=False)
     b = train(cfg, progress=False)
     for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
@@ -73,8 +75,8 @@ def test_text_task_reports_perplexity(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
     r = train(TrainConfig(task="text", text=str(path), context=32, steps=30, batch_size=8,
-                          d_model=32, num_heads=2, num_layers=1, d_ff=64, eval_size=8,
-                          precision="fp32", lr=3e-3, warmup=5), progress=False,
+                          model=dict(d_model=32, num_heads=2, num_layers=1, d_ff=64),
+                          eval_size=8, precision="fp32", lr=3e-3, warmup=5), progress=False,
               out=tmp_path / "run")
     assert r.metrics["perplexity"] < 10  # 11 symbols: chance would be 11+
     assert (tmp_path / "run" / "metrics.json").is_file()
@@ -88,9 +90,82 @@ def test_pairs_task_reports_bleu(tmp_path, tokenizer):
     lines = [f"{a} {b}\t{b} {a}" for a in words for b in words] * 4
     path.write_text("\n".join(lines), encoding="utf-8")
     # max_len counts tokens: "fünf fünf" is 9 characters but 11 bytes
-    r = train(TrainConfig(task="pairs", pairs=str(path), steps=5, batch_size=8, d_model=32,
-                          num_heads=2, num_layers=1, d_ff=32, eval_size=10, precision="fp32",
-                          tokenizer=tokenizer, max_len=10), progress=False)
+    r = train(TrainConfig(task="pairs", pairs=str(path), steps=5, batch_size=8,
+                          model=dict(d_model=32, num_heads=2, num_layers=1, d_ff=32),
+                          eval_size=10, precision="fp32", tokenizer=tokenizer, max_len=10),
+              progress=False)
     pairs = r.task.train_pairs + r.task.eval_pairs
     assert (("fünf fünf", "fünf fünf") in pairs) == (tokenizer == "char")
     assert 0.0 <= r.metrics["bleu"] <= 100.0 and "exact_match" in r.metrics
+
+
+# --------------------------------------------------------------------------------------------
+# options, old runs, bad input, divergence, Ctrl-C
+
+
+def test_a_model_option_reaches_the_model_config():
+    # one row of the CLI table: --kv-heads -> TrainConfig.model["num_kv_heads"] -> the config
+    from headwise.cli import build_parser
+    from headwise.commands.train import config_from_args
+    args = build_parser().parse_args(["train", "induction", "--kv-heads", "1", "--d-model", "32",
+                                      "--heads", "4"])
+    config, given = config_from_args(args)
+    cfg = config.updated(**given).resolved()
+    assert cfg.model["num_kv_heads"] == 1 and cfg.model["d_model"] == 32
+    task = make_task("induction")
+    mc = build_model_config(cfg, task)
+    assert (mc.num_kv_heads, mc.d_model, mc.num_heads, mc.num_layers) == (1, 32, 4, 2)
+
+
+def test_runs_saved_with_model_fields_at_the_top_level_still_load():
+    old = {"task": "reverse", "d_model": 64, "num_heads": 4, "num_layers": 2, "d_ff": 256,
+           "dropout": 0.0, "positional": "sinusoidal", "activation": "relu",
+           "norm_first": True, "steps": 1000, "batch_size": 64, "lr": 0.003, "warmup": 100,
+           "context": 256, "betas": [0.9, 0.98], "eval_every": 200, "checkpoint_every": 0}
+    cfg = TrainConfig.from_dict(old).resolved()
+    assert cfg.model == {"d_model": 64, "num_heads": 4, "num_layers": 2, "d_ff": 256,
+                         "dropout": 0.0, "positional": "sinusoidal", "activation": "relu",
+                         "norm_first": True}
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(bogus=1), TypeError, "unknown training option(s) ['bogus']"),
+    (dict(seed=2**70), ValueError, "seed must be in [0, 9,223,372,036,854,775,807]"),
+    (dict(seed=1.5), TypeError, "seed must be an int"),
+    (dict(steps="10"), TypeError, "steps must be an int"),
+    (dict(warmup=10, steps=10), ValueError, "warmup=10 must be smaller than steps=10"),
+    (dict(num_decoder_layers=2), ValueError, "do not apply to task 'induction'"),
+    (dict(betas=(0.9, 1.5)), ValueError, "betas must be two numbers in [0, 1)"),
+    (dict(size="large"), ValueError, "its sizes are small"),
+])
+def test_bad_options_are_clear_errors(kwargs, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        train(TrainConfig(task="induction"), progress=False, **kwargs)
+
+
+def test_text_runs_report_perplexity_not_exact_match(tmp_path, capsys):
+    path = tmp_path / "t.txt"
+    path.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+    r = train(TrainConfig(task="text", text=str(path), context=16, steps=3, batch_size=4,
+                          model=dict(d_model=16, num_heads=2, num_layers=1, d_ff=16),
+                          eval_size=4, precision="fp32", warmup=1), progress=False)
+    assert "exact_match" not in r.metrics and r.metrics["perplexity"] > 1
+    out = capsys.readouterr().out
+    assert "ppl" in out and "EM" not in out
+    # the estimate comes before the first step's line
+    assert out.index("estimate") < out.index("step      3")
+
+
+def test_a_non_finite_loss_stops_before_the_update():
+    from headwise.errors import TrainingDiverged
+    with pytest.raises(TrainingDiverged, match=r"at step 2 of 3: the training loss is nan"):
+        train(TrainConfig(task="copy", steps=3, batch_size=4, eval_every=0, eval_size=4,
+                          model=dict(d_model=16, num_heads=2, num_layers=1, d_ff=16),
+                          lr=float("inf"), warmup=0, precision="fp32"), progress=False)
+
+
+def test_threads_are_bounded_by_the_machine():
+    from headwise import _budget
+    with pytest.raises(ValueError, match=rf"threads must be an int in \[1, {_budget.cpu_count()}\]"):
+        TrainConfig(threads=_budget.cpu_count() + 1).resolved()

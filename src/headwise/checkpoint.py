@@ -12,6 +12,12 @@ with two ``os.replace`` calls (the previous checkpoint is kept as ``.<name>.old`
 so a process killed at any instant leaves either the old or the new checkpoint, complete.
 :func:`load` checks the sha256 of every file, so a truncated or altered file is reported as
 corrupted instead of surfacing a torch traceback.
+
+Recovery: a process killed *between* the two renames leaves no ``<name>`` folder, the previous
+checkpoint in ``.<name>.old`` and the complete new one in ``.<name>.tmp-<pid>``. The next
+load (or save) promotes the newest temp folder whose writer is gone and whose files match their
+sha256, so the newer checkpoint wins, never silently the older one. Temp folders of writers
+that are gone (killed mid-save) are removed by the next save.
 """
 
 from __future__ import annotations
@@ -19,21 +25,35 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from headwise import _budget, _swap
+from headwise._swap import writing
 from headwise.errors import CheckpointError
 
-__all__ = ["Loaded", "load", "load_train_state", "read_config", "save"]
+__all__ = ["Loaded", "Verified", "load", "load_train_state", "read_config", "save", "writing"]
 
 FORMAT = 1
 _MODEL, _CONFIG = "model.safetensors", "config.json"
 _STATE, _STATE_JSON = "train_state.safetensors", "train_state.json"
+_FILES = (_MODEL, _STATE, _STATE_JSON)  # the only names config.json may list
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Verified(NamedTuple):
+    """What :func:`read_config` returns: the checkpoint folder and its parsed ``config.json``,
+    every listed file's sha256 checked. Hand it on (``load_train_state(checked=...)``,
+    ``train(resume=...)``) so that nothing is hashed twice."""
+
+    path: Path
+    meta: dict[str, Any]
 
 
 @dataclass
@@ -61,20 +81,8 @@ def _write_json(path: Path, obj: Any) -> None:
         f.write("\n")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
-
-
-def _old(folder: Path) -> Path:
-    return folder.parent / f".{folder.name}.old"
 
 
 def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = None, *,
@@ -90,13 +98,23 @@ def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = Non
             ``train_state.json`` (hyper-parameters), together with ``train_state`` (JSON-safe).
         metadata: JSON-safe facts stored in ``config.json`` (task, metrics, ...).
     """
-    from safetensors.torch import save_model
-
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    with writing(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if not (folder / _CONFIG).is_file():
+            _recover(folder)  # a newer complete checkpoint left by a killed save comes first
+        _swap.clean_stale(folder)
+        tmp = _swap.temp_for(folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_files(tmp, folder, model, config, tokenizer, optimizer, train_state, metadata)
+    return folder
+
+
+def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, train_state,
+                 metadata) -> None:
+    """Fill ``tmp``, fsync it, swap it in for ``folder`` (two renames)."""
+    from safetensors.torch import save_model
     try:
         save_model(_unwrap(model), str(tmp / _MODEL))
         files = [_MODEL]
@@ -114,17 +132,10 @@ def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = Non
         for name in [*files, _CONFIG]:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        old = _old(folder)
-        shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        _fsync_dir(folder.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap.fsync_dir(tmp)
+        _swap.swap_in(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def _resolve(folder: str | Path) -> Path:
@@ -134,39 +145,91 @@ def _resolve(folder: str | Path) -> Path:
     if (folder / "checkpoint" / _CONFIG).is_file():  # a run folder (headwise train --out)
         return folder / "checkpoint"
     for cand in (folder, folder / "checkpoint"):  # killed between the two renames of save()
-        if (_old(cand) / _CONFIG).is_file():
-            return _old(cand)
+        found = _recover(cand)
+        if found is not None:
+            return found
     if not folder.exists():
         raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
     raise CheckpointError(f"{folder} is not a headwise checkpoint: no {_CONFIG} in it (or in "
                           f"{folder / 'checkpoint'})")
 
 
-def read_config(folder: str | Path) -> tuple[Path, dict[str, Any]]:
-    """``(checkpoint path, parsed config.json)``, with every listed file's sha256 verified."""
-    path = _resolve(folder)
+def _check_meta(meta: Any, where: Path) -> None:
+    """The shape of a parsed ``config.json``: every field of the right type, files only
+    from the checkpoint's own names (never a path out of the folder)."""
+    if not isinstance(meta, dict) or not {"kind", "config", "files"} <= set(meta):
+        raise CheckpointError(f"{where} is not a headwise checkpoint config (needs kind, "
+                              f"config, files)")
+    if not isinstance(meta["kind"], str) or not isinstance(meta["config"], dict):
+        raise CheckpointError(f"{where}: 'kind' must be a string and 'config' an object; got "
+                              f"{type(meta['kind']).__name__} and {type(meta['config']).__name__}")
+    files = meta["files"]
+    if (not isinstance(files, dict) or _MODEL not in files
+            or not all(n in _FILES and isinstance(h, str) and _SHA256.match(h)
+                       for n, h in files.items())):
+        raise CheckpointError(f"{where}: 'files' must map {list(_FILES)} (model.safetensors at "
+                              f"least) to sha256 hex digests; got {str(files)[:120]}")
+    for key in ("metadata", "tokenizer"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise CheckpointError(f"{where}: '{key}' must be an object; got "
+                                  f"{type(meta[key]).__name__}")
+
+
+def _verify(path: Path) -> dict[str, Any]:
+    """Parse and check ``path/config.json`` and the sha256 of every file it lists."""
     try:
         meta = json.loads((path / _CONFIG).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path / _CONFIG} is corrupted ({type(exc).__name__}: {exc})") from None
-    if not isinstance(meta, dict) or not {"kind", "config", "files"} <= set(meta):
-        raise CheckpointError(f"{path / _CONFIG} is not a headwise checkpoint config (needs "
-                              f"kind, config, files)")
+    _check_meta(meta, path / _CONFIG)
     for name, digest in meta["files"].items():
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}")
         if _sha256(path / name) != digest:
             raise CheckpointError(f"checkpoint file {path / name} is corrupted (its sha256 does "
                                   f"not match config.json); re-save or retrain it")
-    return path, meta
+    return meta
+
+
+def _complete(path: Path) -> bool:
+    try:
+        _verify(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _recover(folder: Path) -> Path | None:
+    """A save was killed between its renames: the newest complete copy wins (sha256)."""
+    return _swap.recover(folder, _complete, _CONFIG)
+
+
+def read_config(folder: str | Path) -> Verified:
+    """``(checkpoint path, parsed config.json)``, with every listed file's sha256 verified."""
+    path = _resolve(folder)
+    return Verified(path, _verify(path))
 
 
 def build_config(meta: dict[str, Any], where: Path):
+    """The model config of a checkpoint, refused when the model it describes could not fit
+    in memory or in its own weights file (an edited ``config.json``)."""
     from headwise.models import config_from_dict
     try:
-        return config_from_dict(meta["kind"], meta["config"])
+        config = config_from_dict(meta["kind"], meta["config"])
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{where / _CONFIG}: bad model config: {exc}") from None
+    n = _budget.parameter_count(config.kind, config.to_dict())
+    on_disk = (where / _MODEL).stat().st_size if (where / _MODEL).is_file() else 0
+    if on_disk and 4 * n > 4 * on_disk + (1 << 20):
+        raise CheckpointError(f"{where / _CONFIG} describes a model of {n:,} parameters "
+                              f"({_budget.format_bytes(4 * n)}) but {_MODEL} holds "
+                              f"{_budget.format_bytes(on_disk)}; the config was edited")
+    try:
+        _budget.check_fits(f"the model of {where} ({n:,} parameters)", 4 * n,
+                           "load it on a machine with more memory")
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    return config
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -221,15 +284,26 @@ def load_train_state(folder: str | Path, optimizer: torch.optim.Optimizer | None
     from safetensors.torch import load_file
 
     path, meta = read_config(folder) if checked is None else checked
-    if _STATE_JSON not in meta["files"]:
+    if _STATE_JSON not in meta["files"] or _STATE not in meta["files"]:
         raise CheckpointError(f"checkpoint {path} has no training state (it was saved for "
                               f"inference only); it cannot be resumed")
-    saved = json.loads((path / _STATE_JSON).read_text(encoding="utf-8"))
+    try:
+        saved = json.loads((path / _STATE_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path / _STATE_JSON} is corrupted ({type(exc).__name__})") from None
+    if (not isinstance(saved, dict) or not isinstance(saved.get("state"), dict)
+            or not isinstance(saved.get("optimizer"), (dict, type(None)))):
+        raise CheckpointError(f"{path / _STATE_JSON} is not a headwise training state (needs "
+                              f"'state' and 'optimizer' objects)")
     if optimizer is not None:
         opt = saved.get("optimizer")
         if opt is None:
             raise CheckpointError(f"checkpoint {path} has no optimizer state to resume from")
-        tensors = load_file(str(path / _STATE))
+        try:
+            tensors = load_file(str(path / _STATE))
+        except Exception as exc:  # safetensors raises its own kinds for a damaged header
+            raise CheckpointError(f"{path / _STATE} is not a readable safetensors file "
+                                  f"({type(exc).__name__}); re-save or retrain it") from None
         state: dict[int, dict[str, Any]] = {}
         for name, t in tensors.items():
             _, pid, key = name.split(".", 2)

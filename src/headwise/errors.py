@@ -10,6 +10,14 @@ class CheckpointError(HeadwiseError, ValueError):
     """A checkpoint folder is missing, corrupted, or belongs to another model."""
 
 
+class TrainingDiverged(HeadwiseError):
+    """The loss (or the weights) of a training run stopped being finite."""
+
+
+class OutputError(HeadwiseError):
+    """A file or folder could not be written (read-only filesystem, full disk, permissions)."""
+
+
 #: Printed by the command line as one readable line (exit status 2): headwise's own errors, bad
 #: values (``ValueError``: every input check names what was expected and the fix) and the
 #: filesystem refusing (``OSError``: a missing file, no permission, a directory where a file was

@@ -69,3 +69,91 @@ def test_resume_with_a_checkpoint_of_another_model(capsys, tmp_path):
     (b / "checkpoint" / "train_state.safetensors").write_bytes(b"garbage")
     _fails(capsys, ["train", "--resume", str(b), "--steps", "2", "--quiet"], "corrupted")
     _fails(capsys, ["train", "--resume", str(tmp_path / "missing"), "--quiet"], "does not exist")
+
+
+# --------------------------------------------------------------------------------------------
+# presets, schedules, divergence, absurd sizes: each one line, before anything is allocated
+
+
+def test_unknown_preset_size(capsys):
+    _fails(capsys, ["train", "reverse", "--size", "huge", *TINY],
+           "unknown size 'huge' for task 'reverse'; its sizes are small")
+
+
+def test_warmup_not_shorter_than_the_run(capsys):
+    _fails(capsys, ["train", "reverse", *TINY, "--warmup", "1"],
+           "warmup=1 must be smaller than steps=1")
+
+
+@pytest.mark.parametrize("bad", [["--lr", "inf"], ["--weight-decay", "nan"]])
+@pytest.mark.parametrize("every, match", [
+    ("0", "training diverged at step 2 of 4: the training loss is nan"),  # its loss, at once
+    ("1", "training diverged at step 1 of 4: the weights are no longer finite"),  # before saving
+])
+def test_a_diverging_run_stops_naming_the_step(capsys, tmp_path, bad, every, match):
+    argv = ["train", "reverse", *TINY, "--steps", "4", "--checkpoint-every", every,
+            "--eval-every", "0", "--out", str(tmp_path / "run"), *bad]
+    _fails(capsys, argv, match)
+    assert not (tmp_path / "run" / "checkpoint").exists()  # no non-finite weights saved
+
+
+@pytest.mark.parametrize("bad, match", [
+    (["--threads", "100000"], "threads must be an int in [1, "),
+    (["--max-len", "10000000"], "max_len=10,000,000 is over the maximum 4,096"),
+    (["--eval-size", "1000000000"], "eval_size must be in [1, 100,000]"),
+    (["--batch-size", "100000000"], "batch_size must be in [1, 1,048,576]"),
+    (["--batch-size", "1000000"], "batch_size=1,000,000 (activations for backward) needs about"),
+    (["--d-model", "1000000", "--heads", "1"], "parameters (training) needs about"),
+    (["--layers", "1000000"], "parameters (training) needs about"),
+    (["--seed", str(2**70)], "seed must be in [0,"),
+    (["--context", "1"], "context must be in [2,"),
+])
+def test_absurd_sizes_are_refused_at_once(capsys, bad, match):
+    import time
+    start = time.perf_counter()
+    _fails(capsys, ["train", "reverse", *TINY, *bad], match)
+    assert time.perf_counter() - start < 5
+
+
+def test_an_unwritable_output_folder_is_one_line(capsys):
+    _fails(capsys, ["train", "reverse", *TINY, "--out", "/proc/headwise-run"], "cannot write")
+
+
+def test_help_lists_the_presets_with_their_estimated_time(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    import re
+    assert "presets" in out and "on this machine" in out
+    rows = [line for line in out.splitlines() if re.search(r"~\d+(\.\d+)? (s|min|h)$", line)]
+    assert len(rows) == 6  # reverse, induction, text small/large, pairs small/large
+    assert any("large" in r and r.rstrip().endswith(" h") for r in rows)  # hours: named large
+    small = [r for r in rows if " small " in r]
+    assert len(small) == 4
+
+
+def test_help_table_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, headwise; base = 'torch' in sys.modules; "
+            "from headwise.commands.train import presets_table; presets_table(); "
+            "print(base, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    base, after = done.stdout.split()
+    if base == "True":
+        pytest.skip("`import headwise` itself imports torch here")
+    assert after == "False"
+
+
+def test_resume_hashes_each_checkpoint_file_once(tmp_path, monkeypatch):
+    from headwise import checkpoint as ckpt
+    run = tmp_path / "run"
+    assert main(["train", "reverse", *TINY, "--out", str(run)]) == 0
+    seen = []
+    real = ckpt._sha256
+    monkeypatch.setattr(ckpt, "_sha256", lambda p: seen.append(p) or real(p))
+    assert main(["train", "--resume", str(run), "--steps", "2", "--quiet"]) == 0
+    resumed = [p for p in seen if p.parent == run / "checkpoint"]
+    assert sorted(p.name for p in resumed) == ["model.safetensors", "train_state.json",
+                                               "train_state.safetensors"]

@@ -55,3 +55,20 @@ def test_induction_scores_only_the_predictable_copy():
         assert torch.equal(b.labels[k, :total - 1], torch.tensor(seq[1:]))
 
 
+
+
+def test_absurd_lengths_are_refused_before_any_work():
+    import time
+
+    import pytest
+
+    from headwise.data import make_task
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="max_len=10,000,000 is over the maximum 4,096"):
+        make_task("reverse", max_len=10**7)
+    with pytest.raises(TypeError, match="max_len must be an int"):
+        make_task("induction", max_len=8.5)
+    with pytest.raises(ValueError, match="context must be in"):
+        from headwise.data import TextLMTask
+        TextLMTask("abc " * 100, context=10**7)
+    assert time.perf_counter() - start < 5

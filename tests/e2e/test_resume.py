@@ -58,3 +58,31 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
             assert torch.equal(a[key], b[key]), (name, key)
     metrics = [json.loads((r / "metrics.json").read_text())["metrics"] for r in (full, killed)]
     assert metrics[0] == metrics[1]
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path):
+    run = tmp_path / "run"
+    args = [*ARGS, "--steps", "2000", "--checkpoint-every", "0", "--out", str(run)]
+    proc = subprocess.Popen([sys.executable, "-m", "headwise.cli", "train", *args],
+                            env={**_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:  # the first evaluation line: the loop (and its handler) runs
+        seen.append(line)
+        if line.lstrip().startswith("step"):
+            break
+    assert not (run / "checkpoint").exists()  # --checkpoint-every 0: nothing saved so far
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    stopped = _step(run)
+    assert 10 <= stopped < 2000, "".join(seen) + out + err
+    assert f"interrupted after step {stopped} of 2000" in " ".join(out.split())
+    assert "Ctrl-C: saving a checkpoint after this step" in err
+
+    done = subprocess.run([sys.executable, "-m", "headwise.cli", "train", "--resume", str(run),
+                           "--steps", str(stopped + 10), "--quiet"], env=_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"at step {stopped}" in " ".join(done.stdout.split())  # rich wraps long lines
+    assert _step(run) == stopped + 10

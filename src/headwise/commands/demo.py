@@ -49,9 +49,10 @@ def demo_config(steps: int = DEFAULT_STEPS, seed: int = 0, **runtime):
     """The demo's training run: a 2+2-layer, 4-head, d_model-64 Transformer reversing strings
     of 4-16 letters over a 20-letter alphabet, batch 64, AdamW 3e-3 with warm-up + cosine."""
     from headwise.train import TrainConfig
-    return TrainConfig(task="reverse", min_len=4, max_len=16, num_symbols=20, d_model=64,
-                       num_heads=4, num_layers=2, d_ff=256, dropout=0.0, steps=steps,
-                       batch_size=64, lr=3e-3, warmup=100, eval_every=max(1, steps // 5),
+    return TrainConfig(task="reverse", min_len=4, max_len=16, num_symbols=20,
+                       model=dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, dropout=0.0),
+                       steps=steps, batch_size=64, lr=3e-3, warmup=min(100, steps // 10),
+                       eval_every=max(1, steps // 5),
                        eval_size=1000, checkpoint_every=0, seed=seed, **runtime)
 
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:
-    from headwise.train import _strip, greedy_decode
+    from headwise.evaluate import greedy_decode, strip_special
     tok = task.tokenizer
     order = sorted(range(len(heldout)), key=lambda k: int(heldout.src_lens[k]))
     picks = [order[round(q * (len(order) - 1) / (count - 1))] for q in range(count)]
@@ -164,7 +165,7 @@ def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:
     rows = []
     for k in range(len(picks)):
         source = tok.decode(src[k, :int(lens[k])].tolist())
-        output = tok.decode(_strip(out[k].tolist(), tok.eos_id, tok.pad_id))
+        output = tok.decode(strip_special(out[k].tolist(), tok.eos_id, tok.pad_id))
         rows.append({"source": source, "output": output, "correct": output == source[::-1]})
     return rows
 

@@ -1,7 +1,12 @@
 """``headwise train TASK ...``: train a model (see :mod:`headwise.train`).
 
+This module owns the option table: one row per option. A row whose name is a field of the
+model config (``d_model``, ``num_heads``, ...) goes into ``TrainConfig.model``; any other into
+the TrainConfig field of that name; so a new model option is one row here.
+
 ``--nproc N`` runs the same training in N processes under ``torch.distributed.run`` (torchrun)
-with DistributedDataParallel: gloo on CPU, NCCL on CUDA.
+with DistributedDataParallel: gloo on CPU, NCCL on CUDA. Nothing heavy is imported until a
+command runs (``train --help`` lists the presets and their estimated time without torch).
 """
 
 from __future__ import annotations
@@ -9,28 +14,166 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 HELP = "train a model on a synthetic task, a text file, sentence pairs or a corpus"
 EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
 
+OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
+    ("--size", "size", str, "preset size: 'small' (default; minutes on a CPU) or 'large' "
+                            "(text and pairs tasks; see the table below)"),
+    ("--text", "text", str, "UTF-8 text file (task 'text')"),
+    ("--pairs", "pairs", str, "source<TAB>target file (task 'pairs')"),
+    ("--min-len", "min_len", int, "shortest synthetic sequence"),
+    ("--max-len", "max_len", int, "longest synthetic sequence / sentence pair"),
+    ("--num-symbols", "num_symbols", int, "synthetic alphabet size (2-52)"),
+    ("--context", "context", int, "language-model window (text tasks)"),
+    ("--tokenizer", "tokenizer", str, "'char' (default) or 'byte'"),
+    ("--d-model", "d_model", int, "model width m"),
+    ("--heads", "num_heads", int, "attention heads h"),
+    ("--kv-heads", "num_kv_heads", int, "key/value heads g (grouped-query attention)"),
+    ("--layers", "num_layers", int, "layers (encoder and decoder each)"),
+    ("--d-ff", "d_ff", int, "feed-forward width"),
+    ("--dropout", "dropout", float, "dropout rate"),
+    ("--positional", "positional", str, "'sinusoidal' (default) or 'learned'"),
+    ("--activation", "activation", str, "'relu' (default), 'gelu', 'gelu_tanh' or 'silu'"),
+    ("--steps", "steps", int, "optimizer steps"),
+    ("--batch-size", "batch_size", int, "global batch size (all processes)"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--warmup", "warmup", int, "linear warm-up steps, fewer than --steps (then cosine decay)"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--grad-clip", "grad_clip", float, "max gradient norm (0 = off)"),
+    ("--label-smoothing", "label_smoothing", float, "label smoothing"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (and at the end)"),
+    ("--eval-size", "eval_size", int, "held-out examples per evaluation"),
+    ("--checkpoint-every", "checkpoint_every", int, "save every N steps (0 = only at the end)"),
+    ("--seed", "seed", int, "seed (data, init, dropout)"),
+    ("--precision", "precision", str, "'auto' (bf16 where supported), 'fp32' or 'bf16'"),
+    ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("--threads", "threads", int, "CPU threads per process (default: torch's choice)"),
+]
+
+_TASKS = {"synthetic": "reverse, copy, sort", "induction": "induction", "text": "text, austen",
+          "pairs": "pairs, de-en"}
+_EPILOG = "\x00presets"  # replaced by the preset table when the help is shown
+
+
+def presets_table() -> str:
+    """The presets with their sizes and estimated time on this machine (torch-free)."""
+    from headwise import _budget
+    from headwise.train_config import PRESETS, TrainConfig, estimate_seconds, format_seconds
+    rows = [f"presets (`headwise train TASK --size SIZE`; time estimated on this machine, "
+            f"{_budget.cpu_count()} CPUs, from a quick matmul benchmark):",
+            f"  {'task':<20} {'size':<6} {'model':<30} {'steps':>6} {'batch':>6}  estimate"]
+    for family, sizes in PRESETS.items():
+        task = _TASKS[family].split(",")[0]
+        for k, size in enumerate(sizes):
+            cfg = TrainConfig(task=task, size=size).filled()
+            m = cfg.model
+            model = f"d {m['d_model']}, {m['num_layers']} layers, {m['num_heads']} heads"
+            rows.append(f"  {_TASKS[family] if k == 0 else '':<20} {size:<6} {model:<30} "
+                        f"{cfg.steps:>6} {cfg.batch_size:>6}  "
+                        f"~{format_seconds(estimate_seconds(cfg))}")
+    rows += ["", "example:", f"  {EXAMPLE}",
+             "  headwise train austen                    # the small size: minutes",
+             "  headwise train austen --size large --device cuda",
+             "  headwise train --resume runs/reverse     # continue after Ctrl-C or a crash"]
+    return "\n".join(rows)
+
+
+class _HelpWithPresets(argparse.HelpFormatter):
+    """Computes the preset table only when the help is printed, and keeps its lines."""
+
+    def add_text(self, text):
+        super().add_text(presets_table() if text == _EPILOG else text)
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("presets"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The training options (every default None = the task preset / the saved run)."""
+    p.add_argument("task", nargs="?", default=None,
+                   help="reverse, copy, sort, induction, text, austen, pairs or de-en")
+    for flag, dest, typ, text in OPTIONS:
+        kw: dict[str, Any] = {"choices": ("auto", "fp32", "bf16")} if dest == "precision" else {}
+        p.add_argument(flag, dest=dest, type=typ, default=None, help=text, **kw)
+    p.add_argument("--out", default=None, help="run folder (default headwise-runs/TASK)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run saved in DIR (a run or checkpoint folder)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (set-up and evaluation lines are still printed)")
+
 
 def register(subparsers) -> None:
-    from headwise.train import add_arguments
     p = subparsers.add_parser(
         "train",
         description="Train with AdamW, warm-up + cosine decay, evaluation, atomic checkpoints "
-                    "and exact --resume. Options left out take the task's preset.")
+                    "and exact --resume (Ctrl-C saves one). Options left out take the task's "
+                    "preset at --size.",
+        epilog=_EPILOG, formatter_class=_HelpWithPresets)
     add_arguments(p)
     p.add_argument("--nproc", type=int, default=1,
                    help="processes (DDP via torchrun; gloo on CPU, NCCL on CUDA)")
     p.set_defaults(func=run)
 
 
+def config_from_args(args: argparse.Namespace):
+    """``(TrainConfig or None when resuming, overrides)`` from parsed options: explicit
+    options only, by field name (model fields included)."""
+    from headwise.train_config import TrainConfig
+    given = {dest: getattr(args, dest) for _, dest, _, _ in OPTIONS
+             if getattr(args, dest, None) is not None}
+    if args.resume:
+        if args.task is not None:
+            given["task"] = args.task
+        return None, given
+    if args.task is None:
+        raise ValueError("which task? e.g. `headwise train reverse` (or --resume DIR)")
+    return TrainConfig(task=args.task), given
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """One process of ``headwise train`` (also ``python -m headwise.train`` under torchrun)."""
+    import os
+
+    from headwise import checkpoint as ckpt
+    from headwise.errors import CheckpointError
+    from headwise.train import train
+    from headwise.train_config import TrainConfig
+    config, given = config_from_args(args)
+    resume = None
+    if args.resume:
+        resume = ckpt.read_config(args.resume)  # every file hashed once, here, for the run
+        saved = ckpt.load_train_state(resume.path, checked=resume)
+        try:
+            saved_task = TrainConfig.from_dict(saved["config"]).task
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{resume.path}: its training state is not a headwise run's "
+                                  f"({type(exc).__name__}: {exc})") from None
+        if given.pop("task", saved_task) != saved_task:
+            raise CheckpointError(f"{args.resume} is a run of task {saved_task!r}, not "
+                                  f"{args.task!r}; drop the task or pick another folder")
+    out = args.out
+    if out is None:
+        if resume is not None:
+            path = resume.path
+            out = path.parent if path.name == "checkpoint" else path.parent / "resumed"
+        else:
+            out = Path("headwise-runs") / config.task
+    result = train(config, out=out, resume=resume, progress=not args.quiet, **given)
+    if result.metrics and int(os.environ.get("RANK", "0")) == 0:
+        print(f"run saved in {out}/ (checkpoint/, metrics.json, log.jsonl)")
+    return 0
+
+
 def torchrun_command(args: argparse.Namespace) -> list[str]:
     """The ``python -m torch.distributed.run ... -m headwise.train ...`` command for ``args``."""
-    from headwise.train import _OPTIONS
     argv = [args.task] if args.task else []
-    for flag, dest, _, _ in _OPTIONS:
+    for flag, dest, _, _ in OPTIONS:
         value = getattr(args, dest)
         if value is not None:
             argv += [flag, str(value)]
@@ -44,7 +187,6 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise.train import TrainConfig, config_from_args, run_args
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {args.nproc}")
     if args.nproc == 1:
@@ -52,13 +194,32 @@ def run(args: argparse.Namespace) -> int:
     # Check what can be checked here, so a user error is one line, not N ranks' worth.
     config, given = config_from_args(args)
     if config is not None:
-        cfg = TrainConfig(**{**config.to_dict(), **given, "betas": tuple(config.betas)})
-        resolved = cfg.resolved()
+        resolved = config.updated(**given).resolved()
         if resolved.batch_size % args.nproc:
             raise ValueError(f"batch_size={resolved.batch_size} is not divisible by --nproc "
                              f"{args.nproc}; pass --batch-size a multiple of {args.nproc}")
-        from headwise.data import make_task
-        make_task(cfg.task, seed=cfg.seed, min_len=cfg.min_len, max_len=cfg.max_len,
-                  num_symbols=cfg.num_symbols, context=cfg.context, tokenizer=cfg.tokenizer,
-                  text=cfg.text, pairs=cfg.pairs)
+        from headwise.train import task_for
+        task_for(resolved)
     return subprocess.call(torchrun_command(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m headwise.train`` (torchrun's entry): parse, run one process, report a user
+    error as one line, leave the process group."""
+    from headwise._dist import shutdown
+    from headwise.cli import USER_ERRORS
+    parser = argparse.ArgumentParser(prog="python -m headwise.train",
+                                     description="Train a headwise model (one process of a run).")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_args(args)
+    except KeyboardInterrupt:
+        print("headwise train: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"headwise train: error: {message}", file=sys.stderr)
+        return 2
+    finally:
+        shutdown()

@@ -21,9 +21,10 @@ import numpy as np
 from headwise.data.batches import LMBatch, Seq2SeqBatch, collate_lm, collate_seq2seq
 from headwise.data.tokenizers import CharTokenizer
 
-__all__ = ["SEQ2SEQ_TASKS", "InductionTask", "SyntheticSeq2Seq"]
+__all__ = ["MAX_LEN", "SEQ2SEQ_TASKS", "InductionTask", "SyntheticSeq2Seq"]
 
 SEQ2SEQ_TASKS = ("reverse", "copy", "sort")
+MAX_LEN = 4096  # longest synthetic sequence (the model's attention is O(n^2) in it)
 _EVAL_BUCKETS = 10  # 1 sequence in 10 is held out
 _TRAIN, _EVAL = 0, 1
 
@@ -62,6 +63,13 @@ class _Synthetic:
     seed: int
 
     def __post_init__(self):
+        for name in ("min_len", "max_len", "num_symbols", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int; got {value!r}")
+        if self.max_len > MAX_LEN:
+            raise ValueError(f"max_len={self.max_len:,} is over the maximum {MAX_LEN:,} for a "
+                             f"synthetic task; pass --max-len <= {MAX_LEN}")
         if not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"need 1 <= min_len <= max_len; got min_len={self.min_len}, "
                              f"max_len={self.max_len}")

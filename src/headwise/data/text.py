@@ -15,6 +15,16 @@ from headwise.data.tokenizers import ByteTokenizer, CharTokenizer
 __all__ = ["PairsTask", "TextLMTask", "make_tokenizer", "read_pairs", "read_text"]
 
 _TRAIN, _EVAL = 0, 1
+MAX_CONTEXT = 1 << 16  # longest language-model window
+MAX_PAIR_LEN = 4096  # longest sentence (tokens) a pairs task keeps
+
+
+def _check_size(name: str, value, low: int, high: int, flag: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int; got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high:,}]; got {value:,}; pass {flag} "
+                         f"within it")
 
 
 def read_text(path: str | Path) -> str:
@@ -66,8 +76,7 @@ class TextLMTask:
 
     def __init__(self, text: str, *, name: str = "text", context: int = 256,
                  tokenizer: str = "char", seed: int = 0, source: str = ""):
-        if context < 2:
-            raise ValueError(f"context must be >= 2 tokens; got {context}")
+        _check_size("context", context, 2, MAX_CONTEXT, "--context")
         self.name, self.context, self.seed, self.source = name, context, seed, source
         self.tokenizer = make_tokenizer(tokenizer, text)
         ids = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
@@ -113,6 +122,7 @@ class PairsTask:
 
     def __init__(self, pairs: list[tuple[str, str]], *, name: str = "pairs", max_len: int = 64,
                  tokenizer: str = "char", seed: int = 0, source: str = ""):
+        _check_size("max_len", max_len, 1, MAX_PAIR_LEN, "--max-len")
         self.name, self.seed, self.source = name, seed, source
         self.tokenizer = make_tokenizer(tokenizer, "".join(s + t for s, t in pairs))
         tok = self.tokenizer
