@@ -204,22 +204,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m headwise.train`` (torchrun's entry): parse, run one process, report a user
-    error as one line, leave the process group."""
+    """``python -m headwise.train`` (torchrun's entry): ``headwise train ARGS`` in this
+    process (the same parser and error reporting), then leave the process group."""
     from headwise._dist import shutdown
-    from headwise.cli import USER_ERRORS
-    parser = argparse.ArgumentParser(prog="python -m headwise.train",
-                                     description="Train a headwise model (one process of a run).")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    from headwise.cli import main as cli_main
     try:
-        return run_args(args)
-    except KeyboardInterrupt:
-        print("headwise train: interrupted", file=sys.stderr)
-        return 130
-    except USER_ERRORS as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"headwise train: error: {message}", file=sys.stderr)
-        return 2
+        return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
     finally:
         shutdown()
