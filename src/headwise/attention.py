@@ -9,7 +9,12 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 - masks are **True = may attend** (bool) or additive (float), broadcastable to ``(b, h, i, j)``;
 - ``causal=True`` is *bottom-right* aligned (see :func:`headwise.masks.causal`);
 - a query row whose keys are all masked gets **zero output and zero weights**, with finite
-  gradients (never NaN, never a uniform average over padding);
+  gradients (never NaN, never a uniform average over padding) — the only place zeros are
+  promised;
+- NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf in the key or
+  value of a position a row may attend makes that row NaN. A NaN at a *masked* position may
+  still reach other rows (fused kernels add the mask to scores computed from it, block by
+  block), so clean inputs rather than masking them. ``scale`` must be finite;
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
 ``"eager"`` is the readable reference. ``"sdpa"`` feeds ``F.scaled_dot_product_attention`` what
@@ -86,7 +91,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Returns:
         ``(output (b, h, i, e), weights (b, h, i, j) or None)``.
     """
-    _check(q, k, v, mask, dropout_p, backend)
+    _check(q, k, v, mask, dropout_p, scale, backend)
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
         raise ValueError(f"attention: softcap must be None or > 0, got {softcap!r}")
     if sinks is not None and (not isinstance(sinks, torch.Tensor)
@@ -129,8 +134,11 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             probability but carries no value (gpt-oss): ``p_ij = e^s_ij / (sum_j e^s_ij +
             e^sink_h)``.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    scale = _scale(scale, q.shape[-1])
+    # fp16 overflows at 65504: scale q before the product and keep scores and softmax in
+    # float32, as the fused kernels accumulate; the weights come back in q's dtype.
+    acc = torch.float32 if q.dtype == torch.float16 else q.dtype
+    scores = torch.einsum("bhid,bhjd->bhij", (q * scale).to(acc), k.to(acc))
     record(StepKind.SCORES, scores, scale=scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -142,12 +150,15 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
     scores = scores.masked_fill(dead, 0.0)
     if sinks is None:
         weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
-        record(StepKind.SOFTMAX, weights)
-        return weights
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
-    weights = weights.masked_fill(dead, 0.0)
-    record(StepKind.SOFTMAX_WITH_SINKS, weights)
+        kind = StepKind.SOFTMAX
+    else:
+        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+        weights = weights.masked_fill(dead, 0.0)
+        kind = StepKind.SOFTMAX_WITH_SINKS
+    # A query row with NaN or inf is NaN, never "fully masked" zeros (see the module's policy).
+    weights = weights.to(q.dtype).masked_fill(_bad_rows(q), float("nan"))
+    record(kind, weights)
     return weights
 
 
@@ -155,8 +166,8 @@ def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) 
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
+        else:  # an additive mask of another float dtype is cast, as sdpa does
+            scores = scores + mask.to(scores.dtype)
         record(StepKind.MASK, scores, form=_mask_form(mask), shape=tuple(mask.shape))
     if causal:
         nq, nk = scores.shape[-2:]
@@ -193,6 +204,8 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
                      return_weights=True)
     h, g = q.shape[1], k.shape[1]
     nq, nk = q.shape[-2], k.shape[-2]
+    if mask is not None and mask.dim() < 4:  # (j,), (i, j), (h, i, j): the kernel wants 4-D
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     if causal and nq == 1:  # bottom-right: the single newest query sees every key
         causal = False
     is_causal = False
@@ -215,6 +228,9 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                              is_causal=is_causal, scale=scale,
                                              enable_gqa=h != g)
+    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
+    # max treats the row as fully masked). NaN or inf in -> NaN out, on every backend.
+    out = out.masked_fill(_bad_rows(q), float("nan"))
     if active():
         kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
         record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
@@ -243,6 +259,21 @@ def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
         return True
     return q.device.type == "cpu" and sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) \
         == "FLASH_ATTENTION"
+
+
+def _bad_rows(q: torch.Tensor) -> torch.Tensor:
+    """``(b, h, i, 1)``: query rows holding NaN or inf, whose output the NaN policy makes NaN."""
+    return ~torch.isfinite(q).all(dim=-1, keepdim=True)
+
+
+def _scale(scale, d: int) -> float:
+    """The score scale: ``1 / sqrt(d)`` by default; a given one must be a finite number."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise ValueError(f"attention: scale must be a finite number or None (1/sqrt(d)), got "
+                         f"{scale!r}")
+    return scale
 
 
 def _expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -277,7 +308,7 @@ def _sdpa_reason(kernel: str, dropout_p: float, q, v) -> str:
     return "kernel constraints (dtype/device/shape)"
 
 
-def _check(q, k, v, mask, dropout_p, backend) -> None:
+def _check(q, k, v, mask, dropout_p, scale, backend) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -286,6 +317,9 @@ def _check(q, k, v, mask, dropout_p, backend) -> None:
                              f"{tuple(t.shape)}; use headwise.split_heads to go from (b, n, h*d)")
         if not t.is_floating_point():
             raise TypeError(f"attention: {name} must be floating point, got {t.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"attention: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}; convert them with .to(q.dtype)")
     (b, h, nq, d), (bk, g, nk, dk), (bv, gv, nv, _) = q.shape, k.shape, v.shape
     if not b == bk == bv:
         raise ValueError(f"attention: batch sizes differ: q {b}, k {bk}, v {bv}")
@@ -300,6 +334,7 @@ def _check(q, k, v, mask, dropout_p, backend) -> None:
                          "h must be a multiple of g")
     if mask is not None:
         _masks.check(mask, "attention", (b, h, nq, nk))
-    if not 0.0 <= dropout_p < 1.0:
+    _scale(scale, d)
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
     check_backend(backend, "attention")

@@ -252,8 +252,8 @@ def _check(model, tokens, max_new, src, strategy, temperature, top_k, top_p, bea
     if keep_logits and strategy == "beam":
         raise ValueError("generate_with_logits: beam search has no single logits path; use "
                          "strategy='greedy' or 'sample'")
-    if not isinstance(temperature, (int, float)) or temperature <= 0:
-        raise ValueError(f"generate: temperature must be > 0, got {temperature!r}; for the "
+    if not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf"):
+        raise ValueError(f"generate: temperature must be > 0 and finite, got {temperature!r}; for the "
                          "most likely token use strategy='greedy'")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
                               or top_k < 1):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
+from headwise import limits
+
 __all__ = ["split_heads", "merge_heads", "SPLIT", "MERGE"]
 
 SPLIT = "b n (h d) -> b h n d"
@@ -20,8 +22,11 @@ MERGE = "b h n d -> b n (h d)"
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``x: (b, n, h*d) -> (b, h, n, d)``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"split_heads expects a torch.Tensor (b, n, h*d), got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"split_heads expects (b, n, h*d), got shape {tuple(x.shape)}")
+    limits.size(num_heads, "num_heads", "heads", "split_heads")
     if x.shape[-1] % num_heads:
         raise ValueError(f"split_heads: last dim {x.shape[-1]} is not divisible by "
                          f"num_heads={num_heads}")
@@ -30,6 +35,8 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """``x: (b, h, n, d) -> (b, n, h*d)``, the inverse of :func:`split_heads`."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"merge_heads expects a torch.Tensor (b, h, n, d), got {type(x).__name__}")
     if x.dim() != 4:
         raise ValueError(f"merge_heads expects (b, h, n, d), got shape {tuple(x.shape)}")
     return rearrange(x, MERGE)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from headwise import limits
 from headwise import masks as _masks
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.attention import check_backend, dispatch
@@ -200,6 +201,7 @@ class MultiHeadAttention(nn.Module):
                                  f"expected {dim}; build the module with "
                                  f"{ {'query': 'embed_dim', 'key': 'kdim', 'value': 'vdim'}[name]}"
                                  f"={t.shape[-1]}")
+        self._check_dtypes(query, key, value)
         b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
         if key.shape[0] != b or value.shape[0] != b:
             raise ValueError(f"MultiHeadAttention: batch sizes differ: query {b}, key "
@@ -226,6 +228,20 @@ class MultiHeadAttention(nn.Module):
                                  f" or (b, h)=({b}, {self.num_heads}), got "
                                  f"{tuple(head_mask.shape)}")
         return mask
+
+    def _check_dtypes(self, query, key, value) -> None:
+        """Inputs are floating point and, outside autocast, of the parameters' dtype."""
+        want = self.q_proj.weight.dtype
+        autocast = torch.is_autocast_enabled(query.device.type)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not t.is_floating_point():
+                raise TypeError(f"MultiHeadAttention: {name} must be floating point, got "
+                                f"{t.dtype}; token ids go through an embedding first, other "
+                                f"tensors through .to({want})")
+            if t.dtype != want and not autocast:
+                raise TypeError(f"MultiHeadAttention: {name} has dtype {t.dtype} but the "
+                                f"module's parameters are {want}; pass {name}.to({want}) or "
+                                f"convert the module with .to({t.dtype})")
 
     @property
     def hidden_dim(self) -> int:
@@ -319,25 +335,31 @@ def _check_variants(rope, window, softcap) -> None:
 
 def _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim, dropout,
                   backend) -> None:
-    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
-                        ("kdim", kdim), ("vdim", vdim), ("num_kv_heads", num_kv_heads),
-                        ("out_dim", out_dim)):
-        if value is None and name not in ("embed_dim", "num_heads"):
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"MultiHeadAttention: {name} must be an int, got {value!r}")
-        if value < 1:
-            raise ValueError(f"MultiHeadAttention: {name} must be >= 1, got {value}")
+    where = "MultiHeadAttention"
+    for name, value, kind in (("embed_dim", embed_dim, "dim"), ("num_heads", num_heads, "heads"),
+                              ("head_dim", head_dim, "dim"), ("kdim", kdim, "dim"),
+                              ("vdim", vdim, "dim"), ("num_kv_heads", num_kv_heads, "heads"),
+                              ("out_dim", out_dim, "dim")):
+        if value is not None or name in ("embed_dim", "num_heads"):
+            limits.size(value, name, kind, where)
     if head_dim is None and embed_dim % num_heads:
-        divisors = [x for x in range(1, embed_dim + 1) if embed_dim % x == 0]
-        near = min(divisors, key=lambda x: (abs(x - num_heads), -x))
+        # The hint looks only near num_heads: it costs no more than the check did.
+        near = min((x for x in range(1, 2 * num_heads + 1) if embed_dim % x == 0),
+                   key=lambda x: (abs(x - num_heads), -x))
         raise ValueError(f"MultiHeadAttention: embed_dim={embed_dim} is not divisible by "
                          f"num_heads={num_heads}; pass head_dim={max(1, embed_dim // num_heads)} "
                          f"or use num_heads={near}")
+    hd = num_heads * (head_dim or embed_dim // num_heads)
+    kvd = (num_kv_heads or num_heads) * (head_dim or embed_dim // num_heads)
+    k_in, v_in = kdim or embed_dim, vdim or kdim or embed_dim
+    params = (embed_dim + 1) * hd + (k_in + v_in + 2) * kvd + (hd + 1) * (out_dim or embed_dim)
+    limits.check_memory(params * torch.empty((), dtype=torch.get_default_dtype()).element_size(),
+                        f"its {params:,} parameters", where)
     if num_kv_heads is not None and num_heads % num_kv_heads:
         raise ValueError(f"MultiHeadAttention: num_heads={num_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}; each key/value head must serve the same "
                          "number of query heads")
-    if not 0.0 <= dropout < 1.0:
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) \
+            or not 0.0 <= dropout < 1.0:
         raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
     check_backend(backend, "MultiHeadAttention")

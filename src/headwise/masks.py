@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from headwise import limits
+
 __all__ = ["causal", "sliding_window", "from_valid_lens", "padding", "combine", "as_bias",
            "check"]
 
@@ -32,8 +34,7 @@ def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
     """
     nk = nq if nk is None else nk
     for name, n in (("nq", nq), ("nk", nk)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"causal: {name} must be a non-negative int, got {n!r}")
+        limits.size(n, name, "length", "causal", low=0)
     if align not in _ALIGNS:
         raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
     offset = nk - nq if align == "bottom_right" else 0
@@ -64,9 +65,12 @@ def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) ->
     ``valid_lens``: ``(b,)`` -> mask ``(b, 1, 1, j)``; or ``(b, i)`` (one length per query,
     ``nq`` must then equal ``i`` if given) -> mask ``(b, 1, i, j)``.
     """
+    limits.size(nk, "nk", "length", "from_valid_lens", low=0)
+    if nq is not None:
+        limits.size(nq, "nq", "length", "from_valid_lens", low=0)
     if not isinstance(valid_lens, torch.Tensor):
         valid_lens = torch.as_tensor(valid_lens)
-    if valid_lens.is_floating_point() or valid_lens.dtype == torch.bool:
+    if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
         raise TypeError(f"valid_lens must be an integer tensor, got dtype {valid_lens.dtype}; "
                         "pass lengths such as torch.tensor([3, 5])")
     keys = torch.arange(nk, device=valid_lens.device)
@@ -82,13 +86,23 @@ def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) ->
 
 def padding(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Key-padding mask ``(b, 1, 1, j)`` from token ids ``(b, j)``: False where ``tokens == pad_id``."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"padding: tokens must be a torch.Tensor of ids (b, j), got "
+                        f"{type(tokens).__name__}; use torch.tensor(...)")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"padding: tokens must hold integer ids, got dtype {tokens.dtype}")
     if tokens.dim() != 2:
         raise ValueError(f"padding: tokens must be (b, j), got shape {tuple(tokens.shape)}")
+    if not isinstance(pad_id, int) or isinstance(pad_id, bool):
+        raise TypeError(f"padding: pad_id must be an int, got {pad_id!r}")
     return (tokens != pad_id)[:, None, None, :]
 
 
 def as_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive form of a mask: 0 where attending is allowed, ``-inf`` where not."""
+    check(mask, "as_bias")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"as_bias: dtype must be a floating torch.dtype, got {dtype!r}")
     if mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         return torch.where(mask, zero, float("-inf"))

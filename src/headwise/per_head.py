@@ -28,7 +28,7 @@ class PerHeadAttention(nn.Module):
     """
 
     def __init__(self, q_heads: nn.ModuleList, k_heads: nn.ModuleList, v_heads: nn.ModuleList,
-                 out_proj: nn.Linear, backend: str = "eager"):
+                 out_proj: nn.Linear, backend: str = "eager", dropout: float = 0.0):
         super().__init__()
         if len(q_heads) % len(k_heads) or len(k_heads) != len(v_heads):
             raise ValueError(f"PerHeadAttention: {len(q_heads)} query heads need a divisor "
@@ -37,6 +37,7 @@ class PerHeadAttention(nn.Module):
         self.q_heads, self.k_heads, self.v_heads = q_heads, k_heads, v_heads
         self.out_proj = out_proj
         self.backend = backend
+        self.dropout = dropout
 
     @property
     def num_heads(self) -> int:
@@ -59,6 +60,7 @@ class PerHeadAttention(nn.Module):
             if m is not None and m.dim() == 4 and m.shape[1] > 1:
                 m = m[:, x:x + 1]
             out, w = attention(q, k, v, mask=m, causal=causal, return_weights=True,
+                               dropout_p=self.dropout if self.training else 0.0,
                                backend=self.backend)
             outputs.append(out[:, 0])  # (b, i, d)
             weights.append(w[:, 0])
@@ -102,11 +104,13 @@ def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
     out_proj.load_state_dict(mha.out_proj.state_dict())
     return PerHeadAttention(_split_linear(mha.q_proj, mha.num_heads),
                             _split_linear(mha.k_proj, mha.num_kv_heads),
-                            _split_linear(mha.v_proj, mha.num_kv_heads), out_proj)
+                            _split_linear(mha.v_proj, mha.num_kv_heads), out_proj,
+                            backend=mha.backend, dropout=mha.dropout)
 
 
-def fuse(per_head: PerHeadAttention, backend: str = "auto") -> MultiHeadAttention:
-    """Concatenate per-head projections back into one :class:`~headwise.MultiHeadAttention`."""
+def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAttention:
+    """Concatenate per-head projections back into one :class:`~headwise.MultiHeadAttention`
+    (with the per-head module's dropout, and its backend unless ``backend`` is given)."""
     if not isinstance(per_head, PerHeadAttention):
         raise TypeError(f"fuse expects PerHeadAttention, got {type(per_head).__name__}")
     q0, k0, v0 = per_head.q_heads[0], per_head.k_heads[0], per_head.v_heads[0]
@@ -114,7 +118,8 @@ def fuse(per_head: PerHeadAttention, backend: str = "auto") -> MultiHeadAttentio
                              kdim=k0.in_features, vdim=v0.in_features,
                              num_kv_heads=len(per_head.k_heads),
                              out_dim=per_head.out_proj.out_features,
-                             bias=q0.bias is not None, backend=backend)
+                             bias=q0.bias is not None, dropout=per_head.dropout,
+                             backend=per_head.backend if backend is None else backend)
     mha = mha.to(device=q0.weight.device, dtype=q0.weight.dtype)
     mha.q_proj = _cat_linears(per_head.q_heads)
     mha.k_proj = _cat_linears(per_head.k_heads)

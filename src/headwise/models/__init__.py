@@ -8,6 +8,7 @@ frozen dataclass per family; :func:`build` turns one into its model).
 
 from torch import nn
 
+from headwise.models import _checks
 from headwise.models.blocks import (
     DecoderBlock,
     EncoderBlock,
@@ -47,4 +48,5 @@ def build(config: LMConfig | TransformerConfig) -> nn.Module:
     if not isinstance(config, (LMConfig, TransformerConfig)):
         raise TypeError(f"build expects an LMConfig or TransformerConfig, got "
                         f"{type(config).__name__}")
+    _checks.model_memory(config)
     return MODELS[config.kind](config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from headwise import limits
 from headwise import masks as _masks
 
 
@@ -15,6 +16,9 @@ def tokens(ids, vocab_size: int, name: str, where: str) -> None:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{where}: {name} must hold integer token ids, got dtype {ids.dtype}; "
                         "use .long()")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{where}: {name} has dtype {ids.dtype}; embeddings take int64 or int32 "
+                        "ids: use .long()")
     if ids.dim() != 2:
         raise ValueError(f"{where}: {name} must be (b, n), got shape {tuple(ids.shape)}"
                          + ("; add a batch axis with .unsqueeze(0)" if ids.dim() == 1 else ""))
@@ -65,3 +69,37 @@ def key_mask(ids: torch.Tensor | None, lens: torch.Tensor | None, n: int,
     by_pad = _masks.padding(ids, pad_id) if pad_id is not None and ids is not None else None
     by_len = _masks.from_valid_lens(lens, n) if lens is not None else None
     return _masks.combine(by_pad, by_len)
+
+
+def cache(kv, config, layers: int, where: str, cross: bool) -> None:
+    """A :class:`~headwise.KVCache` must be made for this model (``model.new_cache``): same
+    layers, key/value heads and head size, cross-attention slots iff an encoder-decoder."""
+    from headwise.cache import KVCache
+
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"{where}: cache must be a headwise.KVCache from model.new_cache(...), "
+                        f"got {type(kv).__name__}")
+    got_l, _, got_g, _, got_d = kv.k.shape
+    has_cross = kv.layers[0].cross_attn is not None
+    want = (layers, config.kv_heads, config.head_size, cross)
+    if (got_l, got_g, got_d, has_cross) != want:
+        raise ValueError(f"{where}: this cache was made for another model ({kv!r}); this model "
+                         f"needs layers={layers}, kv_heads={config.kv_heads}, head_dim="
+                         f"{config.head_size}, cross={cross}: use model.new_cache(batch)")
+
+
+def model_memory(config) -> None:
+    """Refuse a config whose parameters (an estimate, float32) exceed this machine's memory,
+    before a single layer is built."""
+    d, hd = config.d_model, config.num_heads * config.head_size
+    kvd = config.kv_heads * config.head_size
+    attention = 2 * d * hd + 2 * d * kvd
+    block = attention + 2 * d * config.d_ff
+    if hasattr(config, "vocab_size"):  # decoder-only
+        vocab, params = config.vocab_size, config.num_layers * block
+    else:  # encoder + decoder with cross-attention
+        vocab = config.src_vocab_size + config.tgt_vocab_size
+        params = config.num_layers * block + config.decoder_layers * (block + attention)
+    params += 2 * vocab * d + config.max_len * d
+    limits.check_memory(4 * params, f"a {type(config).__name__} of about {params:,} parameters",
+                        "build")

@@ -20,11 +20,17 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
+from headwise import limits
 from headwise.attention import check_backend
 from headwise.models.feedforward import check_activation
 
 __all__ = ["CONFIGS", "LMConfig", "ModelConfig", "TransformerConfig", "config_from_dict"]
 
+# Which maximum of headwise.limits.MAX bounds each size field (others: "dim").
+_SIZE_KINDS = {"vocab_size": "vocab", "src_vocab_size": "vocab", "tgt_vocab_size": "vocab",
+               "type_vocab_size": "vocab", "num_heads": "heads", "num_kv_heads": "heads",
+               "num_layers": "layers", "num_decoder_layers": "layers", "max_len": "length",
+               "sliding_window": "length"}
 _POSITIONALS = ("sinusoidal", "learned", "rope")
 _NORMS = ("layer", "rms")
 _FFNS = ("mlp", "glu")
@@ -112,10 +118,7 @@ class ModelConfig:
             value = getattr(self, field)
             if value is None and field in self._OPTIONAL:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name}: {field} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name}: {field} must be >= 1, got {value}")
+            limits.size(value, field, _SIZE_KINDS.get(field, "dim"), name)
         for field in self._BOOLS:
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"{name}: {field} must be True or False, got "
@@ -127,7 +130,8 @@ class ModelConfig:
                     or not 0.0 <= value < 1.0):
                 raise ValueError(f"{name}: {field} must be in [0, 1), got {value!r}")
         check_activation(self.activation, name)
-        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
+        if not isinstance(self.layer_norm_eps, (int, float)) \
+                or not 0 < self.layer_norm_eps < float("inf"):
             raise ValueError(f"{name}: layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         self._check_pad_id(name)
         check_backend(self.backend, name)

@@ -85,6 +85,8 @@ class TransformerLM(nn.Module):
             ``(logits (b, n, vocab), {"decoder_self": [per layer (b, h, n, j) or None]} | None)``
             with ``j = n`` (``cache.length + n`` with a cache).
         """
+        if cache is not None:
+            _checks.cache(cache, self.config, self.config.num_layers, "TransformerLM", False)
         offset = 0 if cache is None else cache.length
         self.check(tokens, offset, cache)
         selection = select(return_weights, {"decoder_self": self.config.num_layers})

@@ -108,6 +108,8 @@ class Decoder(nn.Module):
         Returns ``(logits (b, i, vocab), {"decoder_self": [...], "cross": [...]} | None)``.
         """
         c = self.config
+        if cache is not None:
+            _checks.cache(cache, c, c.decoder_layers, "Decoder", True)
         offset = 0 if cache is None else cache.length
         _checks.tokens(tgt, c.tgt_vocab_size, "tgt", "Decoder")
         _checks.length(tgt.shape[1], offset, c.max_len, "tgt", "Decoder")
