@@ -22,6 +22,13 @@ def parse_device(name: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"--device {name!r} is not a torch device; use auto, cpu, cuda or "
                          "cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # meta holds no data; mps, xpu, ... are untested
+        raise ValueError(f"--device {name}: headwise runs on cpu or cuda, not {device.type!r}; "
+                         "use --device cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None \
+            and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
+                         "device(s); use cuda:0 or --device cpu")
     return device

@@ -12,8 +12,6 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from headwise import limits
-
 __all__ = ["split_heads", "merge_heads", "SPLIT", "MERGE"]
 
 SPLIT = "b n (h d) -> b h n d"
@@ -26,7 +24,10 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
         raise TypeError(f"split_heads expects a torch.Tensor (b, n, h*d), got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"split_heads expects (b, n, h*d), got shape {tuple(x.shape)}")
-    limits.size(num_heads, "num_heads", "heads", "split_heads")
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool):
+        raise TypeError(f"split_heads: num_heads must be an int, got {num_heads!r}")
+    if num_heads < 1:
+        raise ValueError(f"split_heads: num_heads must be >= 1, got {num_heads}")
     if x.shape[-1] % num_heads:
         raise ValueError(f"split_heads: last dim {x.shape[-1]} is not divisible by "
                          f"num_heads={num_heads}")

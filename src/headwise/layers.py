@@ -16,6 +16,7 @@ from headwise import masks as _masks
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.attention import check_backend, dispatch
 from headwise.attention_row import AttentionRow
+from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.heads import MERGE, SPLIT
 from headwise.rope import RotaryEmbedding
 
@@ -108,6 +109,10 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         mask = self._check_inputs(query, key, value, mask, valid_lens, head_mask)
+        if cache is not None and not isinstance(cache, (SelfAttentionCache, CrossAttentionCache)):
+            raise TypeError(f"MultiHeadAttention: cache must be one layer of a headwise.KVCache "
+                            f"(cache.layers[i].self_attn or .cross_attn), got "
+                            f"{type(cache).__name__}")
         record(StepKind.INPUT, query)
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q, k, v = self._project(query, key, value, cache)

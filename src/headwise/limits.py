@@ -23,6 +23,8 @@ MAX: dict[str, int] = {
     "layers": 1 << 10,   # blocks in a stack
     "vocab": 1 << 21,    # token ids
     "length": 1 << 20,   # positions (max_len, sequence lengths)
+    "batch": 1 << 20,    # rows of a batch
+    "panels": 256,       # heatmaps in one figure (layers x heads); BERT-base has 144
 }
 
 

@@ -76,19 +76,19 @@ def test_state_dict_with_missing_or_unexpected_keys_names_them(transformers):
     with pytest.raises(CheckpointError) as info:
         load_bert(broken, _hf_dict())
     message = str(info.value)
-    assert "missing keys (headwise names): embeddings.norm.bias, " \
-           "layers.0.self_attn.k_proj.weight" in message
+    assert "missing keys: embeddings.LayerNorm.bias, " \
+           "encoder.layer.0.attention.self.key.weight" in message
     assert "unexpected keys: encoder.layer.0.attention.self.rotary.weight" in message
     assert "\n" not in message
 
     extra_layer = dict(state)
     extra_layer["encoder.layer.1.output.dense.bias"] = torch.zeros(8)
-    with pytest.raises(CheckpointError, match=r"unexpected keys: layers\.1\.ff\.down\.bias"):
+    with pytest.raises(CheckpointError, match=r"unexpected keys: encoder\.layer\.1\.output\.dense\.bias"):
         load_bert(extra_layer, _hf_dict())
 
     wrong_shape = dict(state)
     wrong_shape["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(13, 8)
-    with pytest.raises(CheckpointError, match=r"layers\.0\.ff\.up\.weight \(13, 8\) "
+    with pytest.raises(CheckpointError, match=r"encoder\.layer\.0\.intermediate\.dense\.weight \(13, 8\) "
                                               r"\(expected \(12, 8\)\)"):
         load_bert(wrong_shape, _hf_dict())
     with pytest.raises(TypeError, match="needs config="):

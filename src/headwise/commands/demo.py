@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; pass --out NEW_FOLDER")
     if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not a headwise demo folder; pass --out elsewhere")
     (out / "log.jsonl").unlink(missing_ok=True)  # a new run's evaluation log starts empty

@@ -19,6 +19,9 @@ from headwise.commands._common import parse_device
 if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --help` stays fast
     pass
 
+from headwise import limits
+from headwise.commands._common import parse_device
+
 KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
 
 
@@ -185,6 +188,22 @@ def _cell(v: float) -> str:
 
 
 # -------------------------------------------------------------------------------- building
+_SIZE_KINDS = {"embed_dim": "dim", "heads": "heads", "head_dim": "dim", "kdim": "dim",
+               "vdim": "dim", "out_dim": "dim", "kv_heads": "heads", "ff": "dim",
+               "vocab": "vocab", "layers": "layers", "batch": "batch", "seq": "length",
+               "kv_seq": "length", "explain_seq": "length"}
+
+
+def _check_memory(args) -> None:
+    """The activations of one traced forward, estimated before any tensor is made: a few
+    ``(b, n, max(m, ff))`` tensors per layer plus the recorded ``(b, h, i, j)`` scores."""
+    m, h = args.embed_dim or 512, args.heads or 8
+    width = max(m, args.ff or 4 * m, (args.head_dim or m // h) * h)
+    n, nk = args.seq, args.kv_seq or args.seq
+    floats = args.batch * (8 * max(n, nk) * width * (args.layers or 6) + 2 * h * n * nk)
+    limits.check_memory(4 * floats, f"tracing batch {args.batch} x {n} positions", "trace")
+
+
 def _check_args(args) -> None:
     if args.checkpoint and args.kind:
         raise ValueError(f"give a model kind or --checkpoint, not both (got {args.kind!r} and "
@@ -200,6 +219,9 @@ def _check_args(args) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if value is not None:
+            limits.size(value, f"--{name.replace('_', '-')}", _SIZE_KINDS[name], "trace")
+    _check_memory(args)
     kind = args.kind or "checkpoint"
     _check_kind_options(args, kind)
     if (args.svg or args.png) and kind != "mha":

@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from headwise import checkpoint
     from headwise.viz import head_view, heatmaps
 
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--generate", args.generate, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
     loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
     if tok is None:

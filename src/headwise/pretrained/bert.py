@@ -101,6 +101,9 @@ def bert_config_from_hf(hf: Mapping[str, Any], **overrides) -> BertConfig:
             dropout=float(hf.get("hidden_dropout_prob", 0.1)),
             attention_dropout=float(hf.get("attention_probs_dropout_prob", 0.1)),
             activation=_HF_ACTIVATIONS[act], pad_id=hf.get("pad_token_id") or 0)
+    except (TypeError, ValueError) as exc:  # float("x"), float([1]), float(None)
+        raise CheckpointError(f"config.json: a number field is not a number ({exc}); check "
+                              "layer_norm_eps and the dropout probabilities") from None
     except KeyError as exc:
         raise CheckpointError(f"config.json: missing key {exc.args[0]!r}; a BERT config needs "
                               "vocab_size, hidden_size, num_attention_heads, num_hidden_layers, "
@@ -131,6 +134,7 @@ def from_hf_state_dict(state_dict: Mapping[str, torch.Tensor], config: BertConfi
     else:
         strip = 0
     renamed: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}  # headwise name -> the user's key, for the error message
     unexpected: list[str] = []
     for key in keys:
         hf = key[strip:].replace("LayerNorm.gamma", "LayerNorm.weight") \
@@ -142,11 +146,14 @@ def from_hf_state_dict(state_dict: Mapping[str, torch.Tensor], config: BertConfi
             unexpected.append(key)
         else:
             renamed[target] = state_dict[key]
+            origin[target] = key
     expected = set(_expected_keys(config))
     missing = sorted(expected - set(renamed), key=_natural)
-    unexpected += sorted(set(renamed) - expected, key=_natural)
+    unexpected += [origin[k] for k in sorted(set(renamed) - expected, key=_natural)]
     if missing or unexpected:
-        raise CheckpointError(_key_report(missing, unexpected, config))
+        prefix = "bert." if strip else ""  # name missing keys as the user's checkpoint would
+        theirs = [prefix + hf_name(k) for k in missing]
+        raise CheckpointError(_key_report(theirs, unexpected, config))
     return renamed
 
 
@@ -196,7 +203,7 @@ def _key_report(missing: list[str], unexpected: list[str], config: BertConfig) -
         return head + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
     parts = []
     if missing:
-        parts.append(f"missing keys (headwise names): {show(missing)}")
+        parts.append(f"missing keys: {show(missing)}")
     if unexpected:
         parts.append(f"unexpected keys: {show(unexpected)}")
     return ("BERT state dict does not match the config (num_layers="
@@ -206,7 +213,7 @@ def _key_report(missing: list[str], unexpected: list[str], config: BertConfig) -
 
 def _check_shapes(model: BertModel, state: Mapping[str, torch.Tensor]) -> None:
     own = model.state_dict()
-    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(own[k].shape)})"
+    wrong = [f"{hf_name(k)} {tuple(state[k].shape)} (expected {tuple(own[k].shape)})"
              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if wrong:
         raise CheckpointError("BERT weights do not fit the config: " + "; ".join(wrong[:6])

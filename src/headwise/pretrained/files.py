@@ -33,12 +33,23 @@ def read_config(path: Path) -> dict[str, Any]:
     return config
 
 
+def _shards(index: Path) -> list[Path]:
+    """The shard files a ``model.safetensors.index.json`` names, in order."""
+    try:
+        shards = json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()
+        names = sorted({str(name) for name in shards})
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index} is not a safetensors index (expected {{\"weight_map\": "
+                              f"{{tensor name: shard file}}}}; {type(exc).__name__}: {exc})") \
+            from None
+    return [index.parent / name for name in names]
+
+
 def read_weights(path: Path, device) -> dict[str, torch.Tensor]:
     if path.is_dir():
         index = path / "model.safetensors.index.json"
         files = ([path / "model.safetensors"] if (path / "model.safetensors").is_file() else
-                 sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
-                 if index.is_file() else [])
+                 _shards(index) if index.is_file() else [])
         if not files:
             found = sorted(p.name for p in path.iterdir())
             pickled = [n for n in found if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]

@@ -15,6 +15,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headwise import limits
 from headwise._io import atomic_write
 
 __all__ = ["heatmaps"]
@@ -57,6 +58,11 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
             raise ValueError(f"layer {l} has no recorded weights (None); drop it from layers=")
     n_heads = max(per_layer[l].shape[0] for l in layers)
     heads = _pick("heads", heads, list(range(n_heads)))
+    if len(layers) * len(heads) > limits.MAX["panels"]:
+        raise ValueError(f"heatmaps: {len(layers)} layers x {len(heads)} heads = "
+                         f"{len(layers) * len(heads)} panels, over the maximum "
+                         f"{limits.MAX['panels']} for one figure; pick some with layers= and "
+                         "heads=")
     n_i, n_j = per_layer[layers[0]].shape[1:]
     q_labels = _labels("query_tokens", query_tokens, n_i)
     k_labels = _labels("key_tokens", key_tokens, n_j)
@@ -181,6 +187,9 @@ def _as_layer_list(weights) -> list[np.ndarray | None]:
         if a.ndim != 3:
             hint = "; pick one example first, e.g. w[0]" if a.ndim == 4 else ""
             raise ValueError(f"layer {l} weights must be (h, i, j), got shape {a.shape}{hint}")
+        if 0 in a.shape:
+            raise ValueError(f"layer {l} weights have shape {a.shape} = (h, i, j): no head or "
+                             "no position, nothing to draw")
         if not np.isfinite(a).all():
             raise ValueError(f"layer {l} weights contain NaN or inf")
         out.append(a)
