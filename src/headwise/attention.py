@@ -11,10 +11,10 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 - a query row whose keys are all masked gets **zero output and zero weights**, with finite
   gradients (never NaN, never a uniform average over padding) — the only place zeros are
   promised;
-- NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf in the key or
-  value of a position a row may attend makes that row NaN. A NaN at a *masked* position may
-  still reach other rows (fused kernels add the mask to scores computed from it, block by
-  block), so clean inputs rather than masking them. ``scale`` must be finite;
+- NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf anywhere in a
+  head's keys or values (masked positions included) makes that head's whole output NaN, on
+  every backend alike (fused kernels would otherwise differ block by block). ``scale`` must be
+  finite;
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
 ``"eager"`` is the readable reference. ``"sdpa"`` feeds ``F.scaled_dot_product_attention`` what
@@ -156,8 +156,8 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
         weights = weights.masked_fill(dead, 0.0)
         kind = StepKind.SOFTMAX_WITH_SINKS
-    # A query row with NaN or inf is NaN, never "fully masked" zeros (see the module's policy).
-    weights = weights.to(q.dtype).masked_fill(_bad_rows(q), float("nan"))
+    # NaN or inf in a query row or a head's keys: NaN, never "fully masked" zeros (NaN policy).
+    weights = _nan_policy(weights.to(q.dtype), q, k)
     record(kind, weights)
     return weights
 
@@ -188,7 +188,7 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)
-    out = torch.einsum("bhij,bhje->bhie", probs, v)
+    out = _nan_policy(torch.einsum("bhij,bhje->bhie", probs, v), q, v)
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
            memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)
@@ -229,8 +229,8 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
                                              is_causal=is_causal, scale=scale,
                                              enable_gqa=h != g)
     # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
-    # max treats the row as fully masked). NaN or inf in -> NaN out, on every backend.
-    out = out.masked_fill(_bad_rows(q), float("nan"))
+    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
+    out = _nan_policy(out, q, k, v)
     if active():
         kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
         record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
@@ -261,9 +261,15 @@ def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
         == "FLASH_ATTENTION"
 
 
-def _bad_rows(q: torch.Tensor) -> torch.Tensor:
-    """``(b, h, i, 1)``: query rows holding NaN or inf, whose output the NaN policy makes NaN."""
-    return ~torch.isfinite(q).all(dim=-1, keepdim=True)
+def _nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
+    """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
+    head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
+    in one pass without a copy (NaN or inf in, non-finite sum out)."""
+    bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
+    for t in kv:
+        heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)
+        bad = bad | _expand_kv(heads[..., None, None], q.shape[1])
+    return out.masked_fill(bad, float("nan"))
 
 
 def _scale(scale, d: int) -> float:

@@ -141,9 +141,10 @@ Policies the rows exercise:
   autocast); token ids int64 or int32; masks bool (True = may attend) or float (additive; cast
   to the scores' dtype); q, k, v share one dtype.
 - **Masks** of rank < 4 broadcast from the right, the same on every backend.
-- **NaN/inf**: NaN or inf in a query row gives a NaN output row on every backend, as does NaN
-  in the key/value of a position the row may attend; a fully masked row is the only place zeros
-  are promised; `scale` must be finite. fp16 eager scores are computed in float32 (no overflow
+- **NaN/inf**: NaN or inf in a query row gives a NaN output row on every backend; NaN or inf
+  anywhere in a head's keys or values (masked positions included) makes that head's output NaN;
+  a fully masked row of finite inputs is the only place zeros are promised; `scale` must be
+  finite. fp16 eager scores are computed in float32 (no overflow
   of q.k before scaling).
 - **Devices**: `cpu`, or `cuda`/`cuda:N` where that GPU exists.
 
