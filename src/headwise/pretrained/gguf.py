@@ -15,6 +15,7 @@ the model code never sees llama.cpp's layout.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from einops import rearrange
 
+from headwise import limits
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
@@ -158,19 +160,41 @@ def gguf_config(meta: Mapping[str, Any], types: Mapping[str, str], source: str) 
                                   "llama.cpp GGUF")
         return value
 
-    heads, d_model = int(get("attention.head_count")), int(get("embedding_length"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // heads))
+    def size(key, kind, default=None):  # a bounded int >= 1 (headwise.limits), or one line
+        value = get(key, default)
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError("text, not a number")
+            return limits.size(int(value), f"{arch}.{key}", kind, source)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise CheckpointError(f"{source}: metadata {arch}.{key} = {value!r:.40} is not a "
+                                  f"usable size ({exc})") from None
+
+    def number(key, default=None):  # a finite float, or one line
+        value = get(key, default)
+        try:
+            number = float(value) if not isinstance(value, (str, bytes)) else math.nan
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if not math.isfinite(number):
+            raise CheckpointError(f"{source}: metadata {arch}.{key} = {value!r:.40} is not a "
+                                  "finite number")
+        return number
+
+    heads, d_model = size("attention.head_count", "heads"), size("embedding_length", "dim")
+    head_dim = size("attention.key_length", "dim", d_model // heads or 1)
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    meta = {**meta, f"{arch}.vocab_size": vocab}
     return GGUFConfig(
         architecture=arch, name=str(meta.get("general.name", Path(source).stem)),
-        num_layers=int(get("block_count")), num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)), d_model=d_model,
-        head_dim=head_dim, d_ff=int(get("feed_forward_length")),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        rope_dim=int(get("rope.dimension_count", head_dim)),
-        rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+        num_layers=size("block_count", "layers"), num_heads=heads,
+        num_kv_heads=size("attention.head_count_kv", "heads", heads), d_model=d_model,
+        head_dim=head_dim, d_ff=size("feed_forward_length", "dim"),
+        rope_theta=number("rope.freq_base", 10000.0),
+        rope_dim=size("rope.dimension_count", "dim", head_dim),
+        rms_eps=number("attention.layer_norm_rms_epsilon"),
         tie_embeddings="output.weight" not in types,
-        context_length=int(get("context_length")), vocab_size=int(vocab))
+        context_length=size("context_length", "length"), vocab_size=size("vocab_size", "vocab"))
 
 
 def _check_types(types: Mapping[str, str], source: str) -> None:
