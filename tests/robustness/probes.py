@@ -260,7 +260,7 @@ def model_probes() -> list[Probe]:
     for field, value in (("vocab_size", "0"), ("vocab_size", "10**9"), ("d_model", "10**6"),
                          ("d_model", "'8'"), ("num_layers", "10**6"), ("max_len", "10**8"),
                          ("d_ff", "-1"), ("dropout", "1.0"), ("dropout", "nan"),
-                         ("activation", "'swish'"), ("positional", "'rope'"), ("pad_id", "10"),
+                         ("activation", "'swish'"), ("positional", "'alibi'"), ("pad_id", "10"),
                          ("layer_norm_eps", "0.0"), ("layer_norm_eps", "nan"),
                          ("layer_norm_eps", "'1e-5'"), ("backend", "'bogus'"),
                          ("num_heads", "3"), ("num_kv_heads", "3"), ("tie_embeddings", "1")):
