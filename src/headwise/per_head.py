@@ -105,7 +105,7 @@ def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
     return PerHeadAttention(_split_linear(mha.q_proj, mha.num_heads),
                             _split_linear(mha.k_proj, mha.num_kv_heads),
                             _split_linear(mha.v_proj, mha.num_kv_heads), out_proj,
-                            backend=mha.backend, dropout=mha.dropout)
+                            backend=mha.backend, dropout=mha.dropout_p)
 
 
 def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAttention:

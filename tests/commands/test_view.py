@@ -97,7 +97,7 @@ def test_view_seq2seq_with_and_without_target(checkpoints, tmp_path):
     ("lm", ["--text", "a" * 40], "max_len=32"),
     ("lm", ["--text", "abc", "--heatmaps", "x.png", "--kind", "cross"], "not an attention"),
     ("lm", [], "--text"),
-    ("lm", ["--text", "abc", "--device", "foo"], "is not a device"),
+    ("lm", ["--text", "abc", "--device", "foo"], "not a torch device"),
     ("lm", ["--text", "abc", "--generate", "-1"], ">= 0"),
 ])
 def test_view_errors_are_one_line(checkpoints, tmp_path, capsys, which, extra, message):

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from headwise.cli import USER_ERRORS
+from tests.robustness.runner import USER_ERRORS
 
 _CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 EXAMPLES = 300 if _CI else 60

@@ -238,7 +238,7 @@ def mask_and_head_probes() -> list[Probe]:
     add(H, "unfuse(torch.nn.Linear(4, 4))", lambda: hw.unfuse(torch.nn.Linear(4, 4)))
     add(H, "fuse(MultiHeadAttention(4, 2))", lambda: hw.fuse(hw.MultiHeadAttention(4, 2)))
     add(H, "fuse(unfuse(mha(dropout=0.2, backend='eager')))", lambda: (lambda m: (
-        m.dropout, m.backend))(hw.fuse(hw.unfuse(hw.MultiHeadAttention(4, 2, dropout=0.2,
+        m.dropout_p, m.backend))(hw.fuse(hw.unfuse(hw.MultiHeadAttention(4, 2, dropout=0.2,
                                                                         backend="eager")))), "ok")
     return P
 

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from headwise.cli import USER_ERRORS
+from headwise.errors import HeadwiseError
+
+# User errors of the Python API (the CLI turns a TypeError into a traceback: there every
+# argument is parsed before it reaches the API).
+USER_ERRORS = (HeadwiseError, ValueError, TypeError, OSError)
 
 LIMIT_S = 5.0  # every row must finish within this (enforced with SIGALRM)
 

@@ -21,7 +21,7 @@ def _fails(*argv, match, seconds=10.0):
     assert time.perf_counter() - start < seconds
 
 
-@pytest.mark.parametrize("device, match", [("bogus", "is not a device"),
+@pytest.mark.parametrize("device, match", [("bogus", "not a torch device"),
                                            ("meta", "not 'meta'"), ("mps", "not 'mps'"),
                                            ("cuda:99", "cuda")])
 def test_bad_devices(tmp_path, device, match):

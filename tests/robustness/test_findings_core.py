@@ -162,7 +162,7 @@ def test_padding_from_a_list_and_from_valid_lens_with_negative_nk():
 def test_fuse_unfuse_keeps_dropout_and_backend():
     mha = hw.MultiHeadAttention(4, 2, dropout=0.25, backend="eager")
     again = hw.fuse(hw.unfuse(mha))
-    assert (again.dropout, again.backend) == (0.25, "eager")
+    assert (again.dropout_p, again.backend) == (0.25, "eager")
     assert hw.fuse(hw.unfuse(mha), backend="sdpa").backend == "sdpa"
 
 
