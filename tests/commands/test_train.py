@@ -103,8 +103,9 @@ def test_a_diverging_run_stops_naming_the_step(capsys, tmp_path, bad, every, mat
     (["--eval-size", "1000000000"], "eval_size must be in [1, 100,000]"),
     (["--batch-size", "100000000"], "batch_size must be in [1, 1,048,576]"),
     (["--batch-size", "1000000"], "batch_size=1,000,000 (activations for backward) needs about"),
-    (["--d-model", "1000000", "--heads", "1"], "parameters (training) needs about"),
-    (["--layers", "1000000"], "parameters (training) needs about"),
+    (["--d-model", "100000", "--heads", "1"], "parameters (training) needs about"),
+    (["--d-model", "1000000", "--heads", "1"], "d_model=1000000 is over the maximum 131,072"),
+    (["--layers", "1000000"], "num_layers=1000000 is over the maximum 1,024"),
     (["--seed", str(2**70)], "seed must be in [0,"),
     (["--context", "1"], "context must be in [2,"),
 ])

@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --he
     pass
 
 from headwise import limits
-from headwise.commands._common import parse_device
 
 KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
 
