@@ -450,3 +450,27 @@ def test_the_demo_page_opens_on_cross_attention(browser_context, tmp_path):
     assert "hw-selected" in p.page.locator('.hw-cell[data-layer="1"][data-head="3"]').get_attribute("class")
     assert p.js("document.getElementById('hw-detail-title').textContent") == "Layer 1 · head 3"
     p.close()
+
+
+def test_the_notebook_display_renders_inline_offline(browser_context, seq2seq, tmp_path):
+    """What Jupyter shows for a head view (``_repr_html_``): two views in one host page, each in
+    its own frame, both drawn, nothing requested but the host page."""
+    view = head_view(seq2seq, {"src": SRC, "tgt": TGT}, kind="cross", layer=2, head=1)
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html><html><body><h1>cell output</h1>" + view._repr_html_()
+                    + view._repr_html_() + "</body></html>", encoding="utf-8")
+    page = browser_context.new_page()
+    requests, problems = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.goto(host.as_uri())
+    frames = [f for f in page.frames if f != page.main_frame]
+    assert len(frames) == 2
+    for frame in frames:
+        frame.evaluate("window.headwise.ready")
+        frame.evaluate("window.headwise.idle()")
+        assert frame.evaluate("window.headwise.lastDraw.grid.cells") == L * H
+        drawn = frame.evaluate("window.headwise.lastDraw.lines")
+        assert (drawn["kind"], drawn["layer"], drawn["heads"]) == ("cross", 2, [1])
+    assert requests == [host.as_uri()] and problems == []
+    page.close()
