@@ -98,28 +98,9 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head)}
-    for kind, info in kinds.items():
-        q_side, k_side = KINDS[kind]
-        lens = [(len(sides[q_side][b]), len(sides[k_side][b])) for b in range(batch)]
-        entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
-                 "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
-                 "importance": imp.get(kind), "thumbs": [], "rollout": None}
-        for b, (n_q, n_k) in enumerate(lens):
-            thumbs_b = []
-            for l, w in enumerate(info["layers"]):
-                if w is None:
-                    thumbs_b.append(None)
-                    continue
-                thumbs_l = []
-                for h in range(w.shape[1]):
-                    m = w[b, h, :n_q, :n_k]
-                    matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
-                    thumbs_l.append(_thumbnail(m, thumbnail))
-                thumbs_b.append(thumbs_l)
-            entry["thumbs"].append(thumbs_b)
-        if rollout and q_side == k_side:
-            entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
-        meta["kinds"][kind] = entry
+    for name, info in kinds.items():  # (not `kind`: that argument names the opening kind)
+        meta["kinds"][name] = _kind_entry(name, info, sides, imp.get(name), matrices,
+                                          thumbnail, rollout)
     for levels in LEVELS:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
             blocks = list(pool.map(_block, *zip(*matrices, strict=True),
@@ -130,6 +111,32 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             break
     view = HeadView(page)
     return view if path is None else view.save(path)
+
+
+def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout: bool) -> dict:
+    """One attention kind's page header (labels, head counts, thumbnails, rollout status);
+    appends each head's ``(i, j)`` matrix, padding trimmed, to ``matrices``."""
+    q_side, k_side = KINDS[kind]
+    lens = [(len(q), len(k)) for q, k in zip(sides[q_side], sides[k_side], strict=True)]
+    entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
+             "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
+             "importance": importance, "thumbs": [], "rollout": None}
+    for b, (n_q, n_k) in enumerate(lens):
+        thumbs_b = []
+        for l, w in enumerate(info["layers"]):
+            if w is None:
+                thumbs_b.append(None)
+                continue
+            thumbs_l = []
+            for h in range(w.shape[1]):
+                m = w[b, h, :n_q, :n_k]
+                matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
+                thumbs_l.append(_thumbnail(m, thumbnail))
+            thumbs_b.append(thumbs_l)
+        entry["thumbs"].append(thumbs_b)
+    if rollout and q_side == k_side:
+        entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
+    return entry
 
 
 # ----------------------------------------------------------------------------- encoding
