@@ -467,6 +467,9 @@ def test_the_notebook_display_renders_inline_offline(browser_context, seq2seq, t
     frames = [f for f in page.frames if f != page.main_frame]
     assert len(frames) == 2
     for frame in frames:
+        # Chromium pauses animation frames in off-screen cross-origin frames (a notebook's
+        # view below the fold draws when scrolled to): bring each into view first
+        frame.frame_element().scroll_into_view_if_needed()
         frame.evaluate("window.headwise.ready")
         frame.evaluate("window.headwise.idle()")
         assert frame.evaluate("window.headwise.lastDraw.grid.cells") == L * H
