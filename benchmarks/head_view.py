@@ -104,7 +104,7 @@ def main() -> None:
         att = attention(layers, heads, n, scale, causal)
         t = time.perf_counter()
         path = head_view({"decoder_self" if causal else "encoder_self": att},
-                         [f"tok{i}" for i in range(n)], tmp / f"{len(files)}.html")
+                         [f"tok{i}" for i in range(n)], tmp / f"{len(files)}.html").path
         write_s = time.perf_counter() - t
         text = path.read_text()
         levels = json.loads(text.split('id="hw-meta">', 1)[1].split("</script>", 1)[0])["levels"]

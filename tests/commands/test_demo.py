@@ -50,5 +50,12 @@ def test_demo_writes_its_report(tmp_path, capsys):
         assert (out / name).is_file(), name
     demo = json.loads((out / "demo.json").read_text())
     assert len(demo["mirror_scores"]) == 2 and len(demo["examples"]) == 6
-    assert "<script" in (out / "head_view.html").read_text()
+    page = (out / "head_view.html").read_text()
+    assert "<script" in page
+    # the page opens on cross-attention at the mirror head, and the terminal shows that head
+    meta = json.loads(page.split('id="hw-meta">', 1)[1].split("</script>", 1)[0])
+    layer, head = demo["best_mirror_head"]
+    assert meta["initial"] == {"kind": "cross", "layer": layer, "head": head}
+    assert f"cross-attention of decoder layer {layer}, head {head}" in text
+    assert "rows = queries, columns = keys" in text
     assert "cross_attn" in (out / "trace.txt").read_text()

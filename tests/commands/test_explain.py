@@ -78,3 +78,14 @@ def test_explain_folder_without_tokenizer_is_one_line(minilm_folder, tmp_path, c
     err = capsys.readouterr().err
     assert code == 2
     assert "tokenizer.json" in err and err.count("\n") == 1, err
+
+
+def test_explain_writes_into_a_report_folder_by_default(minilm_folder, tmp_path, capsys,
+                                                        monkeypatch):
+    """No -o: a report folder, never view.html loose in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "Hi there!"]) == 0
+    folder = tmp_path / "headwise-reports" / "explain-hi-there"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["headwise-reports"]
+    assert sorted(p.name for p in folder.iterdir()) == ["head_view.html", "heatmaps.png"]
+    assert f"head view: {folder.relative_to(tmp_path)}/head_view.html" in capsys.readouterr().out

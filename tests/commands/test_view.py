@@ -30,7 +30,14 @@ def checkpoints(tmp_path_factory):
                                dropout=0.0)
     lm = checkpoint.save(root / "lm", build(lm_cfg), lm_cfg, tok)
     mt = checkpoint.save(root / "mt", build(mt_cfg), mt_cfg, tok)
-    return {"lm": lm, "mt": mt}
+    small = CharTokenizer("abcdefghij")
+    rev_cfg = TransformerConfig(src_vocab_size=small.vocab_size, tgt_vocab_size=small.vocab_size,
+                                d_model=16, num_heads=2, num_layers=2, d_ff=32, max_len=32,
+                                dropout=0.0)
+    rev = checkpoint.save(root / "rev", build(rev_cfg), rev_cfg, small,
+                          metadata={"train_config": {"task": "reverse", "min_len": 4,
+                                                     "max_len": 16}})
+    return {"lm": lm, "mt": mt, "rev": rev}
 
 
 def test_view_lm(checkpoints, tmp_path, capsys):
@@ -112,3 +119,63 @@ def test_view_missing_checkpoint(tmp_path, capsys):
     assert main(["view", "--checkpoint", str(tmp_path / "nope"), "--text", "a"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("headwise view: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_view_prints_the_output_and_writes_a_report_folder(checkpoints, tmp_path, capsys,
+                                                          monkeypatch):
+    """No -o: the page and heatmaps go to headwise-reports/view-<input>/, never loose files in
+    the working directory; the decoded output is printed; the page opens on cross-attention at
+    the head with the most focused weights."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["view", "--checkpoint", str(checkpoints["rev"]), "--src", "abcdefg"]) == 0
+    out = capsys.readouterr()
+    folder = tmp_path / "headwise-reports" / "view-abcdefg"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["headwise-reports"]
+    assert sorted(p.name for p in folder.iterdir()) == ["head_view.html", "heatmaps.png"]
+    meta = page_meta(folder / "head_view.html")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *"abcdefghij"])}
+    tgt_ids = [vocab[t] for t in meta["tokens"]["tgt"][0]]  # <bos> + the greedy output
+    from headwise.data.tokenizers import CharTokenizer
+
+    shown = CharTokenizer("abcdefghij").decode(tgt_ids[1:])
+    assert f"output: {shown}  (greedy decoding)" in out.out and "input:  abcdefg" in out.out
+    assert out.err == ""  # 7 symbols: inside the trained 4-16, no warning
+    init = meta["initial"]
+    assert init["kind"] == "cross"
+    from headwise import checkpoint
+
+    model = checkpoint.load(checkpoints["rev"]).model
+    src = torch.tensor([[4 + "abcdefg".index(c) for c in "abcdefg"]])
+    tgt = torch.tensor([tgt_ids])
+    with torch.no_grad():
+        _, att = model(src, tgt, return_weights=True)
+    focus = torch.stack([w[0].amax(-1).mean(-1) for w in att["cross"]])  # (layers, heads)
+    assert divmod(int(focus.argmax()), focus.shape[1]) == (init["layer"], init["head"])
+
+
+def test_view_warns_outside_the_training_lengths(checkpoints, tmp_path, capsys):
+    assert main(["view", "--checkpoint", str(checkpoints["rev"]), "--src", "abc",
+                 "-o", str(tmp_path / "v.html")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --src has 3 symbols but this model was trained on 4-16")
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("which, extra, message", [
+    ("rev", ["--src", "Hello World"], "characters this model has no token for: ' ' 'H' 'W' 'l' 'o' 'r'; it knows only 'abcdefghij'"),
+    ("rev", ["--src", "abc", "--tgt", "xyz"], "--tgt has characters"),
+    ("rev", ["--src", "a" * 33], "--src is 33 tokens but the model takes at most max_len=32"),
+    ("lm", ["--text", "abc!"], "--text has characters this model has no token for: '!'"),
+    ("lm", ["--text", "a" * 32, "--bos"], "max_len=32 (1 for <bos>)"),
+    ("rev", ["--src", "abcd", "--layer", "5"], "--layer 5: this model's recorded layers are [0, 1]"),
+    ("rev", ["--src", "abcd", "--head", "2"], "--head 2: layer"),
+    ("rev", ["--src", "abcd", "-o", "x.png"], "expected a folder or a .html file"),
+])
+def test_view_refuses_bad_input_in_one_line(checkpoints, tmp_path, capsys, which, extra, message,
+                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["view", "--checkpoint", str(checkpoints[which]), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("headwise view: error:")
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -118,7 +118,7 @@ def seq2seq_file(seq2seq, tmp_path_factory):
     importance = {"encoder_self": torch.arange(L * H, dtype=torch.float).reshape(L, H) / 10}
     return head_view(seq2seq, {"src": SRC, "tgt": TGT},
                      tmp_path_factory.mktemp("hv") / "view.html", importance=importance,
-                     title="test model")
+                     title="test model").path
 
 
 @pytest.fixture
@@ -134,7 +134,8 @@ def test_opens_offline_with_a_full_grid(page):
     assert cells.count() == L * H
     drawn = page.js("[...document.querySelectorAll('.hw-cell canvas')].filter(c => c.dataset.drawn).length")
     assert drawn == L * H
-    assert page.js("window.headwise.lastDraw.grid") == {"cells": L * H, "layers": L, "heads": H}
+    grid = page.js("window.headwise.lastDraw.grid")
+    assert grid == {"cells": L * H, "layers": L, "heads": H, "scale": "shared", "top": grid["top"]}
     # importance scores appear on the grid: layer 2 head 3 = 1.1
     assert page.page.locator('.hw-cell[data-layer="2"][data-head="3"] .hw-imp-val').inner_text() == "1.100"
     png = page.page.screenshot(full_page=True)
@@ -177,6 +178,7 @@ def test_hover_highlights_exactly_the_attended_keys(page, seq2seq):
 
 
 def test_toggling_a_head_changes_the_drawing(page):
+    page.page.click('#hw-headmode button[data-all="1"]')  # "all heads": the head chips toggle
     page.settle()
     before = (page.lines()["heads"], page.js("window.headwise.signature('lines')"))
     assert before[0] == list(range(H))
@@ -275,7 +277,7 @@ def test_rollout_panel(page, seq2seq):
 def test_long_sequence_stays_responsive(browser_context, tmp_path):
     n = 512
     att = {"decoder_self": [softmaxed(1, 4, n, n, seed=l, scale=3, causal=True) for l in range(2)]}
-    path = head_view(att, [f"w{i}" for i in range(n)], tmp_path / "long.html")
+    path = head_view(att, [f"w{i}" for i in range(n)], tmp_path / "long.html").path
     p = Page(browser_context, path)
     p.hover_token("q", 400)  # scrolls the virtualised lines view there
     drawn = p.lines()
@@ -301,7 +303,7 @@ def test_real_tiny_transformer(browser_context, tmp_path):
         _, att = model(src, tgt, src_valid_lens=torch.tensor([6, 4]), return_weights=True)
     src_tok = [[f"s{t}" for t in row[:n]] for row, n in zip(src.tolist(), (6, 4), strict=True)]
     tgt_tok = [[f"t{t}" for t in row] for row in tgt.tolist()]
-    path = head_view(att, {"src": src_tok, "tgt": tgt_tok}, tmp_path / "real.html")
+    path = head_view(att, {"src": src_tok, "tgt": tgt_tok}, tmp_path / "real.html").path
     p = Page(browser_context, path)
     assert p.page.locator(".hw-cell:not(.hw-empty)").count() == 2 * 2
     for kind in ("encoder_self", "decoder_self", "cross"):
@@ -324,3 +326,154 @@ def test_a_missing_browser_is_named(monkeypatch):
     monkeypatch.setattr(me, "CHROMIUM", "/nonexistent/chromium")
     assert "no Chromium at /nonexistent/chromium" in me._unavailable()
     assert "apt-get install chromium" in me._unavailable()
+
+
+# ---------------------------------------------------------------- issue 15: a view that pays off
+
+def test_one_head_at_a_time_by_default(page):
+    page.settle()
+    assert page.lines()["heads"] == [0]  # the selected head alone, not a hairball of all 4
+    assert page.page.locator("#hw-headmode button[aria-pressed=true]").inner_text() == "one head"
+    assert page.js("document.getElementById('hw-detail-title').textContent") == "Layer 0 · head 0"
+    one = page.lines()["edges"]
+    page.page.click('#hw-headmode button[data-all="1"]')
+    page.settle()
+    assert page.lines()["heads"] == list(range(H)) and page.lines()["edges"] > one
+    # in one-head mode a head label picks the head shown
+    page.page.click('#hw-headmode button[data-all="0"]')
+    page.page.locator('#hw-heads .hw-chip[data-head="3"]').click()
+    page.settle()
+    assert page.lines()["heads"] == [3]
+
+
+def test_clicking_a_grid_cell_isolates_that_head(page, seq2seq):
+    page.page.click('#hw-headmode button[data-all="1"]')
+    page.settle()
+    assert page.lines()["heads"] == list(range(H))
+    before = page.js("window.headwise.signature('lines')")
+    page.page.click('.hw-cell[data-layer="1"][data-head="2"]')
+    page.settle()
+    drawn = page.lines()
+    assert (drawn["layer"], drawn["heads"]) == (1, [2])
+    assert page.js("window.headwise.signature('lines')") != before
+    assert page.page.locator("#hw-headmode button[aria-pressed=true]").inner_text() == "one head"
+    # and the lines drawn are that head's: hover a query, read back its row
+    page.hover_token("q", 4)
+    want = seq2seq["encoder_self"][1][0, 2, 4].numpy()
+    for e in page.lines()["highlighted"]:
+        assert e["head"] == 2 and abs(e["weight"] - want[e["key"]]) <= want.max() / 510 + 1e-7
+
+
+def test_the_lines_panel_uses_the_window(page):
+    assert page.js("window.innerWidth") == 1400
+    page.settle()
+    width = page.js("document.getElementById('hw-lines-scroll').getBoundingClientRect().width")
+    canvas = page.js("document.getElementById('hw-lines-canvas').getBoundingClientRect().width")
+    assert width >= 0.6 * 1400 and canvas >= 0.6 * 1400 - 4, (width, canvas)
+    grid = page.page.locator("#hw-grid").bounding_box()
+    lines = page.page.locator("#hw-lines-scroll").bounding_box()
+    assert grid["x"] + grid["width"] <= lines["x"]  # side by side, not overlapping
+
+
+def test_thumbnails_share_one_scale_by_default(browser_context, tmp_path):
+    """A flat head (max weight 1/9) next to a sharp one (max 1): on the shared scale its
+    thumbnail is pale; on its own scale (the labelled option) it is as dark as the sharp one."""
+    n = 9
+    flat = torch.full((1, 1, n, n), 1 / n)
+    sharp = torch.eye(n)[None, None]
+    att = {"encoder_self": [torch.cat([flat, sharp], 1)]}
+    path = head_view(att, [f"t{i}" for i in range(n)], tmp_path / "scale.html").path
+    p = Page(browser_context, path)
+    mean = """(h) => { const c = document.querySelector(`.hw-cell[data-layer="0"][data-head="${h}"] canvas`);
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let s = 0;
+        for (let i = 0; i < d.length; i += 4) s += d[i]; return s / (d.length / 4); }"""
+    assert p.js("window.headwise.lastDraw.grid.scale") == "shared"
+    assert "one scale for all heads" in p.page.locator(".hw-model .hw-hint").inner_text()
+    shared_flat, sharp_min = p.js(mean, 0), p.js("""() => { const c = document.querySelector('.hw-cell[data-head="1"] canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let m = 255;
+        for (let i = 0; i < d.length; i += 4) m = Math.min(m, d[i]); return m; }""")
+    assert shared_flat > 190 and sharp_min < 40  # pale vs dark (red channel of the Blues ramp)
+    p.page.click('#hw-thumb-scale button[data-scale="own"]')
+    p.settle()
+    assert p.js("window.headwise.lastDraw.grid.scale") == "own"
+    assert p.js(mean, 0) < 40  # the flat head at its own maximum is uniformly dark
+    assert "own largest weight" in p.page.locator(".hw-model .hw-hint").inner_text()
+    p.close()
+
+
+def test_importance_labels_fit_their_box(browser_context, tmp_path):
+    """Awkward values (6.5e-3, 3.4e-5, 12345.6, -0.25) on a 12-head grid (narrow cells) stay on
+    one line inside their cell."""
+    heads, n = 12, 6
+    att = {"encoder_self": [softmaxed(1, heads, n, n, seed=l) for l in range(2)]}
+    values = torch.tensor([6.5e-3, 3.4e-5, 12345.6, -0.25, 1.0, 0.5, 2e-7, 99.99, 0.0, 7.7,
+                           1e-3, 0.123])
+    imp = {"encoder_self": torch.stack([values, values.flip(0)])}
+    path = head_view(att, [f"t{i}" for i in range(n)], tmp_path / "imp.html", importance=imp).path
+    p = Page(browser_context, path)
+    boxes = p.js("""[...document.querySelectorAll('.hw-imp-val')].map((e) => {
+        const r = e.getBoundingClientRect(), c = e.closest('.hw-cell').getBoundingClientRect();
+        return {text: e.textContent, sw: e.scrollWidth, cw: e.clientWidth, h: r.height,
+                inside: r.left >= c.left - 0.5 && r.right <= c.right + 0.5,
+                sh: e.scrollHeight, ch: e.clientHeight, nowrap: getComputedStyle(e).whiteSpace,
+                font: parseFloat(getComputedStyle(e).fontSize)}; })""")
+    assert len(boxes) == 2 * heads
+    for b in boxes:
+        assert b["sw"] <= b["cw"] + 0.5 and b["inside"], b  # nothing cut off or spilling over
+        assert b["nowrap"] == "nowrap" and b["sh"] <= b["ch"] + 0.5 and b["h"] <= 13, b  # one line
+        assert b["font"] >= 7
+        assert b["text"] and b["text"] != "…"
+    p.close()
+
+
+def test_the_demo_page_opens_on_cross_attention(browser_context, tmp_path):
+    """The head view the demo writes (its own code path, on an untrained demo-sized model)
+    opens on cross-attention at the head the demo picked."""
+    from headwise.commands.demo import _artefacts, demo_config
+    from headwise.data import make_task
+    from headwise.models import build
+    from headwise.train import build_model_config
+
+    cfg = demo_config(steps=1)
+    task = make_task("reverse", min_len=cfg.min_len, max_len=cfg.max_len,
+                     num_symbols=cfg.num_symbols)
+    torch.manual_seed(0)
+    model = build(build_model_config(cfg, task)).eval()
+    files = _artefacts(model, task, task.eval_set(64), torch.device("cpu"), tmp_path,
+                       mirror=(1, 3))
+    p = Page(browser_context, __import__("pathlib").Path(files["head_view"]))
+    p.settle()
+    assert p.js("window.headwise.state.kind") == "cross"
+    assert p.page.locator("#hw-kind button[aria-pressed=true]").inner_text() == "Cross"
+    drawn = p.lines()
+    assert (drawn["kind"], drawn["layer"], drawn["heads"]) == ("cross", 1, [3])
+    assert "hw-selected" in p.page.locator('.hw-cell[data-layer="1"][data-head="3"]').get_attribute("class")
+    assert p.js("document.getElementById('hw-detail-title').textContent") == "Layer 1 · head 3"
+    p.close()
+
+
+def test_the_notebook_display_renders_inline_offline(browser_context, seq2seq, tmp_path):
+    """What Jupyter shows for a head view (``_repr_html_``): two views in one host page, each in
+    its own frame, both drawn, nothing requested but the host page."""
+    view = head_view(seq2seq, {"src": SRC, "tgt": TGT}, kind="cross", layer=2, head=1)
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html><html><body><h1>cell output</h1>" + view._repr_html_()
+                    + view._repr_html_() + "</body></html>", encoding="utf-8")
+    page = browser_context.new_page()
+    requests, problems = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.goto(host.as_uri())
+    frames = [f for f in page.frames if f != page.main_frame]
+    assert len(frames) == 2
+    for frame in frames:
+        # Chromium pauses animation frames in off-screen cross-origin frames (a notebook's
+        # view below the fold draws when scrolled to): bring each into view first
+        frame.frame_element().scroll_into_view_if_needed()
+        frame.evaluate("window.headwise.ready")
+        frame.evaluate("window.headwise.idle()")
+        assert frame.evaluate("window.headwise.lastDraw.grid.cells") == L * H
+        drawn = frame.evaluate("window.headwise.lastDraw.lines")
+        assert (drawn["kind"], drawn["layer"], drawn["heads"]) == ("cross", 2, [1])
+    assert requests == [host.as_uri()] and problems == []
+    page.close()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from headwise.viz import attention_rollout, head_view
+from headwise.viz.display import HeadView
 
 
 def softmaxed(*shape, seed=0, scale=2.0, causal=False):
@@ -32,7 +33,7 @@ def seq2seq(b=2, h=3, layers=2, n_src=6, n_tgt=5, seed=0):
 
 
 def read_page(path):
-    text = path.read_text(encoding="utf-8")
+    text = path.html if isinstance(path, HeadView) else path.read_text(encoding="utf-8")
     meta = json.loads(re.search(r'<script type="application/json" id="hw-meta">(.*?)</script>',
                                 text, re.S).group(1))
     blocks = dict(re.findall(r'<script type="application/octet-stream" data-key="([^"]+)">'
@@ -97,8 +98,8 @@ def test_thumbnails_are_max_pooled(tmp_path):
                      thumbnail=20)
     _, meta, _ = read_page(path)
     spec = meta["kinds"]["encoder_self"]["thumbs"][0][0][0]
-    size, data = spec.split(":")
-    assert size == "20x20"
+    size, top, data = spec.split(":")
+    assert size == "20x20" and float(top) == 1.0  # the page rescales by top / shared max
     thumb = np.frombuffer(base64.b64decode(data), dtype=np.uint8).reshape(20, 20)
     assert thumb[:, 0].min() == 255  # the first-key column survives
     assert thumb[73 * 20 // 100, 91 * 20 // 100] == 128  # an isolated peak survives pooling
@@ -111,7 +112,7 @@ def test_budget_lowers_precision_and_says_so(tmp_path):
     small = head_view(att, [str(i) for i in range(64)], tmp_path / "b.html", max_mb=0.02)
     _, meta, blocks = read_page(small)
     assert read_page(full)[1]["levels"] == 255 and meta["levels"] in (63, 15)
-    assert small.stat().st_size < full.stat().st_size
+    assert small.path.stat().st_size < full.path.stat().st_size
     got, _ = decode(blocks["w/encoder_self/0/1/1"], 64, 64, meta["levels"])
     want = att["encoder_self"][1][0, 1].double().numpy()
     assert np.all(np.abs(got - want) <= want.max(1, keepdims=True) / (2 * meta["levels"]) + 1e-7)

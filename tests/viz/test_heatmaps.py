@@ -33,7 +33,7 @@ def test_png_has_one_panel_per_layer_and_head(tmp_path, layers, heads, n_i, n_j)
     q = [f"q{i}" for i in range(n_i)]
     k = [f"key{j}" for j in range(n_j)]
     out = heatmaps(w, query_tokens=q, key_tokens=k, path=tmp_path / "heads.png")
-    assert out == tmp_path / "heads.png"
+    assert out.path == tmp_path / "heads.png"
     img, big = panels(out)
     assert len(big) == layers * heads
     assert img.std() > 20 and len(np.unique(img.reshape(-1, 3), axis=0)) > 50  # not blank
@@ -61,7 +61,7 @@ def test_svg_titles_and_subset_selection(tmp_path):
     w = [torch.rand(4, 6, 6).softmax(-1) for _ in range(3)]
     out = heatmaps(w, query_tokens=list("abcdef"), key_tokens=list("uvwxyz"),
                    path=tmp_path / "h.svg", layers=[2, 0], heads=[1, 3], title="subset")
-    text = out.read_text()
+    text = out.path.read_text()
     titles = re.findall(r"<!-- (L\d+ H\d+) -->", text)
     assert sorted(titles) == ["L0 H1", "L0 H3", "L2 H1", "L2 H3"]
     assert text.lstrip().startswith("<?xml")

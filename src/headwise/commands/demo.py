@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     examples = _examples(model, task, heldout, device)
     scores = mirror_scores(model, heldout.to(device))
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
-    artefacts = _artefacts(model, task, heldout, device, out)
+    artefacts = _artefacts(model, task, heldout, device, out, mirror=(layer, head))
 
     table = Table(title="greedy decoding of held-out strings", title_justify="left")
     for col in ("source", "model output", "correct"):
@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"The anti-diagonal: head {head} of decoder layer {layer} puts its largest "
                   f"cross-attention weight on the mirrored source position for "
                   f"{scores[layer, head]:.1%} of target positions.")
+    console.print(_mirror_heatmap(model, task, heldout, device, layer, head))
 
     summary = {"exact_match": m["exact_match"], "token_accuracy": m["token_accuracy"],
                "loss": m["loss"], "train_seconds": result.seconds, "total_seconds":
@@ -172,8 +173,26 @@ def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:
     return rows
 
 
-def _artefacts(model, task, heldout, device, out: Path) -> dict[str, str]:
-    """Head view, heatmaps and shape trace of a few held-out examples."""
+def _mirror_heatmap(model, task, heldout, device, layer: int, head: int):
+    """The mirror head's cross-attention on one held-out string, drawn in the terminal."""
+    import torch
+
+    from headwise.viz.terminal import terminal_heatmap
+
+    k = next(k for k in range(len(heldout)) if 6 <= int(heldout.src_lens[k]) <= 10)
+    n, tok = int(heldout.src_lens[k]), task.tokenizer
+    src, tgt = heldout.src[k:k + 1, :n].to(device), heldout.tgt_in[k:k + 1, :n + 1].to(device)
+    with torch.no_grad():
+        _, att = model(src, tgt, return_weights={"cross": [layer]})
+    weights = att["cross"][layer][0, head]  # (i, j): target positions x source positions
+    return terminal_heatmap(weights, tok.tokens(tgt[0].tolist()), tok.tokens(src[0].tolist()),
+                            title=f"cross-attention of decoder layer {layer}, head {head} "
+                                  f"(the anti-diagonal: target t looks at source n-1-t)")
+
+
+def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int]) -> dict:
+    """Head view (opening on the mirror head's cross-attention), heatmaps and shape trace of a
+    few held-out examples."""
     import torch
 
     from headwise.tracing import trace
@@ -191,7 +210,7 @@ def _artefacts(model, task, heldout, device, out: Path) -> dict[str, str]:
                   for k, n in enumerate(batch.src_lens.tolist())]
     files = {"head_view": str(head_view(
         att, {"src": src_tokens, "tgt": tgt_tokens}, out / "head_view.html",
-        title="headwise demo: reverse"))}
+        title="headwise demo: reverse", kind="cross", layer=mirror[0], head=mirror[1]).path)}
     n = int(batch.src_lens[0])
     sides = {"cross": (tgt_tokens[0], src_tokens[0], n + 1, n),
              "decoder_self": (tgt_tokens[0], tgt_tokens[0], n + 1, n + 1),
@@ -202,7 +221,7 @@ def _artefacts(model, task, heldout, device, out: Path) -> dict[str, str]:
         files[name] = str(heatmaps(weights, query_tokens=q, key_tokens=k,
                                    path=out / f"{name}.png",
                                    title=f"{kind} attention: {''.join(src_tokens[0])} -> "
-                                         f"{''.join(src_tokens[0])[::-1]}"))
+                                         f"{''.join(src_tokens[0])[::-1]}").path)
     with torch.no_grad():
         tr = trace(model, batch.src[:1], batch.tgt_in[:1], src_valid_lens=batch.src_lens[:1])
     (out / "trace.txt").write_text(tr.render() + "\n", encoding="utf-8")
@@ -227,7 +246,8 @@ def _readme(out: Path, cfg, s: dict) -> None:
         "| `checkpoint/` | the model: `headwise view --checkpoint checkpoint --src abcdef` |",
         "| `metrics.json`, `log.jsonl` | final metrics, evaluation history |",
         "| `demo.json` | examples, per-head mirror scores, timings |",
-        "| `head_view.html` | interactive head view of 4 held-out examples (offline) |",
+        "| `head_view.html` | interactive head view of 4 held-out examples (offline); opens on "
+        f"cross-attention, layer {layer} head {head} |",
         "| `cross_attention.png` | cross-attention heads: the anti-diagonal |",
         "| `decoder_self_attention.png`, `encoder_self_attention.png` | self-attention heads |",
         "| `trace.txt`, `trace.md` | the named-axis shape trace of one forward pass |", "",

@@ -1,11 +1,13 @@
 """``headwise explain``: run a real pretrained BERT on your text and look at its heads.
 
-    headwise explain "The cat sat on the mat." -o view.html
-    headwise explain "Who is there?" --pair "The heads are." --model-dir path/to/bert -o view.html
+    headwise explain "The cat sat on the mat."
+    headwise explain "Who is there?" --pair "The heads are." --model-dir path/to/bert -o pair/
     headwise explain "first text" "second text" --layers 0,5 --heads 0-3 -o view.html
 
 Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
-heatmaps, then prints the trace summary of the run (which attention kernel each layer used).
+heatmaps into a report folder (``headwise-reports/explain-<text>/``, or ``-o DIR``, or
+``-o FILE.html`` with the grid beside it), then prints the trace summary of the run (which
+attention kernel each layer used).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headwise.commands._common import parse_device
+from headwise.commands._common import parse_device, report_paths
 
 if TYPE_CHECKING:  # imported when the command runs: `headwise explain --help` stays fast
     import torch
@@ -38,10 +40,12 @@ def register(subparsers) -> None:
     source.add_argument("--model-dir", metavar="DIR",
                         help="a Hugging Face BERT folder (config.json, model.safetensors, "
                              "tokenizer.json)")
-    p.add_argument("-o", "--output", default="view.html", metavar="HTML",
-                   help="head view file (default view.html)")
+    p.add_argument("-o", "--output", metavar="DIR|FILE.html",
+                   help="report folder, or the head view file (default: "
+                        "headwise-reports/explain-TEXT/)")
     p.add_argument("--heatmaps", metavar="PNG",
-                   help="heatmap grid file, .png/.svg/.pdf (default: OUTPUT with -heads.png)")
+                   help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
+                        "folder, or FILE-heads.png beside -o FILE.html)")
     p.add_argument("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all)")
     p.add_argument("--heads", help="heatmap heads, e.g. 0-3 (default all)")
     p.add_argument("--example", type=int, default=0, help="which text the heatmaps show")
@@ -82,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
     hidden, attentions = record.output
 
     name = "all-MiniLM-L6-v2" if not args.model_dir else str(folder)
-    html = viz.head_view(attentions, {"src": tokens}, args.output,
+    html, png = report_paths(args.output, "explain", texts[0])
+    html = viz.head_view(attentions, {"src": tokens}, html,
                          title=f"{name}: {texts[0][:60]}" + ("..." if len(texts[0]) > 60 else ""))
-    png = Path(args.heatmaps) if args.heatmaps else _default_png(Path(args.output))
+    png = Path(args.heatmaps) if args.heatmaps else png or _default_png(html.path)
     b, n = args.example, lengths[args.example]
     chosen = [w[b, :, :n, :n].float().cpu() for w in attentions["encoder_self"]]
     viz.heatmaps(chosen, query_tokens=tokens[b], key_tokens=tokens[b], path=png, layers=layers,
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if len(texts) > 1:
         _print_similarities(hidden, inputs["attention_mask"], encoder)
     print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
-    print(f"head view: {html}\nheatmaps:  {png}")
+    print(f"head view: {html.path}\nheatmaps:  {png}")
     return 0
 
 

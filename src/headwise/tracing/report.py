@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +51,11 @@ class Trace:
     def __repr__(self) -> str:
         return (f"Trace({self._root.module}, {len(self.steps)} steps, "
                 f"{len(self.attention)} attention calls)")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the listing and summary, monospaced and unwrapped (plain HTML, offline)."""
+        return ('<pre style="font: 12px/1.35 ui-monospace, monospace; white-space: pre; '
+                f'overflow-x: auto;">{html.escape(self.render())}</pre>')
 
     def render(self, full: bool = False, summary: bool = True) -> str:
         """The indented listing; ``full`` shows repeated identical blocks instead of one line."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise._io import atomic_write
+from headwise.viz.display import HeadView
 from headwise.viz.rollout import attention_rollout
 
 __all__ = ["head_view", "KINDS"]
@@ -44,11 +44,22 @@ KIND_LABELS = {"encoder_self": "Encoder self-attention", "decoder_self": "Decode
                "cross": "Cross-attention (decoder → encoder)"}
 
 
-def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike, *,
-              importance: Mapping[str, object] | None = None, title: str | None = None,
-              rollout: bool = True, thumbnail: int = 48, max_mb: float | None = 40.0,
-              compress_level: int = 4) -> Path:
-    """Write the interactive head view to ``path`` and return it.
+def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike | None = None,
+              *, importance: Mapping[str, object] | None = None, title: str | None = None,
+              kind: str | None = None, layer: int | None = None, head: int | None = None,
+              thumbnail_scale: str = "shared", rollout: bool = True, thumbnail: int = 48,
+              max_mb: float | None = 40.0, compress_level: int = 4) -> HeadView:
+    """Make the interactive head view; write it to ``path`` when given.
+
+    Returns a :class:`~headwise.viz.display.HeadView` (``.html``, ``.path``, ``.save(path)``;
+    path-like once saved). In Jupyter it displays inline, offline (``_repr_html_``).
+
+    Any model's attentions work, e.g. Hugging Face's ``output_attentions=True``, a tuple with
+    one ``(b, h, i, j)`` tensor per layer::
+
+        out = hf_model(**batch, output_attentions=True)   # attn_implementation="eager"
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+        head_view({"encoder_self": out.attentions}, tokens)   # decoder-only: "decoder_self"
 
     Args:
         attentions: ``{"encoder_self" | "decoder_self" | "cross": [per layer (b, h, i, j) tensor
@@ -58,10 +69,15 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             per-example lists) for a model with a single self-attention kind. A side may also be
             one flat list shared by every example. An example's list may be shorter than the
             tensor's ``i``/``j`` (padding is trimmed), never longer.
-        path: the ``.html`` file to write (written atomically).
+        path: the ``.html`` file to write (atomically); ``None``: not written.
         importance: optional ``{kind: (layers, heads) array}`` of head-importance scores, shown
             on the grid (NaN = no score).
         title: page title (default "headwise head view").
+        kind, layer, head: what the page opens on (default: the first kind, its first recorded
+            layer, head 0), e.g. the cross-attention head that matters.
+        thumbnail_scale: ``"shared"`` (default) colours every thumbnail of a kind on one scale,
+            0 to the largest weight of any head, so a flat head looks flat; ``"own"`` scales each
+            to its own maximum. The page can switch between them.
         rollout: precompute attention rollout for self-attention kinds (needs every layer).
         thumbnail: largest side of the max-pooled thumbnails in the model view.
         max_mb: size budget of the file. Weights are stored with 255 levels per row; if the file
@@ -70,36 +86,21 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             keeps 255 levels whatever the size.
         compress_level: zlib level (1 fastest .. 9 smallest) for the stored weights.
     """
-    path = Path(path)
+    if path is not None and Path(path).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"head_view path {str(path)!r} must end in .html (e.g. view.html)")
+    if thumbnail_scale not in ("shared", "own"):
+        raise ValueError(f"thumbnail_scale={thumbnail_scale!r}; expected 'shared' or 'own'")
     kinds = _check_attentions(attentions)
     batch = next(iter(kinds.values()))["batch"]
     sides = _check_tokens(tokens, kinds, batch)
     imp = _check_importance(importance, kinds)
     matrices: list[tuple[str, np.ndarray]] = []  # (block key, (i, j) weights)
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
-            "kinds": {}, "thumbnail": int(thumbnail)}
-    for kind, info in kinds.items():
-        q_side, k_side = KINDS[kind]
-        lens = [(len(sides[q_side][b]), len(sides[k_side][b])) for b in range(batch)]
-        entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
-                 "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
-                 "importance": imp.get(kind), "thumbs": [], "rollout": None}
-        for b, (n_q, n_k) in enumerate(lens):
-            thumbs_b = []
-            for l, w in enumerate(info["layers"]):
-                if w is None:
-                    thumbs_b.append(None)
-                    continue
-                thumbs_l = []
-                for h in range(w.shape[1]):
-                    m = w[b, h, :n_q, :n_k]
-                    matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
-                    thumbs_l.append(_thumbnail(m, thumbnail))
-                thumbs_b.append(thumbs_l)
-            entry["thumbs"].append(thumbs_b)
-        if rollout and q_side == k_side:
-            entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
-        meta["kinds"][kind] = entry
+            "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
+            "initial": _check_initial(kinds, kind, layer, head)}
+    for name, info in kinds.items():  # (not `kind`: that argument names the opening kind)
+        meta["kinds"][name] = _kind_entry(name, info, sides, imp.get(name), matrices,
+                                          thumbnail, rollout)
     for levels in LEVELS:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
             blocks = list(pool.map(_block, *zip(*matrices, strict=True),
@@ -108,8 +109,34 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
         page = _page(meta, blocks)
         if max_mb is None or len(page.encode("utf-8")) <= max_mb * 1e6:
             break
-    _write_atomic(path, page)
-    return path
+    view = HeadView(page)
+    return view if path is None else view.save(path)
+
+
+def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout: bool) -> dict:
+    """One attention kind's page header (labels, head counts, thumbnails, rollout status);
+    appends each head's ``(i, j)`` matrix, padding trimmed, to ``matrices``."""
+    q_side, k_side = KINDS[kind]
+    lens = [(len(q), len(k)) for q, k in zip(sides[q_side], sides[k_side], strict=True)]
+    entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
+             "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
+             "importance": importance, "thumbs": [], "rollout": None}
+    for b, (n_q, n_k) in enumerate(lens):
+        thumbs_b = []
+        for l, w in enumerate(info["layers"]):
+            if w is None:
+                thumbs_b.append(None)
+                continue
+            thumbs_l = []
+            for h in range(w.shape[1]):
+                m = w[b, h, :n_q, :n_k]
+                matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
+                thumbs_l.append(_thumbnail(m, thumbnail))
+            thumbs_b.append(thumbs_l)
+        entry["thumbs"].append(thumbs_b)
+    if rollout and q_side == k_side:
+        entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
+    return entry
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -132,7 +159,8 @@ def _block(key: str, m: np.ndarray, levels: int, compress_level: int) -> str:
 
 
 def _thumbnail(m: np.ndarray, size: int) -> str:
-    """Max-pool an (i, j) matrix to at most size x size, scale to its max, uint8, base64."""
+    """Max-pool an (i, j) matrix to at most size x size, scale to its max, uint8, base64:
+    ``"{rows}x{cols}:{max}:{base64}"`` (the page rescales to a shared maximum)."""
     for axis in (0, 1):
         n = m.shape[axis]
         if n > size:
@@ -140,7 +168,7 @@ def _thumbnail(m: np.ndarray, size: int) -> str:
             m = np.maximum.reduceat(m, edges, axis=axis)
     top = float(m.max()) if m.size else 0.0
     q = np.rint(m / (top if top > 0 else 1.0) * 255.0).astype(np.uint8)
-    return f"{m.shape[0]}x{m.shape[1]}:" + base64.b64encode(q.tobytes()).decode("ascii")
+    return f"{m.shape[0]}x{m.shape[1]}:{top:.6g}:" + base64.b64encode(q.tobytes()).decode("ascii")
 
 
 def _rollouts(kind, layers, lens, matrices) -> dict:
@@ -247,6 +275,25 @@ def _per_example(side: str, value, batch: int) -> list[list[str]]:
     return [list(e) for e in value]
 
 
+def _check_initial(kinds: dict, kind: str | None, layer: int | None, head: int | None) -> dict:
+    """The kind/layer/head the page opens on, checked against what was recorded."""
+    kind = kind if kind is not None else next(iter(kinds))
+    if kind not in kinds:
+        raise ValueError(f"kind={kind!r} is not among the attentions given ({list(kinds)})")
+    layers = kinds[kind]["layers"]
+    recorded = [l for l, w in enumerate(layers) if w is not None]
+    layer = recorded[0] if layer is None else layer
+    if layer not in recorded:
+        raise ValueError(f"layer={layer} is not a recorded layer of {kind!r}; choose one of "
+                         f"{recorded}")
+    n_heads = layers[layer].shape[1]
+    head = 0 if head is None else head
+    if not 0 <= head < n_heads:
+        raise ValueError(f"head={head} is out of range: layer {layer} of {kind!r} has "
+                         f"{n_heads} heads (0..{n_heads - 1})")
+    return {"kind": kind, "layer": int(layer), "head": int(head)}
+
+
 def _check_importance(importance, kinds: dict) -> dict:
     if importance is None:
         return {}
@@ -290,8 +337,3 @@ def _page(meta: dict, blocks: list[str]) -> str:
         "\n<script>window.headwise && window.headwise._dataLoaded();</script></body></html>\n",
     ])
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"head_view path {str(path)!r} must end in .html")
-    atomic_write(path, lambda f: f.write(text), binary=False)

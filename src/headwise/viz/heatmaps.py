@@ -17,19 +17,20 @@ from matplotlib.figure import Figure
 
 from headwise import limits
 from headwise._io import atomic_write
+from headwise.viz.display import Heatmaps
 
 __all__ = ["heatmaps"]
 
-FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_LABELLED_TOKENS = 48  # above this, ticks show positions instead of every token
 MAX_CELLS = 384  # longer axes are max-pooled to this many cells (a panel is <= ~420 px wide)
 
 
 def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequence[str] | None,
-             path: str | os.PathLike, layers: Sequence[int] | None = None,
+             path: str | os.PathLike | None = None, layers: Sequence[int] | None = None,
              heads: Sequence[int] | None = None, title: str | None = None,
-             cmap: str = "Blues", dpi: int = 130) -> Path:
-    """Save a grid of attention heatmaps (rows = layers, columns = heads) as PNG, SVG or PDF.
+             cmap: str = "Blues", dpi: int = 130) -> Heatmaps:
+    """Draw a grid of attention heatmaps (rows = layers, columns = heads); save it as PNG, SVG
+    or PDF when ``path`` is given. In Jupyter the result displays inline (``_repr_png_``).
 
     Args:
         weights: ``(layers, heads, i, j)`` tensor/array, or a list over layers of ``(h, i, j)``
@@ -37,20 +38,20 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
         query_tokens: ``i`` labels for the rows of each heatmap (``None``: positions).
         key_tokens: ``j`` labels for the columns (``None``: positions).
         path: output file; the format comes from the extension (``.png``, ``.svg``, ``.pdf``).
+            ``None``: not written (``.save(path)`` later, or display it in a notebook).
         layers, heads: indices to draw (default all), in the order given.
         title: optional figure title.
         cmap: matplotlib colormap; the default runs light (0) to dark (max).
         dpi: resolution of PNG output.
 
     Returns:
-        The written path. Each panel is titled ``L{l} H{h}``; one colour bar is shared by all
+        A :class:`~headwise.viz.display.Heatmaps` (``.figure``, ``.path``, ``.png()``; path-like
+        once saved). Each panel is titled ``L{l} H{h}``; one colour bar is shared by all
         panels (0 to the largest weight shown).
     """
-    path = Path(path)
-    fmt = FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"heatmaps path {str(path)!r} has extension {path.suffix!r}; expected one "
-                         f"of {sorted(FORMATS)} (e.g. heads.png)")
+    if path is not None and Path(path).suffix.lower() not in Heatmaps.FORMATS:
+        raise ValueError(f"heatmaps path {str(path)!r} has extension {Path(path).suffix!r}; "
+                         f"expected one of {sorted(Heatmaps.FORMATS)} (e.g. heads.png)")
     per_layer = _as_layer_list(weights)
     layers = _pick("layers", layers, [l for l, w in enumerate(per_layer) if w is not None])
     for l in layers:
@@ -111,8 +112,8 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
     bar.ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.15 / height, va="top")
-    _save_atomic(fig, path, fmt, dpi)
-    return path
+    result = Heatmaps(fig, dpi=dpi)
+    return result if path is None else result.save(path)
 
 
 def _label_inches(labels) -> float:
@@ -198,8 +199,3 @@ def _as_layer_list(weights) -> list[np.ndarray | None]:
                          "return_weights=True)")
     return out
 
-
-def _save_atomic(fig: Figure, path: Path, fmt: str, dpi: int) -> None:
-    atomic_write(path, lambda f: fig.savefig(
-        f, format=fmt, dpi=dpi, facecolor="white",
-        metadata={"Software": "headwise"} if fmt == "png" else None))

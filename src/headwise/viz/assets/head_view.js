@@ -16,8 +16,13 @@
     [107, 174, 214], [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
 
   const maxHeads = Math.max(...KINDS.map((k) => Math.max(...META.kinds[k].heads.map((h) => h || 0))));
+  const INITIAL = META.initial || { kind: KINDS[0], layer: firstLayer(KINDS[0]), head: 0 };
   const S = {
-    kind: KINDS[0], example: 0, layer: firstLayer(KINDS[0]), head: 0, tab: "lines",
+    kind: INITIAL.kind, example: 0, layer: INITIAL.layer, head: INITIAL.head, tab: "lines",
+    // the lines view shows the selected head alone unless "all heads" is on (all at once is a hairball)
+    allHeads: false,
+    // thumbnails: "shared" = one colour scale for every head of the kind, "own" = each head's max
+    thumbScale: META.thumbnailScale || "shared",
     active: new Array(maxHeads).fill(true), hover: null, cell: null, matrixMode: "head", gamma: 1,
     // colour scale of the matrix views: false = ÷ the matrix max, true = ÷ each row's max
     rowScale: { matrix: false, rollout: true },
@@ -219,9 +224,14 @@
 
     ui.grid = el("div", { class: "hw-grid", id: "hw-grid" });
     ui.gridNote = el("div", { class: "hw-note" });
+    ui.thumbScale = el("div", { class: "hw-seg", id: "hw-thumb-scale", role: "group", "aria-label": "thumbnail colour scale" },
+      el("button", { "data-scale": "shared", onclick: () => setThumbScale("shared"), text: "shared scale", title: "every thumbnail of this kind on one scale: 0 to the largest weight of any head (a flat head looks flat)" }),
+      el("button", { "data-scale": "own", onclick: () => setThumbScale("own"), text: "own max", title: "each thumbnail scaled to its own largest weight (shows the shape of weak heads)" }));
+    ui.gridHint = el("p", { class: "hw-hint" });
     const model = el("section", { class: "hw-panel hw-model", "aria-label": "model view" },
-      el("div", { class: "hw-panel-head" }, el("h2", { text: "Model view" })),
-      el("p", { class: "hw-hint", text: "Rows = layers, columns = heads; each thumbnail is max-pooled and scaled to its own largest weight. Click a cell to inspect that head; click a head label to switch it on/off, double-click to show it alone." }),
+      el("div", { class: "hw-panel-head" }, el("h2", { text: "Model view" }),
+        el("div", { class: "hw-field" }, el("span", { class: "hw-label", text: "Thumbnails" }), ui.thumbScale)),
+      ui.gridHint,
       el("div", { class: "hw-grid-wrap", id: "hw-grid-wrap" }, ui.grid), ui.gridNote);
 
     ui.title = el("h2", { id: "hw-detail-title" });
@@ -235,7 +245,12 @@
     ui.linesScroll = el("div", { class: "hw-scroll", id: "hw-lines-scroll" }, ui.linesCanvas, ui.linesSpacer);
     ui.linesCaption = el("p", { class: "hw-caption" });
     ui.linesHead = el("div", { class: "hw-lines-head" }, el("span", { text: "query (attends from)" }), el("span", { text: "key (attended to)" }));
-    ui.lines = el("div", { class: "hw-view", id: "hw-lines" }, ui.linesCaption, ui.linesHead, ui.linesScroll);
+    ui.headMode = el("div", { class: "hw-seg", id: "hw-headmode", role: "group", "aria-label": "heads drawn" },
+      el("button", { "data-all": "0", onclick: () => setAllHeads(false), text: "one head", title: "draw the selected head alone (click a grid cell or a head label to pick it)" }),
+      el("button", { "data-all": "1", onclick: () => setAllHeads(true), text: "all heads", title: "draw every active head of the layer, one colour each" }));
+    ui.lines = el("div", { class: "hw-view", id: "hw-lines" },
+      el("div", { class: "hw-toolbar" }, el("span", { class: "hw-label", text: "Show" }), ui.headMode),
+      ui.linesCaption, ui.linesHead, ui.linesScroll);
 
     ui.matrixCanvas = el("canvas", { id: "hw-matrix-canvas" });
     ui.matrixBox = el("div", { class: "hw-matrix-box" }, ui.matrixCanvas);
@@ -282,10 +297,10 @@
     }
     window.addEventListener("resize", () => { sizeThumbs(); scheduleDetail(); });
   }
-  function sizeThumbs() { // the whole grid fits beside the detail view when it can (36..64 px)
+  function sizeThumbs() { // the grid takes about a third of the window, the detail view the rest
     const heads = Math.max(...kindMeta().heads.map((h) => h || 0));
-    const avail = Math.max(300, (window.innerWidth || 1400) * 0.5 - 90);
-    const px = Math.max(40, Math.min(64, Math.floor(avail / heads) - 10));
+    const avail = Math.max(200, (window.innerWidth || 1400) * 0.31 - 80);
+    const px = Math.max(30, Math.min(64, Math.floor(avail / heads) - 10));
     document.documentElement.style.setProperty("--thumb", px + "px");
   }
 
@@ -328,6 +343,10 @@
     let impMax = 0;
     if (imp) for (const row of imp) for (const v of row) if (v !== null) impMax = Math.max(impMax, Math.abs(v));
     const thumbs = km.thumbs[S.example];
+    thumbTop = sharedThumbMax();
+    ui.gridHint.textContent = "Rows = layers, columns = heads; thumbnails are max-pooled and coloured " +
+      (S.thumbScale === "shared" ? `on one scale for all heads (0 to ${fmt(thumbTop)}, the largest weight of any head)` : "each to its own largest weight") +
+      ". Click a cell to show that head alone; click a head label to switch it on/off, double-click to keep only it.";
     const cells = [];
     for (let l = 0; l < nLayers; l++) {
       ui.grid.append(el("div", { class: "hw-rowlab", text: `L${l}` }));
@@ -355,7 +374,7 @@
             const pct = v === null || impMax === 0 ? 0 : (Math.abs(v) / impMax) * 100;
             cell.append(el("div", { class: "hw-imp" },
               el("div", { class: "hw-imp-bar" }, el("span", { style: `width:${pct.toFixed(1)}%` })),
-              el("span", { class: "hw-imp-val", text: v === null ? "–" : fmt(v) })));
+              el("span", { class: "hw-imp-val", text: v === null ? "–" : fmt(v), title: v === null ? "no score" : `importance ${v}` })));
           }
         }
         ui.grid.append(cell);
@@ -373,17 +392,52 @@
       }, { root: document.getElementById("hw-grid-wrap"), rootMargin: "200px" });
       for (const c of cells) observer.observe(c);
     }
-    hw.lastDraw.grid = { cells: cells.length, layers: nLayers, heads: nHeads };
+    hw.lastDraw.grid = { cells: cells.length, layers: nLayers, heads: nHeads, scale: S.thumbScale, top: thumbTop };
     refreshGridClasses();
+    fitImportanceLabels();
   }
+  /** Importance values stay on one line inside their cell: smaller type, then fewer digits. */
+  function fitImportanceLabels() {
+    for (const label of ui.grid.querySelectorAll(".hw-imp-val")) {
+      const fits = () => label.scrollWidth <= label.clientWidth + 0.5;
+      const shrink = (smallest) => {
+        for (let px = 10; px >= smallest; px -= 0.5) { label.style.fontSize = px + "px"; if (fits()) return true; }
+        return false;
+      };
+      const v = Number(label.title.replace("importance ", ""));
+      // all digits down to 8.5 px; then the compact form (the full value stays in the tooltip)
+      if (!shrink(8.5) && Number.isFinite(v)) { label.textContent = compact(v); shrink(7); }
+    }
+  }
+  function compact(x) { // 2 significant characters at most: 0.0065 -> "7e-3", 12.3 -> "12"
+    if (x === 0) return "0";
+    const a = Math.abs(x);
+    if (a >= 1 && a < 100) return String(Math.round(x));
+    if (a >= 0.1 && a < 1) return x.toFixed(1).replace(/^(-?)0\./, "$1.");
+    const e = Math.floor(Math.log10(a)), m = Math.round(x / Math.pow(10, e));
+    return `${m}e${e}`;
+  }
+  function parseThumb(spec) { // "{rows}x{cols}:{max}:{base64}", values ÷ the thumbnail's own max
+    const a = spec.indexOf(":"), b = spec.indexOf(":", a + 1);
+    const [r, c] = spec.slice(0, a).split("x").map(Number);
+    return { r, c, max: Number(spec.slice(a + 1, b)), data: spec.slice(b + 1) };
+  }
+  function sharedThumbMax() { // the largest weight of any head of this kind and example
+    let top = 0;
+    for (const layer of kindMeta().thumbs[S.example]) {
+      if (layer) for (const spec of layer) top = Math.max(top, parseThumb(spec).max);
+    }
+    return top;
+  }
+  let thumbTop = 1;
   function drawThumb(canvas) {
-    const spec = canvas.dataset.thumb, colon = spec.indexOf(":");
-    const [r, c] = spec.slice(0, colon).split("x").map(Number);
-    const q = b64bytes(spec.slice(colon + 1));
+    const t = parseThumb(canvas.dataset.thumb), r = t.r, c = t.c;
+    const q = b64bytes(t.data);
+    const f = S.thumbScale === "shared" && thumbTop > 0 ? t.max / thumbTop : 1;
     canvas.width = c; canvas.height = r;
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(c, r);
     for (let i = 0; i < q.length; i++) {
-      const v = q[i] * 3, o = i * 4;
+      const v = Math.round(q[i] * f) * 3, o = i * 4;
       img.data[o] = LUT[v]; img.data[o + 1] = LUT[v + 1]; img.data[o + 2] = LUT[v + 2]; img.data[o + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
@@ -393,7 +447,10 @@
     return el("button", {
       class: "hw-chip", "data-head": h, "data-where": where, "aria-pressed": String(S.active[h]),
       title: "click: show/hide this head · double-click: show only this head",
-      onclick: (e) => { if (e.detail <= 1) toggleHead(h); },
+      onclick: (e) => {
+        if (where === "detail" && S.tab === "lines" && !S.allHeads) pickHead(h);
+        else if (e.detail <= 1) toggleHead(h);
+      },
       ondblclick: () => solo(h),
     }, el("span", { class: "hw-dot", style: `background:${headColour(h)}` }), `H${h}`);
   }
@@ -403,21 +460,25 @@
       cell.classList.toggle("hw-selected", l === S.layer && h === S.head);
       cell.classList.toggle("hw-off", !S.active[h]);
     }
+    const picking = S.tab === "lines" && !S.allHeads;
     for (const chip of document.querySelectorAll(".hw-chip")) {
-      chip.setAttribute("aria-pressed", String(S.active[+chip.dataset.head]));
+      const h = +chip.dataset.head;
+      chip.setAttribute("aria-pressed", String(picking && chip.dataset.where === "detail" ? h === S.head : S.active[h]));
     }
   }
 
   // ------------------------------------------------------------------ detail view
   function renderDetailChrome() {
     const km = kindMeta();
-    ui.title.textContent = S.tab === "lines" ? `Layer ${S.layer} · all active heads`
+    ui.title.textContent = S.tab === "lines" ? (S.allHeads ? `Layer ${S.layer} · all active heads` : `Layer ${S.layer} · head ${S.head}`)
       : S.tab === "rollout" ? `Rollout through layer ${S.layer}`
         : S.matrixMode === "mean" ? `Layer ${S.layer} · mean of active heads` : `Layer ${S.layer} · head ${S.head}`;
     for (const b of ui.rollFusion.children) b.setAttribute("aria-pressed", String(b.dataset.fusion === S.fusion));
     for (const b of ui.tabs.children) b.setAttribute("aria-pressed", String(b.dataset.tab === S.tab));
     ui.heads.replaceChildren(el("span", { class: "hw-label", text: "Heads" }));
     for (let h = 0; h < headsIn(S.layer); h++) ui.heads.append(headChip(h, "detail"));
+    for (const b of ui.headMode.children) b.setAttribute("aria-pressed", String((b.dataset.all === "1") === S.allHeads));
+    for (const b of ui.thumbScale.children) b.setAttribute("aria-pressed", String(b.dataset.scale === S.thumbScale));
     ui.lines.hidden = S.tab !== "lines";
     ui.matrix.hidden = S.tab !== "matrix";
     ui.rollout.hidden = S.tab !== "rollout";
@@ -429,7 +490,8 @@
     for (const b of document.querySelectorAll("#hw-gamma button")) b.setAttribute("aria-pressed", String(+b.dataset.gamma === S.gamma));
     document.getElementById("hw-example").value = String(S.example);
     const nq = qTokens().length, nk = kTokens().length;
-    ui.linesCaption.textContent = `${km.label}, layer ${S.layer}: one colour per active head. Line opacity = weight ÷ the largest weight of its query row` +
+    ui.linesCaption.textContent = `${km.label}, layer ${S.layer}: ` + (S.allHeads ? "one colour per active head." : `head ${S.head} alone ("all heads" draws every active head).`) +
+      " Line opacity = weight ÷ the largest weight of its query row" +
       (nq > 48 || nk > 48 ? "; without hover only each query's strongest keys are drawn." : ".") +
       " Hover a query (left) to see what it attends to, a key (right) to see what attends to it.";
     const sideName = (side) => (KINDS.length === 1 ? "tokens" : side === "src" ? "source" : "target");
@@ -475,7 +537,7 @@
   let linesColW = null; // {q, k} token column widths, reset when the tokens change
   const TOKEN_FONT = "12.5px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
   async function prepareLines(gen) {
-    const heads = activeHeads(S.layer);
+    const heads = S.allHeads ? activeHeads(S.layer) : [S.head];
     const mats = await Promise.all(heads.map((h) => headMatrix(S.kind, S.example, S.layer, h)));
     if (gen !== detailGen) return;
     lineMats = heads.map((h, i) => ({ h, mat: mats[i] }));
@@ -498,7 +560,7 @@
       };
       linesColW = { q: widest(qTokens()), k: widest(kTokens()) };
     }
-    const width = Math.min(full, Math.max(480, linesColW.q + linesColW.k + 320));
+    const width = full; // the whole panel: long lines between far-apart tokens stay readable
     return { nq, nk, total, width, height, xl: linesColW.q, xr: width - linesColW.k };
   }
   function drawLines() {
@@ -889,14 +951,18 @@
     S.example = b; S.hover = null;
     renderGrid(); scheduleDetail();
   }
+  /** A grid cell: that layer, and that head alone in the lines and matrix views. */
   function select(layer, head) {
     if (!kindMeta().heads[layer] || head >= headsIn(layer)) return;
-    S.layer = layer; S.head = head;
+    S.layer = layer; S.head = head; S.allHeads = false; S.matrixMode = "head";
     if (!S.active[head]) S.active[head] = true;
     scheduleDetail();
   }
+  function pickHead(h) { if (h < headsIn(S.layer)) { S.head = h; if (!S.active[h]) S.active[h] = true; scheduleDetail(); } }
+  function setAllHeads(on) { S.allHeads = !!on; scheduleDetail(); }
+  function setThumbScale(scale) { S.thumbScale = scale; renderGrid(); renderDetailChrome(); }
   function toggleHead(h) { S.active[h] = !S.active[h]; refreshGridClasses(); scheduleDetail(); }
-  function solo(h) { S.active = S.active.map((_, i) => i === h); refreshGridClasses(); scheduleDetail(); }
+  function solo(h) { S.active = S.active.map((_, i) => i === h); if (h < headsIn(S.layer)) S.head = h; refreshGridClasses(); scheduleDetail(); }
   function setTab(t) { S.tab = t; S.hover = null; scheduleDetail(); }
   function setMatrixMode(m) { S.matrixMode = m; scheduleDetail(); }
   function setRowScale(view, row) { S.rowScale[view] = row; scheduleDetail(); }
@@ -909,7 +975,7 @@
 
   // ------------------------------------------------------------------ scripting / test API
   Object.assign(hw, {
-    setKind, setExample, select, toggleHead, solo, setTab, setMatrixMode, setGamma, setRowScale, setFusion,
+    setKind, setExample, select, pickHead, setAllHeads, setThumbScale, toggleHead, solo, setTab, setMatrixMode, setGamma, setRowScale, setFusion,
     /** the matrix the rollout tab shows now, as nested arrays */
     rolloutShown: () => rollState && Array.from({ length: rollState.nq }, (_, i) =>
       Array.from(rollState.values.subarray(i * rollState.nk, (i + 1) * rollState.nk))),
