@@ -59,18 +59,7 @@ def weights_rows(seqs: list[int], budget: float) -> list[dict]:
     ceil = ceilings()
     rows = []
     for n in seqs:
-        torch.manual_seed(0)
-        x = torch.randn(B, n, E)
-        mha = hw.MultiHeadAttention(E, H, bias=False).eval()
-        tm = nn.MultiheadAttention(E, H, bias=False, batch_first=True).eval()
-        cand = {
-            "fused": lambda: mha(x),
-            "all": lambda: mha(x, return_weights=True),
-            "head": lambda: mha(x, return_weights=hw.Selection(heads=0)),
-            "rows16": lambda: mha(x, return_weights=hw.Selection(rows=slice(-16, None))),
-        }
-        if n <= 2048:
-            cand["torch+w"] = lambda: tm(x, x, x, need_weights=True, average_attn_weights=False)
+        cand = _candidates(n)
         with torch.no_grad():
             t = C.interleave(cand, budget_s=budget, max_rounds=15)
         flops = 4 * B * H * n * n * (E // H) + 8 * B * n * E * E
@@ -88,9 +77,25 @@ def weights_rows(seqs: list[int], budget: float) -> list[dict]:
         row["all / torch+w"] = C.ratio(t["all"], t["torch+w"]) if "torch+w" in t else "-"
         rows.append(row)
         print(C.table(rows[-1:], list(row)), flush=True)
-        del mha, tm, x
+        del cand
         gc.collect()
     return rows
+
+
+def _candidates(n: int) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(B, n, E)
+    mha = hw.MultiHeadAttention(E, H, bias=False).eval()
+    tm = nn.MultiheadAttention(E, H, bias=False, batch_first=True).eval()
+    cand = {
+        "fused": lambda: mha(x),
+        "all": lambda: mha(x, return_weights=True),
+        "head": lambda: mha(x, return_weights=hw.Selection(heads=0)),
+        "rows16": lambda: mha(x, return_weights=hw.Selection(rows=slice(-16, None))),
+    }
+    if n <= 2048:
+        cand["torch+w"] = lambda: tm(x, x, x, need_weights=True, average_attn_weights=False)
+    return cand
 
 
 def memory_child(what: str, n: int) -> None:
