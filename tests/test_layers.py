@@ -136,3 +136,21 @@ def test_window_softcap_sinks_and_rope_paths_in_the_trace():
         t = hw.trace(capped, x, causal=True)
         summed = next(s for s in t.steps if s.name == "weighted sum")
         assert "no fused kernel takes them" in str(summed.info), summed.info
+
+
+def test_module_compiles_with_fullgraph_on_the_fused_path():
+    """No graph break in MultiHeadAttention.forward (self- and cross-attention, padding,
+    causal, grouped heads), forward and backward."""
+    torch.manual_seed(0)
+    mha = hw.MultiHeadAttention(16, 4, num_kv_heads=2, kdim=12)
+    x, mem = torch.randn(2, 5, 16), torch.randn(2, 7, 12)
+    lens = torch.tensor([7, 3])
+    compiled = torch.compile(mha, fullgraph=True, backend="eager")
+    out = compiled(x, mem, valid_lens=lens)[0]
+    torch.testing.assert_close(out, mha(x, mem, valid_lens=lens)[0], rtol=0, atol=0)
+    out.sum().backward()
+    self_attn = hw.MultiHeadAttention(16, 4)
+    compiled = torch.compile(self_attn, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, causal=True)[0], self_attn(x, causal=True)[0],
+                               rtol=0, atol=0)
+    torch._dynamo.reset()

@@ -32,8 +32,11 @@ _EXPORTS = {
     "MultiHeadAttention": "headwise.layers",
     "Trace": "headwise.tracing",
     "trace": "headwise.tracing",
+    "Selection": "headwise.weights",
     "masks": None,
     "models": None,
+    "stats": None,
+    "strict": None,
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["FlashUpcastBackward", "applies"]
+__all__ = ["FlashUpcastBackward", "applies", "takes", "with_lse"]
 
 _ops = torch.ops.aten
 _AVAILABLE = all(hasattr(_ops, name) for name in (
@@ -39,9 +39,24 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
             and kernel() == "FLASH_ATTENTION")
 
 
+def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+          kernel: Callable[[], str]) -> bool:
+    """True when torch's CPU flash op would run this attention, so :func:`with_lse` gives the
+    same output (and gradients) as ``F.scaled_dot_product_attention`` plus its log-sum-exp."""
+    return (_AVAILABLE and dropout_p == 0.0 and q.device.type == "cpu"
+            and kernel() == "FLASH_ATTENTION")
+
+
+def with_lse(q, k, v, mask, is_causal: bool, scale: float | None):
+    """``(out (b, h, i, d), lse (b, h, i))`` of the CPU flash op on ``q, k, v (b, h, ., d)``
+    (``mask`` additive; ``is_causal`` top-left). Differentiable in q, k, v, not in the LSE."""
+    return _ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
+                                                            attn_mask=mask, scale=scale)
+
+
 class FlashUpcastBackward(torch.autograd.Function):
-    """``out (b, h, i, d)`` of flash attention on ``q (b, h, i, d), k, v (b, h, j, d)``; the
-    backward runs in float32. ``mask``: bool (True = may attend) or additive, broadcastable to
+    """``(out (b, h, i, d), lse (b, h, i))`` of flash attention on ``q (b, h, i, d)``,
+    ``k, v (b, h, j, d)``; the backward runs in float32 (the LSE is not differentiable). ``mask``: bool (True = may attend) or additive, broadcastable to
     ``(b, h, i, j)``; ``is_causal``: top-left (the caller passes it only when ``i == j``)."""
 
     @staticmethod
@@ -50,10 +65,11 @@ class FlashUpcastBackward(torch.autograd.Function):
             q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mask, ctx.is_causal, ctx.scale = mask, is_causal, scale
-        return out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_lse=None):
         q, k, v, out, lse = ctx.saved_tensors
         mask = ctx.mask
         if mask is not None and mask.is_floating_point():

@@ -19,7 +19,8 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 
 ``"eager"`` is the readable reference. ``"sdpa"`` feeds ``F.scaled_dot_product_attention`` what
 its fused kernels are fast on: 4-D tensors, masks in their smallest broadcast form, causality as
-``is_causal`` where the kernel accepts it. ``"auto"`` takes ``"sdpa"`` unless weights are needed.
+``is_causal`` where the kernel accepts it; weights, when asked for, are recomputed exactly from
+the kernel's log-sum-exp (:mod:`headwise.weights`). ``"auto"`` is ``"sdpa"``, weights or not.
 """
 
 from __future__ import annotations
@@ -33,20 +34,27 @@ from einops import repeat
 
 from headwise import _flash_cpu
 from headwise import masks as _masks
+from headwise import strict as _strict
+from headwise import weights as _weights
 from headwise._record import FUSED_KERNEL, Memory, StepKind, WeightsSource, active, record
 
-__all__ = ["attention", "attention_weights", "BACKENDS", "check_backend", "register_backend",
-           "resolve_backend", "sdpa_kernel_name"]
+__all__ = ["attention", "attention_weights", "BACKENDS", "check_backend", "check_selection",
+           "register_backend", "resolve_backend", "sdpa_kernel_name"]
 
 Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 BACKENDS: dict[str, Backend] = {}
+_SELECTS: set[str] = set()  # backends that return a Selection of the weights
 
 
-def register_backend(name: str, fn: Backend | None = None):
-    """Register ``fn(q, k, v, *, mask, causal, dropout_p, scale, return_weights)`` under ``name``
-    (usable as a decorator). Inputs arrive already checked."""
+def register_backend(name: str, fn: Backend | None = None, *, selections: bool = False):
+    """Register ``fn(q, k, v, *, mask, causal, dropout_p, scale, return_weights, strict)`` under
+    ``name`` (usable as a decorator). Inputs arrive already checked; ``return_weights`` is a
+    bool unless ``selections=True`` says ``fn`` also honours a
+    :class:`~headwise.weights.Selection`."""
     def add(f: Backend) -> Backend:
         BACKENDS[name] = f
+        if selections:
+            _SELECTS.add(name)
         return f
     return add(fn) if fn is not None else add
 
@@ -59,19 +67,18 @@ def check_backend(backend: str, where: str) -> None:
                          f"{sorted(BACKENDS)}")
 
 
-def resolve_backend(backend: str, return_weights: bool) -> str:
-    """The ``"auto"`` rule: the fused ``"sdpa"`` kernel unless the weights are wanted (no fused
-    kernel exposes the probabilities), then the ``"eager"`` reference. Other names pass."""
-    if backend == "auto":
-        return "eager" if return_weights else "sdpa"
-    return backend
+def resolve_backend(backend: str, return_weights=False) -> str:
+    """The ``"auto"`` rule: always the fused ``"sdpa"`` kernel, weights or not (they are
+    recomputed from its log-sum-exp); ``"eager"`` runs only when named. Other names pass."""
+    del return_weights  # weights no longer change the choice
+    return "sdpa" if backend == "auto" else backend
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
               mask: torch.Tensor | None = None, causal: bool = False, dropout_p: float = 0.0,
-              scale: float | None = None, return_weights: bool = False,
-              backend: str = "auto", softcap: float | None = None,
-              sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              scale: float | None = None, return_weights=False, backend: str = "auto",
+              softcap: float | None = None, sinks: torch.Tensor | None = None,
+              strict: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled dot-product attention over heads.
 
     Args:
@@ -83,13 +90,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         causal: query ``i`` attends only keys ``j <= i + (j_len - i_len)`` (bottom-right).
         dropout_p: dropout on the attention probabilities (pass 0 in eval).
         scale: score scale, default ``1 / sqrt(d)``.
-        return_weights: also return the per-head probabilities ``(b, h, i, j)``.
-        backend: ``"auto"``, ``"eager"``, ``"sdpa"`` or any name in :data:`BACKENDS`.
+        return_weights: ``True`` for the per-head probabilities ``(b, h, i, j)``, or a
+            :class:`~headwise.weights.Selection` (``heads``, ``rows``, ``keys``) for only those
+            (``(b, hs, is, js)``); recomputed from the fused kernel's log-sum-exp.
+        backend: ``"auto"`` (= ``"sdpa"``), ``"eager"`` (the readable reference, O(n^2)),
+            ``"sdpa"`` or any name in :data:`BACKENDS`.
         softcap: attention-logit soft-capping ``softcap * tanh(scores / softcap)`` (Gemma 2).
         sinks: ``(h,)`` learned sink logits (gpt-oss). Either one runs the eager path.
+        strict: raise a ValueError naming the reason when the call would leave the fused kernel
+            or build O(n^2) memory (default: the ``HEADWISE_STRICT`` environment variable).
 
     Returns:
-        ``(output (b, h, i, e), weights (b, h, i, j) or None)``.
+        ``(output (b, h, i, e), weights or None)``.
     """
     _check(q, k, v, mask, dropout_p, scale, backend)
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
@@ -98,13 +110,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                               or tuple(sinks.shape) != (q.shape[1],)):
         raise ValueError(f"attention: sinks must be a tensor of shape (h,)=({q.shape[1]},), got "
                          f"{getattr(sinks, 'shape', type(sinks).__name__)}")
+    check_selection(return_weights, backend, q.shape[1], q.shape[2], k.shape[2])
     return dispatch(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                     return_weights=return_weights, backend=backend, softcap=softcap,
-                    sinks=sinks)
+                    sinks=sinks, strict=strict)
 
 
 def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
-             return_weights=False, backend="auto", softcap=None, sinks=None):
+             return_weights=False, backend="auto", softcap=None, sinks=None, strict=None):
     """:func:`attention` without the input checks, for callers that validated their inputs at
     their own boundary (MultiHeadAttention): a decoding step pays for no check twice.
 
@@ -112,11 +125,25 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
     kernel takes a function of the scores or an extra softmax column, so either one runs the
     eager reference (:func:`attention_weights` says how), whatever ``backend`` asks."""
     if softcap is not None or sinks is not None:
+        _strict.check(strict, _eager_reason(return_weights, softcap, sinks))
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                     return_weights=return_weights, softcap=softcap, sinks=sinks)
+                     return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
     core = BACKENDS[resolve_backend(backend, return_weights)]
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                return_weights=return_weights)
+                return_weights=return_weights, strict=strict)
+
+
+def check_selection(return_weights, backend: str, h: int, nq: int, nk: int) -> None:
+    """A bad ``return_weights`` (index out of range, empty, or a selection the backend cannot
+    honour) fails here, at the caller's boundary, with a ValueError."""
+    selection = _weights.as_selection(return_weights)
+    if selection is None or selection.everything:
+        return
+    selection.resolve(h, nq, nk, "cpu")
+    name = resolve_backend(backend, True)
+    if name not in _SELECTS:
+        raise ValueError(f"backend {name!r} cannot return a selection of the weights; use "
+                         f"one of {sorted(_SELECTS)} or return_weights=True")
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
@@ -177,11 +204,15 @@ def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) 
     return scores
 
 
-@register_backend("eager")
+@register_backend("eager", selections=True)
 def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
-          softcap=None, sinks=None):
+          softcap=None, sinks=None, strict=None):
     """The reference math, step by step. Materialises ``(b, h, i, j)``: O(n^2) memory.
-    ``softcap`` and ``sinks`` as in :func:`attention_weights`."""
+    Chosen only by name (or for ``softcap``/``sinks``, as in :func:`attention_weights`);
+    ``return_weights`` may be a :class:`~headwise.weights.Selection` (sliced from the full
+    weights, which keep their gradient)."""
+    _strict.check(strict, "the eager backend was chosen by name (it builds (b, h, i, j)); "
+                  "use backend='sdpa'")
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
                                 sinks=sinks)
@@ -192,16 +223,69 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
            memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)
-    return out, (weights if return_weights else None)
+    selection = _weights.as_selection(return_weights)
+    return out, (None if selection is None else _select(weights, selection))
 
 
-@register_backend("sdpa")
-def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False):
-    """``F.scaled_dot_product_attention``; with ``return_weights`` it falls back to eager (no
-    fused kernel exposes the probabilities), and says so in a trace."""
-    if return_weights:
-        return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                     return_weights=True)
+def _select(weights: torch.Tensor, selection) -> torch.Tensor:
+    b, h, nq, nk = weights.shape
+    for dim, index in zip((1, 2, 3), selection.resolve(h, nq, nk, weights.device), strict=True):
+        weights = (weights.narrow(dim, index.start, index.stop - index.start)
+                   if isinstance(index, slice) else weights.index_select(dim, index))
+    return weights
+
+
+@register_backend("sdpa", selections=True)
+def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
+         strict=None):
+    """The output from ``F.scaled_dot_product_attention``'s fused kernel; weights, when asked
+    for, recomputed exactly from the kernel's row log-sum-exp (:mod:`headwise.weights`), in
+    chunks, for only the heads/rows/keys asked for."""
+    h, g = q.shape[1], k.shape[1]
+    mask, is_causal, causal_in_mask = _sdpa_inputs(q, k, v, mask, causal, dropout_p)
+    selection = _weights.as_selection(return_weights)
+    if active() or _strict.enabled(strict):
+        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
+        reason = _strict.fallback_reason(q, k, v, mask, dropout_p, kernel)
+        _strict.check(strict, reason)
+        if selection is not None and selection.everything:
+            _check_budget(strict, q, k)
+    lse = None
+    if selection is None:
+        out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
+    else:
+        out, lse = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
+    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
+    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
+    out = _nan_policy(out, q, k, v)
+    if active():
+        source = None if selection is None else WeightsSource(
+            "lse", "flash" if lse is not None else "chunked pass",
+            min(_weights.chunk_rows(_selected(selection.keys, k.shape[2]),
+                                    _weights.BLOCK_ELEMENTS), q.shape[2]))
+        record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
+               fused=kernel != "MATH",
+               memory=Memory.QUADRATIC if kernel == "MATH" else Memory.LINEAR,
+               reason=reason or FUSED_KERNEL, weights_source=source,
+               mask=_mask_kind(mask) if mask is not None else "none",
+               causal="is_causal" if is_causal else ("in mask" if causal_in_mask else "no"))
+    if selection is None:
+        return out, None
+    if lse is None:
+        lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
+    return out, _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                                  selection=selection)
+
+
+def _selected(index, n: int) -> int:
+    """How many of ``n`` keys a Selection picks (for the trace's chunk size)."""
+    return len(range(n)[index]) if isinstance(index, slice) else (
+        n if index is None else 1 if isinstance(index, int) else len(index))
+
+
+def _sdpa_inputs(q, k, v, mask, causal, dropout_p):
+    """What the fused kernel is fast on: ``(mask 4-D or None, is_causal, causal folded into
+    the mask)``. ``is_causal`` (top-left in torch) only when ``i == j``."""
     h, g = q.shape[1], k.shape[1]
     nq, nk = q.shape[-2], k.shape[-2]
     if mask is not None and mask.dim() < 4:  # (j,), (i, j), (h, i, j): the kernel wants 4-D
@@ -216,30 +300,45 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
             mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
+    return mask, is_causal, causal and not is_causal
+
+
+def _fused(q, k, v, mask, is_causal, dropout_p, scale):
+    h, g = q.shape[1], k.shape[1]
     if _flash_cpu.applies(q, k, v, dropout_p,
                           lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
         # bf16 training on the CPU: torch's flash forward, its float32 backward (faster and
         # more accurate than the bf16 one; see headwise._flash_cpu). The flash kernel takes
         # the mask in additive form, as F.sdpa passes it.
-        out = _flash_cpu.FlashUpcastBackward.apply(
+        return _flash_cpu.FlashUpcastBackward.apply(
             q, _expand_kv(k, h), _expand_kv(v, h),
-            None if mask is None else _masks.as_bias(mask, q.dtype), is_causal, scale)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                             is_causal=is_causal, scale=scale,
-                                             enable_gqa=h != g)
-    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
-    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
-    out = _nan_policy(out, q, k, v)
-    if active():
-        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
-        record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
-               fused=kernel != "MATH",
-               memory=Memory.QUADRATIC if kernel == "MATH" else Memory.LINEAR,
-               reason=_sdpa_reason(kernel, dropout_p, q, v),
-               mask=_mask_kind(mask) if mask is not None else "none",
-               causal="is_causal" if is_causal else ("in mask" if causal else "no"))
-    return out, None
+            None if mask is None else _masks.as_bias(mask, q.dtype), is_causal, scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=h != g)
+
+
+def _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale):
+    """``(out, lse or None)``: the CPU flash op returns its log-sum-exp with the output (the
+    same op ``F.sdpa`` runs, so output and gradients are unchanged); other kernels give None."""
+    h, g = q.shape[1], k.shape[1]
+    if not _flash_cpu.takes(q, k, v, dropout_p,
+                            lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
+        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None
+    bias = None if mask is None else _masks.as_bias(mask, q.dtype)
+    if _flash_cpu.applies(q, k, v, dropout_p, lambda: "FLASH_ATTENTION"):
+        return _flash_cpu.FlashUpcastBackward.apply(q, _expand_kv(k, h), _expand_kv(v, h),
+                                                    bias, is_causal, scale)
+    return _flash_cpu.with_lse(q, _expand_kv(k, h), _expand_kv(v, h), bias, is_causal, scale)
+
+
+def _check_budget(strict, q, k) -> None:
+    b, h, nq, _ = q.shape
+    size = b * h * nq * k.shape[-2] * q.element_size()
+    if size > _strict.weights_budget():
+        _strict.check(strict, f"weights for every head and row, (b, h, i, j)=({b}, {h}, {nq}, "
+                      f"{k.shape[-2]}) = {size / 2**20:.0f} MiB, exceed the budget of "
+                      f"{_strict.weights_budget() / 2**20:.0f} MiB (HEADWISE_WEIGHTS_BUDGET_MB); "
+                      "ask for a selection (headwise.Selection(heads=..., rows=...))")
 
 
 def sdpa_kernel_name(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=False) -> str:
@@ -302,16 +401,6 @@ def _eager_reason(return_weights: bool, softcap=None, sinks=None) -> str:
                                             ("attention sinks", sinks is not None)) if on) \
             + " (no fused kernel takes them)"
     return "weights requested" if return_weights else "eager backend chosen"
-
-
-def _sdpa_reason(kernel: str, dropout_p: float, q, v) -> str:
-    if kernel != "MATH":
-        return FUSED_KERNEL
-    if dropout_p > 0:
-        return "dropout > 0 (the CPU flash kernel has no dropout)"
-    if q.shape[-1] != v.shape[-1]:
-        return "value head dim differs from query head dim"
-    return "kernel constraints (dtype/device/shape)"
 
 
 def _check(q, k, v, mask, dropout_p, scale, backend) -> None:

@@ -13,8 +13,9 @@ from torch import nn
 
 from headwise import limits
 from headwise import masks as _masks
+from headwise import stats as _stats
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
-from headwise.attention import check_backend, dispatch
+from headwise.attention import check_backend, check_selection, dispatch
 from headwise.attention_row import AttentionRow
 from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.heads import MERGE, SPLIT
@@ -47,6 +48,8 @@ class MultiHeadAttention(nn.Module):
             only the window's slice of the cache instead).
         softcap: attention-logit soft-capping ``c * tanh(s / c)`` (eager path).
         sinks: a learned sink logit per head, parameter ``sinks (h,)`` (eager path).
+        strict: raise instead of leaving the fused kernel (see :mod:`headwise.strict`);
+            default: the ``HEADWISE_STRICT`` environment variable.
 
     "Queries of size 4, keys of size 3, values of size 2, hidden size 6 in 2 heads" is
     ``MultiHeadAttention(4, 2, head_dim=3, kdim=3, vdim=2)``.
@@ -57,7 +60,8 @@ class MultiHeadAttention(nn.Module):
                  num_kv_heads: int | None = None, out_dim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, backend: str = "auto",
                  rope: RotaryEmbedding | None = None, window: int | None = None,
-                 softcap: float | None = None, sinks: bool = False):
+                 softcap: float | None = None, sinks: bool = False,
+                 strict: bool | None = None):
         super().__init__()
         _check_config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim,
                       dropout, backend)
@@ -71,6 +75,7 @@ class MultiHeadAttention(nn.Module):
         self.out_dim = out_dim or embed_dim
         self.dropout_p = dropout  # a probability; blocks name their nn.Dropout modules dropout
         self.backend = backend
+        self.strict = strict
         hd, kvd = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Each projection is h (or g) per-head projections side by side: column block x of
         # q_proj.weight.T is head x's own W_q (see headwise.per_head.unfuse).
@@ -85,7 +90,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
                 valid_lens: torch.Tensor | None = None, causal: bool = False,
-                head_mask: torch.Tensor | None = None, return_weights: bool = False,
+                head_mask: torch.Tensor | None = None, return_weights=False,
                 cache=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -97,7 +102,9 @@ class MultiHeadAttention(nn.Module):
             valid_lens: ``(b,)`` or ``(b, i)`` key lengths (d2l style), AND-ed with ``mask``.
             causal: bottom-right causal masking.
             head_mask: ``(h,)`` or ``(b, h)``, multiplies each head's output (0 removes it).
-            return_weights: also return per-head weights ``(b, h, i, j)`` (never averaged).
+            return_weights: ``True`` for per-head weights ``(b, h, i, j)`` (never averaged), or a
+                :class:`headwise.Selection` / dict of ``heads``, ``rows``, ``keys`` for only
+                those; recomputed exactly from the fused kernel's log-sum-exp.
             cache: a :mod:`headwise.cache` layer cache. Self-attention appends the new keys/values
                 and attends over every cached position (``j`` = cache length; with ``causal``
                 the newest queries line up bottom-right); cross-attention projects ``key``/
@@ -119,10 +126,15 @@ class MultiHeadAttention(nn.Module):
         if self.window is not None:
             mask = _masks.combine(mask, _masks.sliding_window(
                 q.shape[2], k.shape[2], self.window, causal=causal, device=q.device))
+        if return_weights is not False:
+            check_selection(return_weights, self.backend, self.num_heads, q.shape[2], k.shape[2])
         # 3) attend, each head separately
         out, weights = dispatch(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                 dropout_p=self.dropout_p if self.training else 0.0,
-                                backend=self.backend, softcap=self.softcap, sinks=self.sinks)
+                                backend=self.backend, softcap=self.softcap, sinks=self.sinks,
+                                strict=self.strict)
+        if _stats.collecting():
+            _stats.observe(self, q, k, mask, causal, None, key is query)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
             record(StepKind.HEAD_MASK, out)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import headwise as hw
 from headwise import MultiHeadAttention
 from headwise.attention import BACKENDS
 from headwise.models import LMConfig, TransformerLM, build
@@ -88,12 +89,45 @@ def test_weight_selection_keeps_other_layers_fused(monkeypatch):
     calls = _count_backends(monkeypatch)
     logits, att = model(tokens, return_weights={"decoder_self": [-1]})
     assert [w is None for w in att["decoder_self"]] == [True, True, False]
-    assert calls == {"eager": 1, "sdpa": 2}
+    assert calls == {"eager": 0, "sdpa": 3}  # weights too come from the fused kernel's LSE
     torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="unknown kind 'cross'"):
         model(tokens, return_weights={"cross"})
     with pytest.raises(ValueError, match="layer index 3 out of range for 3 layers"):
         model(tokens, return_weights={"decoder_self": [3]})
+
+
+def test_heads_and_rows_selection_per_layer_equals_the_slice_of_all_weights():
+    model = tiny(num_kv_heads=2)
+    tokens = torch.randint(0, 37, (2, 9))
+    _, full = model(tokens, return_weights=True)
+    _, part = model(tokens, return_weights={"decoder_self": {"layers": [0, -1], "heads": [3, 1],
+                                                             "rows": slice(-4, None)}})
+    got = part["decoder_self"]
+    assert got[1] is None
+    for layer in (0, 2):
+        want = full["decoder_self"][layer][:, [3, 1], -4:]
+        torch.testing.assert_close(got[layer], want, rtol=1e-6, atol=2e-7)
+    _, every = model(tokens, return_weights=hw.Selection(heads=0))
+    assert [w.shape for w in every["decoder_self"]] == [(2, 1, 9, 9)] * 3
+    with pytest.raises(ValueError, match="heads index 4 out of range"):
+        model(tokens, return_weights={"decoder_self": {"heads": [4]}})
+    with pytest.raises(ValueError, match="empty selection of rows"):
+        model(tokens, return_weights=hw.Selection(rows=[]))
+    with pytest.raises(ValueError, match="unknown keys"):
+        model(tokens, return_weights={"decoder_self": {"head": 0}})
+
+
+def test_lm_compiles_with_fullgraph_on_the_fused_path():
+    """No graph break in the whole LM forward (torch.compile's fullgraph=True): the token-range
+    check is skipped while compiling. The eager backend of torch.compile keeps this fast; the
+    inductor speed-up is a benchmark row (benchmarks/run_all.py)."""
+    model = tiny(num_layers=2)
+    tokens = torch.randint(0, 37, (2, 9))
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens)[0], model(tokens)[0], rtol=0, atol=0)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2, 1])

@@ -46,7 +46,7 @@ def test_attentions_dict_and_selection(monkeypatch):
             return _fn(*a, **k)
         monkeypatch.setitem(BACKENDS, name, counted)
     sel_logits, sel = model(src, tgt, src_valid_lens=lens, return_weights={"cross": [1]})
-    assert calls == {"eager": 1, "sdpa": 5}  # 2 encoder + 2 decoder self + 1 cross fused
+    assert calls == {"eager": 0, "sdpa": 6}  # all fused; the cross weights from the LSE
     assert sel["encoder_self"] == [None, None] and sel["decoder_self"] == [None, None]
     assert sel["cross"][0] is None
     torch.testing.assert_close(sel["cross"][1], att["cross"][1])

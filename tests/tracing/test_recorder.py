@@ -84,7 +84,7 @@ def test_trace_keeps_outputs_and_names_every_shape(c, seed):
     order = [s.name for s in t.steps]
     assert order.index("split heads q") < order.index("scores") < order.index("merge heads") \
         < order.index("output projection")
-    eager = c["backend"] == "eager" or c["weights"]
+    eager = c["backend"] == "eager"  # weights alone stay fused (recomputed from the LSE)
     scores = _by_name(t, "scores")
     assert scores.materialised == eager
     assert bool(t.find("softmax")) == eager
@@ -106,10 +106,11 @@ def test_fused_kernel_is_reported_and_fallback_reasons_are_given():
 
     weights = hw.trace(mha, x, return_weights=True)
     [run] = weights.attention
-    assert not run.fused and run.ran == "eager" and run.memory == "O(n^2)"
-    assert run.reason == "weights requested"
-    assert "fell back to eager: weights requested" in weights.summary()
-    assert _by_name(weights, "scores").materialised
+    assert run.fused and run.ran == "sdpa[FLASH_ATTENTION]" and run.memory == "O(n)"
+    assert run.reason == "fused kernel" and run.weights.method == "lse"
+    assert run.weights.kernel == "flash" and run.weights.chunk_rows == 8
+    assert not _by_name(weights, "scores").materialised
+    assert "weights recomputed from the flash LSE, 8-row chunks" in str(weights)
 
     mha_drop = hw.MultiHeadAttention(32, 4, dropout=0.5, backend="sdpa").train()
     dropped = hw.trace(mha_drop, x)
@@ -133,6 +134,7 @@ def test_masks_and_grouped_heads_are_described():
     assert split_k.axes == ("b", "g", "j", "d") and split_k.shape == (1, 2, 5, 4)
     assert split_k.info["kv_heads"] == 2 and split_k.info["query_heads"] == 4
     assert "b n (g d) -> b g n d; 2 key/value heads, each shared by 2 query heads" in text
+    mha.backend = "eager"
     eager = hw.trace(mha, x, mask=hw.masks.from_valid_lens(torch.tensor([3]), 5),
                      return_weights=True)
     mask = _by_name(eager, "mask")
@@ -170,7 +172,7 @@ def test_markdown_and_json_carry_every_step():
     data = json.loads(t.to_json())
     assert [s["name"] for s in data["steps"]] == [s.name for s in t.steps]
     assert data["steps"][2]["shape"] == list(t.steps[2].shape)
-    assert data["attention"][0]["reason"] == "weights requested"
+    assert data["attention"][0]["weights"]["method"] == "lse"
     md = t.to_markdown()
     rows = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == len(t.steps)
@@ -286,10 +288,9 @@ def test_weight_selection_names_the_layers_that_fell_back():
         picked = hw.trace(model, src, tgt, return_weights={"cross": [1]})
     assert all(r.fused for r in fused.attention)
     assert len(fused.attention) == 2 + 2 * 2
-    back = [r for r in picked.attention if not r.fused]
-    assert [(r.path, r.kind, r.reason) for r in back] == [
-        ("decoder.blocks.1.cross_attn", "cross", "weights requested")]
-    assert "decoder.blocks.1.cross_attn  cross  eager" in picked.summary()
+    assert all(r.fused for r in picked.attention)  # weights come from the kernel's LSE
+    asked = [(r.path, r.kind) for r in picked.attention if r.weights is not None]
+    assert asked == [("decoder.blocks.1.cross_attn", "cross")]
 
 def test_identical_blocks_collapse_unless_full():
     torch.manual_seed(0)

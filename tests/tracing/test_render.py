@@ -25,7 +25,7 @@ def _traces() -> list[hw.Trace]:
     x, kv = torch.randn(2, 5, 16), torch.randn(2, 6, 12)
     lens = torch.tensor([5, 3])
     out = []
-    mha = hw.MultiHeadAttention(16, 4, kdim=12, vdim=12, out_dim=10).eval()
+    mha = hw.MultiHeadAttention(16, 4, kdim=12, vdim=12, out_dim=10, backend="eager").eval()
     out.append(hw.trace(mha, x, kv, kv, valid_lens=lens, return_weights=True, causal=True))
     grouped = hw.MultiHeadAttention(16, 4, num_kv_heads=2).eval()
     out.append(hw.trace(grouped, x, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0])))

@@ -25,6 +25,8 @@ def tokens(ids, vocab_size: int, name: str, where: str) -> None:
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{where}: {name} is empty, shape {tuple(ids.shape)}; give at least one "
                          "row and one token")
+    if torch.compiler.is_compiling():  # reading the values would break torch.compile's graph
+        return
     lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi

@@ -239,12 +239,13 @@ class DecoderBlock(_Block):
                 positions of a cached sequence).
             cache: a :class:`headwise.cache.LayerCache` (self: append; cross: computed once).
             head_mask / cross_head_mask: ``(h,)`` or ``(b, h)`` for each attention.
-            return_weights: bool, or ``(self, cross)`` bools to ask for one kind only.
+            return_weights: bool or :class:`headwise.Selection`, or a ``(self, cross)`` pair of
+                them to ask for one kind only.
 
         Returns ``(x (b, i, m), (self weights (b, h, i, i') | None, cross (b, h, i, j) | None))``.
         """
-        want_self, want_cross = ((return_weights, return_weights)
-                                 if isinstance(return_weights, bool) else return_weights)
+        want_self, want_cross = (return_weights if isinstance(return_weights, tuple)
+                                 else (return_weights, return_weights))
         self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn,
                                                                       cache.cross_attn)
         x, self_w = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(

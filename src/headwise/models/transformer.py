@@ -68,7 +68,7 @@ class Encoder(nn.Module):
         x = self.embed(src)
         weights = []
         for i, block in enumerate(self.blocks):
-            x, w = block(x, mask=mask, return_weights=bool(want and want[i]))
+            x, w = block(x, mask=mask, return_weights=want[i] if want else False)
             weights.append(w)
         x = self.final_norm(x)
         record(StepKind.MEMORY, x)

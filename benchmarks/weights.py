@@ -1,0 +1,224 @@
+"""Weights from the fused kernel's log-sum-exp: their cost, selections, streaming statistics,
+long context and torch.compile.
+
+Tables (interleaved rounds in one process, medians of per-round ratios; peak memory in a fresh
+process per point):
+  weights    b=4, embed 512, 8 heads, fp32, module forward (no_grad), n = 256 ... 4096:
+             fused (headwise, no weights; the anchor), all weights, one head, 16 query rows of
+             every head, torch.nn.MultiheadAttention(need_weights=True, average_attn_weights=
+             False) (n <= 2048)
+  memory     peak memory above the fused path's for each selection, against the full weights
+             tensor (b, h, n, n)
+  stats      headwise.stats.head_stats on (b=1, h=8, n, d=64): time, peak memory, fitted exponent
+  long       MultiHeadAttention forward+backward without weights, b=1, embed 512, 8 heads:
+             time, peak memory, fitted exponent
+  compile    TransformerLM forward (no_grad) eager vs torch.compile (inductor), same process
+
+    python benchmarks/weights.py [--quick] [--tables weights memory stats long compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+import headwise as hw  # noqa: E402
+
+B, H, E = 4, 8, 512
+
+
+def ceilings() -> dict:
+    """The fp32 matmul rate and copy bandwidth run_all.py measured (or measured here)."""
+    raw = os.environ.get("HEADWISE_BENCH_CEILINGS")
+    return json.loads(raw) if raw else measure_ceilings()
+
+
+def measure_ceilings(n: int = 2048, mb: int = 256) -> dict:
+    """fp32 ``torch.mm`` GFLOP/s at n^3 and ``copy_`` GB/s (read + write) of resident buffers."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    x, y = torch.randn(mb * 2**18), torch.empty(mb * 2**18)
+    y.copy_(x)
+    t = C.interleave({"mm": lambda: torch.mm(a, b), "copy": lambda: y.copy_(x)},
+                     min_rounds=5, budget_s=3.0)
+    return {"gflops": 2 * n**3 / min(t["mm"]) / 1e9,
+            "gbps": 2 * x.numel() * 4 / min(t["copy"]) / 1e9}
+
+
+def weights_rows(seqs: list[int], budget: float) -> list[dict]:
+    ceil = ceilings()
+    rows = []
+    for n in seqs:
+        cand = _candidates(n)
+        with torch.no_grad():
+            t = C.interleave(cand, budget_s=budget, max_rounds=15)
+        flops = 4 * B * H * n * n * (E // H) + 8 * B * n * E * E
+        row = {"n": n, "fused ms": C.median_ms(t["fused"]),
+               "fused GFLOP/s (frac of mm)": f"{flops / C.median_ms(t['fused']) / 1e6:.0f} "
+               f"({flops / C.median_ms(t['fused']) / 1e6 / ceil['gflops']:.2f})",
+               "all / fused": C.ratio(t["all"], t["fused"]),
+               "head / fused": C.ratio(t["head"], t["fused"]),
+               "16 rows / fused": C.ratio(t["rows16"], t["fused"])}
+        # the weights tensor written once: its bytes over the time all weights add
+        extra = (C.median_ms(t["all"]) - C.median_ms(t["fused"])) / 1e3
+        row["weights GB/s (frac of copy)"] = (
+            f"{B * H * n * n * 4 / extra / 1e9:.1f} "
+            f"({B * H * n * n * 4 / extra / 1e9 / ceil['gbps']:.2f})" if extra > 0 else "-")
+        row["all / torch+w"] = C.ratio(t["all"], t["torch+w"]) if "torch+w" in t else "-"
+        rows.append(row)
+        print(C.table(rows[-1:], list(row)), flush=True)
+        del cand
+        gc.collect()
+    return rows
+
+
+def _candidates(n: int) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(B, n, E)
+    mha = hw.MultiHeadAttention(E, H, bias=False).eval()
+    tm = nn.MultiheadAttention(E, H, bias=False, batch_first=True).eval()
+    cand = {
+        "fused": lambda: mha(x),
+        "all": lambda: mha(x, return_weights=True),
+        "head": lambda: mha(x, return_weights=hw.Selection(heads=0)),
+        "rows16": lambda: mha(x, return_weights=hw.Selection(rows=slice(-16, None))),
+    }
+    if n <= 2048:
+        cand["torch+w"] = lambda: tm(x, x, x, need_weights=True, average_attn_weights=False)
+    return cand
+
+
+def memory_child(what: str, n: int) -> None:
+    """One point in a fresh process: peak RSS above the resting level, in MB."""
+    torch.manual_seed(0)
+    if what in ("fused", "all", "head", "rows16"):
+        x = torch.randn(B, n, E)
+        mha = hw.MultiHeadAttention(E, H, bias=False).eval()
+        want = {"fused": False, "all": True, "head": hw.Selection(heads=0),
+                "rows16": hw.Selection(rows=slice(-16, None))}[what]
+        call = lambda: mha(x, return_weights=want)  # noqa: E731
+        ctx = torch.no_grad()
+    elif what == "stats":
+        q, k = torch.randn(1, 8, n, 64), torch.randn(1, 8, n, 64)
+        ids = torch.randint(0, 100, (1, n))
+        call = lambda: hw.stats.head_stats(q, k, causal=True, token_ids=ids)  # noqa: E731
+        ctx = torch.no_grad()
+    else:  # long: forward + backward without weights
+        x = torch.randn(1, n, E, requires_grad=True)
+        mha = hw.MultiHeadAttention(E, H, bias=False)
+
+        def call():
+            out, _ = mha(x, causal=True)
+            out.sum().backward()
+        ctx = torch.enable_grad()
+    with ctx:
+        call()  # warm-up: allocator pools, kernels
+        gc.collect()
+        base = C.rss_mb()
+        C.reset_peak()
+        t0 = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - t0
+    print(json.dumps({"peak_mb": C.rss_mb("VmHWM") - base, "s": seconds}))
+
+
+def memory_rows(seqs: list[int]) -> list[dict]:
+    rows = []
+    for n in seqs:
+        peak = {w: C.peak_in_subprocess(__file__, "--child", w, str(n))["peak_mb"]
+                for w in ("fused", "all", "head", "rows16")}
+        full = B * H * n * n * 4 / 2**20
+        row = {"n": n, "full weights MB": full, "fused MB": peak["fused"],
+               "all MB (above fused)": peak["all"] - peak["fused"]}
+        for w, label in (("head", "one head"), ("rows16", "16 rows")):
+            extra = max(peak[w] - peak["fused"], 0.5)
+            row[f"{label} MB (above fused)"] = extra
+            row[f"full / {label}"] = full / extra
+        rows.append(row)
+        print(C.table(rows[-1:], list(row)), flush=True)
+    return rows
+
+
+def scaling_rows(kind: str, seqs: list[int]) -> list[dict]:
+    rows = [dict(n=n, **C.peak_in_subprocess(__file__, "--child", kind, str(n))) for n in seqs]
+    for r in rows:
+        print(C.table([r], list(r)), flush=True)
+    logs = [(math.log(r["n"]), math.log(max(r["peak_mb"], 1e-3))) for r in rows]
+    slope = _fit(logs)
+    time_slope = _fit([(math.log(r["n"]), math.log(r["s"])) for r in rows])
+    return [{"n": r["n"], "seconds": r["s"], "peak MB": r["peak_mb"]} for r in rows] + [
+        {"n": "fitted exponent", "seconds": time_slope, "peak MB": slope}]
+
+
+def _fit(points: list[tuple[float, float]]) -> float:
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    return (sum((x - mx) * (y - my) for x, y in points)
+            / sum((x - mx) ** 2 for x, _ in points))
+
+
+def compile_rows(budget: float) -> list[dict]:
+    from headwise.models import LMConfig, TransformerLM
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=512, d_model=256, num_heads=4, num_layers=4,
+                                d_ff=1024, max_len=256)).eval()
+    tokens = torch.randint(0, 512, (8, 256))
+    t0 = time.perf_counter()
+    compiled = torch.compile(lm, fullgraph=True)
+    with torch.no_grad():
+        compiled(tokens)
+        first = time.perf_counter() - t0
+        t = C.interleave({"eager": lambda: lm(tokens), "compiled": lambda: compiled(tokens)},
+                         budget_s=budget, max_rounds=20)
+    return [{"model": "TransformerLM d256 x4 layers, b=8, n=256, forward",
+             "eager ms": C.median_ms(t["eager"]), "compiled ms": C.median_ms(t["compiled"]),
+             "compiled / eager": C.ratio(t["compiled"], t["eager"]),
+             "compile s (first call)": first}]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer sizes, shorter budgets")
+    p.add_argument("--tables", nargs="+", default=["weights", "memory", "stats", "long",
+                                                    "compile"])
+    p.add_argument("--child", nargs=2, metavar=("WHAT", "N"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return memory_child(args.child[0], int(args.child[1]))
+    q = args.quick
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; b={B}, embed={E}, "
+          f"heads={H}, fp32\n")
+    sections = {
+        "weights": ("Weights from the LSE vs the fused path without weights (module forward)",
+                    lambda: weights_rows([256, 1024] if q else [256, 512, 1024, 2048, 4096],
+                                         3.0 if q else 8.0)),
+        "memory": ("Peak memory above the fused path, against the full weights tensor",
+                   lambda: memory_rows([1024] if q else [1024, 4096])),
+        "stats": ("Streaming statistics, b=1, h=8, d=64, causal (fresh process per n)",
+                  lambda: scaling_rows("stats", [2048, 4096, 8192] if q
+                                       else [4096, 8192, 16384])),
+        "long": ("Long context forward+backward without weights, b=1, embed 512, 8 heads",
+                 lambda: scaling_rows("long", [2048, 4096, 8192] if q
+                                      else [4096, 8192, 16384])),
+        "compile": ("torch.compile (inductor, fullgraph=True) vs eager, same process",
+                    lambda: compile_rows(3.0 if q else 10.0)),
+    }
+    for name in args.tables:
+        title, run = sections[name]
+        print(f"## {title}\n", flush=True)
+        rows = run()
+        print("\n" + C.table(rows, list(rows[0])) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

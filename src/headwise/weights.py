@@ -1,0 +1,266 @@
+"""Exact per-head attention weights from the row log-sum-exp, in chunks of query rows.
+
+Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads, ``i`` query position,
+``j`` key position, ``d`` head dim.
+
+A fused kernel never builds the ``(b, h, i, j)`` probabilities, but it does return (or a cheap
+chunked pass recovers) each row's log-sum-exp ``lse[b, h, i] = log sum_j exp(s_ij)`` of the
+masked scores ``s_ij = q_i . k_j * scale + bias_ij``. With it every weight is one exact formula,
+
+    w[b, h, i, j] = exp(s_ij - lse[b, h, i])        (0 where masked, 0 for a fully masked row)
+
+so the weights of any heads, query rows and key range are recomputed for only what was asked,
+``chunk`` rows at a time: working memory beyond the returned tensor is O(chunk x j), never
+``(b, h, i, j)`` unless the caller asked for all of it. When every key of a row is selected the
+row is also divided by its sum (1 up to the LSE's rounding), which removes the kernel's LSE
+rounding (~1e-5 relative on long rows of large scores).
+
+Fully masked rows: the CPU flash kernel reports ``lse = 0`` for them (and zero output);
+:func:`logsumexp` does the same, so ``exp(-inf - 0) = 0`` gives them zero weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "CHUNK_ELEMENTS"]
+
+# Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
+# keys): 4M floats = 16 MiB in float32.
+CHUNK_ELEMENTS = 1 << 22
+# Weights are recomputed in blocks of at most this many (4M floats = 16 MiB, within this CPU's
+# 32 MiB L3). Smaller blocks mean more, smaller ops: with 2 threads on a shared 2-core machine
+# each op's thread barrier costs more than the cache saves (1 MiB blocks measured 8x slower at
+# n=1024 under load; 16 MiB blocks 3x; 1 thread: 1.3x the fused core for every size).
+BLOCK_ELEMENTS = 1 << 22
+
+Index = int | Sequence[int] | slice | torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which weights to return: ``heads`` (query heads), ``rows`` (query positions) and
+    ``keys`` (key positions); each ``None`` (all), an int, a sequence of ints or a slice
+    (negative values count from the end). The result has shape
+    ``(b, len(heads), len(rows), len(keys))``; an int keeps its axis, of length 1.
+
+    ``hw.attention(q, k, v, return_weights=hw.Selection(heads=[3]))`` returns only head 3's
+    weights, ``Selection(rows=slice(-16, None))`` the last 16 query rows of every head.
+    """
+
+    heads: Index = None
+    rows: Index = None
+    keys: Index = None
+
+    @property
+    def everything(self) -> bool:
+        """True when every head, row and key is selected by default (``return_weights=True``)."""
+        return self.heads is None and self.rows is None and self.keys is None
+
+    def resolve(self, h: int, i: int, j: int, device) -> tuple:
+        """``(heads, rows, keys)`` as slices (when contiguous) or index tensors; ValueError for
+        an index out of range or an empty selection."""
+        return tuple(_axis(v, n, name, device) for v, n, name in
+                     ((self.heads, h, "heads"), (self.rows, i, "rows"), (self.keys, j, "keys")))
+
+
+def as_selection(return_weights) -> Selection | None:
+    """``return_weights`` (False/None, True, a :class:`Selection` or a dict with keys ``heads``,
+    ``rows``, ``keys``) to a Selection, or None when no weights are wanted."""
+    if return_weights is None or return_weights is False:
+        return None
+    if return_weights is True:
+        return Selection()
+    if isinstance(return_weights, Selection):
+        return return_weights
+    if isinstance(return_weights, dict):
+        unknown = set(return_weights) - {"heads", "rows", "keys"}
+        if unknown:
+            raise ValueError(f"return_weights: unknown selection keys {sorted(unknown)}; use "
+                             "heads, rows and keys")
+        return Selection(**return_weights)
+    raise TypeError("return_weights must be a bool, a headwise.Selection or a dict with heads/"
+                    f"rows/keys, got {type(return_weights).__name__}")
+
+
+def _axis(value: Index, n: int, name: str, device):
+    if value is None:
+        return slice(0, n)
+    if isinstance(value, slice):
+        picked = range(n)[value]
+        if len(picked) == 0:
+            raise ValueError(f"return_weights: empty selection of {name} ({value} of {n}); "
+                             "select at least one")
+        if picked.step == 1:
+            return slice(picked.start, picked.stop)
+        return torch.tensor(list(picked), device=device)
+    if isinstance(value, bool) or not isinstance(value, (int, Sequence, torch.Tensor)):
+        raise TypeError(f"return_weights: {name} must be an int, a sequence of ints or a slice, "
+                        f"got {type(value).__name__}")
+    values = [value] if isinstance(value, int) else [int(x) for x in
+                                                     (value.tolist() if isinstance(
+                                                         value, torch.Tensor) else value)]
+    if not values:
+        raise ValueError(f"return_weights: empty selection of {name}; select at least one")
+    bad = [x for x in values if not -n <= x < n]
+    if bad:
+        raise ValueError(f"return_weights: {name} index {bad[0]} out of range for {n} {name} "
+                         f"(use 0..{n - 1} or negative from the end)")
+    values = [x % n for x in values]
+    if values == list(range(values[0], values[0] + len(values))):
+        return slice(values[0], values[0] + len(values))
+    return torch.tensor(values, device=device)
+
+
+def _take(x: torch.Tensor, dim: int, index, broadcast: bool = False) -> torch.Tensor:
+    """``x`` indexed along ``dim`` (a view for a slice); with ``broadcast`` (masks) an axis of
+    size 1 stays as it is."""
+    if broadcast and x.shape[dim] == 1:
+        return x
+    if isinstance(index, slice):
+        return x.narrow(dim, index.start, index.stop - index.start)
+    return x.index_select(dim, index.to(x.device))
+
+
+def _positions(index, device) -> torch.Tensor:
+    return (torch.arange(index.start, index.stop, device=device) if isinstance(index, slice)
+            else index.to(device))
+
+
+def _length(index) -> int:
+    return index.stop - index.start if isinstance(index, slice) else index.numel()
+
+
+def _chunks(rows: int, per_row: int, budget: int) -> Iterator[tuple[int, int]]:
+    step = max(1, budget // max(1, per_row))
+    for r0 in range(0, rows, step):
+        yield r0, min(rows, r0 + step)
+
+
+def chunk_rows(per_row: int, budget: int = CHUNK_ELEMENTS) -> int:
+    """Query rows per chunk when one row costs ``per_row`` elements."""
+    return max(1, budget // max(1, per_row))
+
+
+def _mask4(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def _kv_heads(heads, h: int, g: int, device):
+    """The key/value head each selected query head reads (grouped-query: ``x // (h // g)``)."""
+    if g == h:
+        return heads
+    return _positions(heads, device) // (h // g)
+
+
+def logsumexp(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
+              causal: bool = False, scale: float | None = None,
+              budget: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """``lse (b, h, i)`` of the masked scores, one chunk of query rows at a time (for kernels
+    that expose none). ``q (b, h, i, d)``, ``k (b, g, j, d)``; ``mask`` and ``causal`` as in
+    :func:`headwise.attention`. Fully masked rows get 0, as the flash kernel reports."""
+    b, h, nq, d = q.shape
+    g, nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    kT = (k if g == h else k.repeat_interleave(h // g, dim=1)).transpose(-1, -2)
+    mask = _mask4(mask)
+    out = torch.empty(b, h, nq, dtype=torch.promote_types(q.dtype, torch.float32),
+                      device=q.device)
+    keys = slice(0, nk)
+    for r0, r1 in _chunks(nq, b * h * nk, budget):
+        rows = slice(r0, r1)
+        s = torch.matmul(q[:, :, r0:r1], kT).to(out.dtype).mul_(scale)  # (b, h, c, j)
+        _mask_scores(s, mask, causal, slice(0, h), rows, keys, nq, nk)
+        out[:, :, r0:r1] = torch.logsumexp(s, dim=-1)
+    return out.masked_fill_(torch.isneginf(out), 0.0)
+
+
+def _mask_scores(s, mask, causal, heads, rows, keys, nq, nk) -> None:
+    """Put ``-inf`` on masked scores of a chunk ``s (b, hs, c, js)`` in place (additive masks
+    are added)."""
+    if mask is not None:
+        part = _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True)
+        if part.dtype == torch.bool:
+            s.masked_fill_(~part, float("-inf"))
+        else:
+            s.add_(part)
+    if causal:
+        s.masked_fill_(~_causal_part(rows, keys, nq, nk, s.device), float("-inf"))
+
+
+def _causal_part(rows, keys, nq, nk, device) -> torch.Tensor:
+    """``(c, js)`` bool, bottom-right causal: key ``j`` allowed for query ``i`` iff
+    ``j <= i + nk - nq`` (see :func:`headwise.masks.causal`)."""
+    return _positions(keys, device)[None, :] <= _positions(rows, device)[:, None] + (nk - nq)
+
+
+@torch.no_grad()
+def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
+             mask: torch.Tensor | None = None, causal: bool = False, scale: float | None = None,
+             selection: Selection | None = None, budget: int = BLOCK_ELEMENTS) -> torch.Tensor:
+    """The weights ``exp(q k^T * scale + bias - lse)`` of ``selection`` (default: everything).
+
+    Args:
+        q: ``(b, h, i, d)``; k: ``(b, g, j, d)``; lse: ``(b, h, i)`` from the same masked scores.
+        mask, causal, scale: exactly what the kernel that produced ``lse`` saw.
+        selection: heads / rows / keys to return.
+
+    Returns:
+        ``(b, hs, is, js)`` in ``q.dtype`` (computed in at least float32); not differentiable
+        (use ``backend="eager"`` for gradients through the weights).
+    """
+    b, h, nq, d = q.shape
+    g, nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    heads, rows, keys = (selection or Selection()).resolve(h, nq, nk, q.device)
+    qs = _take(_take(q, 1, heads), 2, rows)                              # (b, hs, is, d)
+    kT = _take(_take(k, 1, _kv_heads(heads, h, g, q.device)), 2, keys).transpose(-1, -2)
+    if kT.shape[1] != qs.shape[1]:  # one key/value head (g = 1) serves every query head
+        kT = kT.expand(-1, qs.shape[1], -1, -1)
+    lses = _take(_take(lse, 1, heads), 2, rows).unsqueeze(-1)            # (b, hs, is, 1)
+    hs, ns, js = qs.shape[1], qs.shape[2], kT.shape[-1]
+    work = torch.promote_types(q.dtype, torch.float32)
+    qs, kT, lses = (qs.to(work) * scale), kT.to(work), lses.to(work)
+    w = torch.empty(b, hs, ns, js, dtype=q.dtype, device=q.device)
+    mask = _mask4(mask)
+    for x in range(b):
+        bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
+        for h0, h1, r0, r1 in _blocks(hs, ns, js, budget):
+            dest = w[x, h0:h1, r0:r1]  # contiguous: whole rows of whole heads, or one head
+            chunk = dest if work == q.dtype else torch.empty(dest.shape, dtype=work,
+                                                             device=q.device)
+            torch.matmul(qs[x, h0:h1, r0:r1], kT[x, h0:h1], out=chunk)
+            chunk.sub_(lses[x, h0:h1, r0:r1])
+            _mask_scores(chunk[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
+                         keys, nq, nk)
+            chunk.exp_()
+            if js == nk:  # the kernel's LSE is good to ~1e-5 relative over long rows: one
+                # division by the row sum makes it exact (fully masked rows stay 0)
+                chunk.div_(chunk.sum(-1, keepdim=True).clamp_(min=torch.finfo(work).tiny))
+            if chunk is not dest:
+                dest.copy_(chunk)
+    return w
+
+
+def _blocks(hs: int, ns: int, js: int, budget: int) -> Iterator[tuple[int, int, int, int]]:
+    """``(h0, h1, r0, r1)`` blocks of at most ``budget`` weights, each contiguous in a
+    ``(hs, ns, js)`` tensor: several whole heads, or rows of one head."""
+    if ns * js <= budget:
+        step = max(1, budget // (ns * js))
+        for h0 in range(0, hs, step):
+            yield h0, min(hs, h0 + step), 0, ns
+        return
+    for hh in range(hs):
+        for r0, r1 in _chunks(ns, js, budget):
+            yield hh, hh + 1, r0, r1
+
+
+def _sub(index, r0: int, r1: int):
+    """Rows ``r0:r1`` of a selection of rows (slice or index tensor)."""
+    if isinstance(index, slice):
+        return slice(index.start + r0, index.start + r1)
+    return index[r0:r1]

@@ -1,0 +1,90 @@
+"""Streaming head statistics (headwise.stats) against the same statistics of full eager
+weights, and the model-level collector."""
+
+import pytest
+import torch
+
+import headwise as hw
+from headwise.models import LMConfig, TransformerLM
+
+
+def stats_from_full_weights(w, nq, nk, token_ids=None, top_k=5):
+    """The statistics written plainly from a full (b, h, i, j) float64 weight tensor."""
+    pos = torch.arange(nq)[:, None] + (nk - nq)  # (i, 1) key position of each query
+    keys = torch.arange(nk)[None, :]
+    safe = torch.where(w > 0, w, torch.ones_like(w))
+    out = {
+        "entropy": -(w * safe.log()).sum(-1),
+        "max_weight": w.amax(-1),
+        "received": w.sum(2),
+        "sink": w[..., 0],
+        "prev_token": (w * (keys == pos - 1)).sum(-1),
+        "distance": (w * (pos - keys).abs()).sum(-1),
+        "top_values": w.topk(min(top_k, nk), -1).values,
+    }
+    if token_ids is not None:
+        # key j is a target of query i when token j-1 is query i's token, earlier than i
+        current = token_ids[:, pos[:, 0]]                              # (b, i)
+        target = torch.zeros(w.shape[0], nq, nk, dtype=torch.bool)
+        target[..., 1:] = (token_ids[:, None, :-1] == current[..., None]) & (keys[:, 1:] - 1
+                                                                           < pos)
+        out["induction"] = (w * target[:, None]).sum(-1)
+    return out
+
+
+@pytest.mark.parametrize("causal, masked", [(True, False), (False, True), (True, True)])
+def test_streaming_stats_equal_the_stats_of_full_eager_weights_at_512(causal, masked):
+    gen = torch.Generator().manual_seed(int(causal) * 2 + int(masked))
+    b, h, n, d = 2, 2, 512, 16
+    q, k = torch.randn(b, h, n, d, generator=gen), torch.randn(b, h, n, d, generator=gen)
+    ids = torch.randint(0, 20, (b, n), generator=gen)  # many repeats: induction targets
+    mask = hw.masks.from_valid_lens(torch.tensor([n, 300]), n) if masked else None
+    _, w = hw.attention(q.double(), k.double(), k.double(), mask=mask, causal=causal,
+                        backend="eager", return_weights=True)
+    want = stats_from_full_weights(w, n, n, ids)
+    got = hw.stats.head_stats(q, k, mask=mask, causal=causal, token_ids=ids, budget=50_000)
+    for name, ref in want.items():
+        torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    picked = w.gather(-1, got.top_keys)  # the keys named hold the values named
+    torch.testing.assert_close(picked, got.top_values.double(), rtol=1e-5, atol=1e-5)
+    assert got.live.all()
+
+
+def test_fully_masked_rows_are_not_live_and_per_head_means_skip_them():
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 3, 6, 8, generator=gen), torch.randn(1, 3, 4, 8, generator=gen)
+    mask = torch.ones(1, 1, 6, 4, dtype=torch.bool)
+    mask[..., 2, :] = False
+    s = hw.stats.head_stats(q, k, mask=mask, top_k=10)
+    assert s.live[..., 2].logical_not().all() and s.live.sum() == 15
+    assert (s.entropy[..., 2] == 0).all() and s.top_values.shape == (1, 3, 6, 4)
+    mean = s.per_head("max_weight")
+    torch.testing.assert_close(mean, s.max_weight.sum(-1) / 5)
+
+
+def test_collect_gives_every_layer_of_a_model_the_stats_of_its_weights():
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=2, d_ff=32,
+                                max_len=32)).eval()
+    tokens = torch.randint(0, 11, (2, 12))
+    with torch.no_grad(), hw.stats.collect(lm, token_ids=tokens, top_k=3) as found:
+        logits, _ = lm(tokens)
+        _, att = lm(tokens, return_weights=True)
+    assert sorted(found) == ["blocks.0.self_attn", "blocks.1.self_attn"]
+    for layer in range(2):
+        first, second = found[f"blocks.{layer}.self_attn"]
+        want = stats_from_full_weights(att["decoder_self"][layer].double(), 12, 12, tokens)
+        for name in ("entropy", "received", "induction", "prev_token"):
+            torch.testing.assert_close(getattr(first, name).double(), want[name], rtol=1e-5,
+                                       atol=1e-5)
+        torch.testing.assert_close(first.entropy, second.entropy)
+    assert not hw.stats.collecting()
+
+
+def test_bad_arguments_are_value_errors():
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+        hw.stats.head_stats(q, q, top_k=0)
+    with pytest.raises(ValueError, match=r"token_ids must be \(b, j\)=\(1, 3\)"):
+        hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 4, dtype=torch.long))

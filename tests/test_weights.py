@@ -1,0 +1,121 @@
+"""Weights recomputed from the log-sum-exp (headwise.weights): selections, gradients, errors."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import headwise as hw
+from tests.test_attention import configs, draw_inputs
+
+selections = st.fixed_dictionaries({
+    "heads": st.one_of(st.none(), st.integers(-1, 0), st.lists(st.integers(0, 8), min_size=1,
+                                                               max_size=3)),
+    "rows": st.one_of(st.none(), st.integers(0, 8), st.builds(slice, st.integers(-9, 3),
+                                                              st.none(), st.sampled_from([1, 2]))),
+    "keys": st.one_of(st.none(), st.lists(st.integers(0, 8), min_size=1, max_size=4),
+                      st.builds(slice, st.integers(0, 2), st.integers(3, 9))),
+})
+
+
+def _valid(sel, h, nq, nk):
+    heads = sel["heads"]
+    if isinstance(heads, list):
+        sel = {**sel, "heads": [x % h for x in heads]}
+    if isinstance(sel["rows"], int):
+        sel = {**sel, "rows": sel["rows"] % nq}
+    if isinstance(sel["rows"], slice) and not range(nq)[sel["rows"]]:
+        sel = {**sel, "rows": None}
+    if isinstance(sel["keys"], list):
+        sel = {**sel, "keys": [x % nk for x in sel["keys"]]}
+    if isinstance(sel["keys"], slice) and not range(nk)[sel["keys"]]:
+        sel = {**sel, "keys": None}
+    return sel
+
+
+def _slice(w, sel):
+    """The same selection taken from the full weights with plain indexing."""
+    for dim, name in ((1, "heads"), (2, "rows"), (3, "keys")):
+        value = sel[name]
+        if value is None:
+            continue
+        index = [value] if isinstance(value, int) else value
+        index = torch.tensor(index) if isinstance(index, list) else \
+            torch.arange(w.shape[dim])[index]
+        w = w.index_select(dim, index % w.shape[dim])
+    return w
+
+
+@given(cfg=configs, sel=selections)
+def test_a_selection_equals_the_same_slice_of_the_full_weights(cfg, sel):
+    q, k, v, mask = draw_inputs(cfg)
+    sel = _valid(sel, q.shape[1], q.shape[2], k.shape[2])
+    for backend in ("sdpa", "eager"):
+        out, full = hw.attention(q, k, v, mask=mask, causal=cfg["causal"], return_weights=True,
+                                 backend=backend)
+        out2, part = hw.attention(q, k, v, mask=mask, causal=cfg["causal"], backend=backend,
+                                  return_weights=hw.Selection(**sel))
+        # full rows are divided by their sum (weights.from_lse), a key range is not: the two
+        # differ by the LSE's rounding; otherwise by 1 ulp (GEMM blocking)
+        tol = (1e-5, 1e-6) if sel["keys"] is not None else (1e-6, 2e-7)
+        torch.testing.assert_close(part, _slice(full, sel), rtol=tol[0], atol=tol[1])
+        torch.testing.assert_close(out2, out, rtol=0, atol=0)
+
+
+@given(cfg=configs.filter(lambda c: c["mask"] != "float"))
+def test_asking_for_weights_leaves_the_output_and_its_gradients_unchanged(cfg):
+    q, k, v, mask = draw_inputs(cfg)
+    grads = []
+    for want in (False, True, {"heads": [0]}):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, w = hw.attention(*leaves, mask=mask, causal=cfg["causal"], return_weights=want)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(cfg["seed"]))
+        grads.append((out.detach(), *torch.autograd.grad(out, leaves, grad_out)))
+    # bit-identical, except grouped heads: there the LSE path runs the flash op on k, v
+    # expanded to h heads, and the key/value gradients sum the group in another order (1 ulp)
+    tol = 0 if cfg["r"] == 1 else 1e-6
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_weights_come_from_the_flash_kernels_lse_on_the_cpu():
+    from headwise._record import recording
+    q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
+    steps = {}
+    with recording(lambda step, tensor, **info: steps.setdefault(step, info)):
+        hw.attention(q, k, v, causal=True, return_weights=True)
+    assert "weighted sum" not in steps  # the eager path did not run
+    fused = steps["fused attention"]
+    assert fused["kernel"] == "FLASH_ATTENTION" and fused["fused"]
+    assert fused["weights_source"].describe() == "recomputed from the flash LSE, 64-row chunks"
+
+
+@pytest.mark.parametrize("sel, words", [
+    (dict(heads=[4]), "heads index 4 out of range"),
+    (dict(heads=-5), "heads index -5 out of range"),
+    (dict(rows=[0, 9]), "rows index 9 out of range"),
+    (dict(keys=[]), "empty selection of keys"),
+    (dict(rows=slice(5, 2)), "empty selection of rows"),
+])
+def test_bad_selections_raise_a_clear_value_error(sel, words):
+    q, k, v = (torch.randn(1, 4, 6, 8) for _ in range(3))
+    with pytest.raises(ValueError, match=words):
+        hw.attention(q, k, v, return_weights=hw.Selection(**sel))
+    mha = hw.MultiHeadAttention(32, 4)
+    with pytest.raises(ValueError, match=words):
+        mha(torch.randn(1, 6, 32), return_weights=sel)
+
+
+def test_a_selection_on_a_backend_that_cannot_honour_it_raises():
+    hw.register_backend("plain-test", lambda q, k, v, **kw: (q, None))
+    try:
+        q = torch.randn(1, 2, 3, 4)
+        with pytest.raises(ValueError, match="cannot return a selection"):
+            hw.attention(q, q, q, backend="plain-test", return_weights=hw.Selection(heads=0))
+    finally:
+        del hw.BACKENDS["plain-test"]
+    with pytest.raises(TypeError, match="return_weights"):
+        hw.attention(q, q, q, return_weights="heads")
+    with pytest.raises(ValueError, match="unknown selection keys"):
+        hw.attention(q, q, q, return_weights={"head": 0})
