@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--gguf", metavar="FILE",
                    help="a llama GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--bf16", action="store_true",
-                   help="bfloat16 weights: half the memory (logits within ~0.1 of float32)")
+                   help="bfloat16 weights: half the memory; logits move by up to ~1.2 (of "
+                        "~38) and greedy replies stay the same for the first ~25+ tokens")
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
     p.set_defaults(func=run)
 
