@@ -129,12 +129,13 @@ def memory_child(batch: int) -> dict:
 
 
 def run(threads_list, rounds: int, batches) -> None:
-    rows = []
+    rows, cols = [], ["threads", "batch", "what", "headwise", "HF", "ratio", "goal",
+                      "same_tokens", "bandwidth"]
     for threads in threads_list:
         rows += measure(threads, rounds, batches)
+        print(C.table(rows, cols), flush=True)  # partial results survive an interrupted run
     print("\n## SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32): headwise vs HF LlamaForCausalLM\n")
-    print(C.table(rows, ["threads", "batch", "what", "headwise", "HF", "ratio", "goal",
-                         "same_tokens", "bandwidth"]))
+    print(C.table(rows, cols))
     mem = C.peak_in_subprocess(__file__, "--memory-child", str(max(batches)))
     print(f"\nresident memory (fresh process, batch {max(batches)}, {NEW} tokens decoded): "
           f"{mem['rss_mb']:.0f} MiB after, {mem['peak_mb']:.0f} MiB peak, over fp32 weights "
