@@ -17,6 +17,11 @@ vs the end of a 1024-token run comes from timing every step of one cached run (m
 first and last 64 steps).
 
     python benchmarks/generate.py [--new 64 512 1024] [--batches 1 8] [--budget 6]
+    python benchmarks/generate.py --model smollm2 [--threads 1 2] [--rounds 2]
+
+``--model smollm2``: the real SmolLM2-135M-Instruct from its GGUF against Hugging Face's
+``generate`` with the same weights (decode at batch 1 and 4, prefill of 512 tokens, fraction of
+the memory-bandwidth limit, resident memory; see ``benchmarks/_smollm2.py``).
 """
 
 from __future__ import annotations
@@ -149,8 +154,18 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--recompute-max", type=int, default=512)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds per cached config")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--threads", type=int, nargs="+", default=None,
+                    help="torch threads (default: torch's; smollm2: 1 2)")
+    ap.add_argument("--model", choices=("toy", "smollm2"), default="toy")
+    ap.add_argument("--rounds", type=int, default=2, help="smollm2: interleaved rounds")
     args = ap.parse_args()
+    if args.model == "smollm2":
+        import _smollm2
+        batches = args.batches if args.batches != [1, 8] else [1, 4]
+        _smollm2.run(args.threads or [1, 2], args.rounds, batches)
+        return
+    if args.threads:
+        args.threads = args.threads[0]
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build_model()

@@ -33,7 +33,7 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              beam_size: int = 1, eos_id: int | None = None, pad_id: int | None = None,
              length_penalty: float = 1.0, use_cache: bool = True, seed: int | None = None,
-             ) -> torch.Tensor:
+             on_token=None) -> torch.Tensor:
     """Continue ``tokens`` by up to ``max_new_tokens`` tokens.
 
     Args:
@@ -53,6 +53,8 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
             once every row has stopped.
         use_cache: decode with the KV cache (True) or recompute the prefix every step.
         seed: seeds a private generator for sampling (the global RNG is untouched).
+        on_token: called with each new column ``(b,)`` of ids as soon as it is chosen (to
+            stream text); greedy and sampling only.
 
     Returns:
         ``(b, n + t)`` ids with ``t <= max_new_tokens`` (fewer only if every row hit ``eos_id``).
@@ -61,7 +63,7 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
                      src_valid_lens=src_valid_lens, strategy=strategy, temperature=temperature,
                      top_k=top_k, top_p=top_p, beam_size=beam_size, eos_id=eos_id, pad_id=pad_id,
                      length_penalty=length_penalty, use_cache=use_cache, seed=seed,
-                     keep_logits=False)
+                     keep_logits=False, on_token=on_token)
     return tokens
 
 
@@ -75,7 +77,10 @@ def generate_with_logits(model, tokens: torch.Tensor, *, max_new_tokens: int, **
 # --------------------------------------------------------------------------- the decoding loops
 def _run(model, tokens, *, max_new_tokens, src=None, src_valid_lens=None, strategy="greedy",
          temperature=1.0, top_k=None, top_p=None, beam_size=1, eos_id=None, pad_id=None,
-         length_penalty=1.0, use_cache=True, seed=None, keep_logits=False):
+         length_penalty=1.0, use_cache=True, seed=None, keep_logits=False, on_token=None):
+    if on_token is not None and (strategy == "beam" or beam_size > 1):
+        raise ValueError("generate: on_token streams greedy or sampled tokens; beam search "
+                         "only knows its tokens at the end")
     strategy = _check(model, tokens, max_new_tokens, src, strategy, temperature, top_k, top_p,
                       beam_size, eos_id, pad_id, length_penalty, keep_logits)
     if pad_id is None:
@@ -96,7 +101,7 @@ def _run(model, tokens, *, max_new_tokens, src=None, src_valid_lens=None, strate
             choose = (_argmax if strategy == "greedy" else
                       lambda logits: _sample(logits, temperature, top_k, top_p, generator))
             return _greedy_or_sample(stepper, tokens, max_new_tokens, choose, eos_id, pad_id,
-                                     keep_logits)
+                                     keep_logits, on_token)
     finally:
         model.train(was_training)
 
@@ -105,7 +110,8 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def _greedy_or_sample(stepper, tokens, max_new, choose, eos_id, pad_id, keep_logits):
+def _greedy_or_sample(stepper, tokens, max_new, choose, eos_id, pad_id, keep_logits,
+                      on_token=None):
     b, n = tokens.shape
     out = torch.empty(b, n + max_new, dtype=torch.long, device=tokens.device)
     out[:, :n] = tokens
@@ -121,6 +127,8 @@ def _greedy_or_sample(stepper, tokens, max_new, choose, eos_id, pad_id, keep_log
             nxt = nxt.masked_fill(finished, pad_id)
             finished = finished | (nxt == eos_id)
         out[:, pos] = nxt
+        if on_token is not None:
+            on_token(nxt)
         if eos_id is not None and bool(finished.all()):
             end = pos + 1
             break

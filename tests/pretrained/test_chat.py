@@ -49,3 +49,14 @@ def test_bad_messages_and_missing_template_are_clear_errors(smollm2_file, smollm
     meta = dict(smollm2_file.metadata, **{"tokenizer.ggml.model": "llama"})
     with pytest.raises(CheckpointError, match="'llama'.*byte-level BPE"):
         ChatTokenizer.from_metadata(meta)
+
+
+def test_a_prompt_longer_than_the_context_is_an_error():
+    from headwise.pretrained.chat import check_length
+
+    check_length(6, 2, 8, "tiny")  # exactly fits
+    with pytest.raises(ValueError, match=r"prompt is 10 tokens.*tiny's context is 8 tokens: "
+                                         r"shorten the prompt by 3 tokens"):
+        check_length(10, 0, 8, "tiny")
+    with pytest.raises(ValueError, match="ask for at most 2 new tokens"):
+        check_length(6, 3, 8, "tiny")

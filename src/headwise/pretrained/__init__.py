@@ -27,8 +27,8 @@ from headwise.pretrained.bert import (
     load_bert,
     to_hf_state_dict,
 )
-from headwise.pretrained.chat import ChatTokenizer
-from headwise.pretrained.gguf import GGUFConfig, find_smollm2, read_gguf
+from headwise.pretrained.chat import ChatModel, ChatTokenizer
+from headwise.pretrained.gguf import GGUFConfig, find_smollm2, load_gguf, load_smollm2, read_gguf
 from headwise.pretrained.sentence import (
     MINILM_PACKAGE,
     SentenceEncoder,
@@ -43,6 +43,7 @@ from headwise.pretrained.tokenizer import CheckpointTokenizer, load_tokenizer
 __all__ = [
     "HF_TO_HEADWISE",
     "MINILM_PACKAGE",
+    "ChatModel",
     "ChatTokenizer",
     "CheckpointTokenizer",
     "GGUFConfig",
@@ -54,8 +55,10 @@ __all__ = [
     "from_hf_state_dict",
     "hf_name",
     "load_bert",
+    "load_gguf",
     "load_minilm",
     "load_sentence_encoder",
+    "load_smollm2",
     "load_tokenizer",
     "mean_pool",
     "read_gguf",

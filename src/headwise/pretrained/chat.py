@@ -13,13 +13,16 @@ The chat template is rendered with jinja2 in a sandbox, exactly as transformers'
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import torch
+
 from headwise.errors import CheckpointError
 
-__all__ = ["ChatTokenizer", "Message", "TextStream"]
+__all__ = ["ChatModel", "ChatTokenizer", "Message", "TextStream"]
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -169,6 +172,15 @@ class TextStream:
         return new
 
 
+def check_length(n: int, max_new_tokens: int, context: int, name: str) -> None:
+    """``ValueError`` unless a prompt of ``n`` tokens plus ``max_new_tokens`` fit ``context``."""
+    if n + max_new_tokens > context:
+        fix = (f"shorten the prompt by {n - context + 1} tokens" if n >= context else
+               f"ask for at most {context - n} new tokens")
+        raise ValueError(f"the prompt is {n} tokens and {max_new_tokens} new tokens were asked "
+                         f"for, but {name}'s context is {context} tokens: {fix}")
+
+
 def _as_messages(messages, system: str | None) -> list[dict[str, str]]:
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
@@ -206,3 +218,63 @@ def _compiled(template: str):
         raise CheckpointError(f"tokenizer.chat_template is not a valid jinja2 template: "
                               f"{exc}") from None
 
+
+
+# ------------------------------------------------------------------------------ the model
+@dataclass
+class ChatModel:
+    """A chat model loaded from a GGUF: ``model`` (a headwise
+    :class:`~headwise.models.TransformerLM`), ``tokenizer`` (:class:`ChatTokenizer`),
+    ``config`` (what the file said) and ``path``. :func:`headwise.pretrained.load_gguf` makes
+    one."""
+
+    model: Any
+    tokenizer: ChatTokenizer
+    config: Any
+    path: Any
+
+    @property
+    def context_length(self) -> int:
+        return self.model.config.max_len
+
+    def prompt(self, messages: Sequence[Message] | str, *, system: str | None = None,
+               max_new_tokens: int = 0) -> torch.Tensor:
+        """``(1, n)`` prompt ids for ``messages`` with the chat template applied; raises
+        ``ValueError`` when the prompt and ``max_new_tokens`` do not fit the context."""
+        ids = self.tokenizer.chat(messages, system=system)
+        self.check_length(len(ids), max_new_tokens)
+        device = self.model.lm_head.weight.device
+        return torch.tensor([ids], dtype=torch.long, device=device)
+
+    def check_length(self, n: int, max_new_tokens: int = 0) -> None:
+        """Raise ``ValueError`` unless ``n`` prompt tokens plus ``max_new_tokens`` fit."""
+        check_length(n, max_new_tokens, self.context_length, self.config.name)
+
+    def reply(self, messages: Sequence[Message] | str, *, system: str | None = None,
+              max_new_tokens: int = 256, temperature: float | None = None,
+              top_p: float | None = None, seed: int | None = None,
+              on_text: Callable[[str], None] | None = None) -> tuple[list[int], list[int]]:
+        """Generate the assistant's answer (greedy unless ``temperature`` is given), calling
+        ``on_text`` with each new piece of text as it is decoded. Returns ``(prompt ids,
+        answer ids)``; the answer ends at ``<|im_end|>`` (not included) or after
+        ``max_new_tokens``."""
+        from headwise.decoding import generate
+
+        prompt = self.prompt(messages, system=system, max_new_tokens=max_new_tokens)
+        stream, answer, eos = self.tokenizer.stream(), [], self.tokenizer.eos_id
+
+        def on_token(ids: torch.Tensor) -> None:
+            token = int(ids[0])
+            if token != eos:  # generation stops right after eos
+                answer.append(token)
+                if on_text is not None and (text := stream.push(token)):
+                    on_text(text)
+
+        sample = temperature is not None
+        generate(self.model, prompt, max_new_tokens=max_new_tokens,
+                 strategy="sample" if sample else "greedy",
+                 temperature=temperature if sample else 1.0, top_p=top_p, seed=seed,
+                 eos_id=eos, on_token=on_token)
+        if on_text is not None and (rest := stream.flush()):
+            on_text(rest)
+        return prompt[0].tolist(), answer

