@@ -541,7 +541,7 @@ def viz_probes(tmp: Path) -> list[Probe]:
     add("heatmaps(NaN weights)", lambda: hm(torch.full((1, 1, 2, 2), NAN)))
     add("heatmaps(100 x 100 grid of 4x4 panels)",
         lambda: hm(torch.rand(100, 100, 4, 4), "big.png"))
-    add("heatmaps(path in a missing folder)", lambda: hm(w, "nowhere/h.png").name, "ok")
+    add("heatmaps(path in a missing folder)", lambda: hm(w, "nowhere/h.png").path.name, "ok")
     add("head_view({'encoder_self': [w]}, tokens=['a'] * 5)",
         lambda: head_view({"encoder_self": [w]}, ["a"] * 5, tmp / "v.html"))
     add("head_view({'bogus': [w]}, ...)", lambda: head_view({"bogus": [w]}, ["a"] * 3,
@@ -592,12 +592,11 @@ def cli_probes(tmp: Path) -> list[Probe]:
     add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "--generate", "-1"])
     add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "--generate", "100", "-o",
                      str(tmp / "v.html")], "ok")
-    add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "-o", str(tmp)])
+    add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "-o", str(tmp)], "ok")
     add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "-o",
                      str(tmp / "v.html"), "--heatmaps", str(tmp / "h.jpg")])
     add("cli view", ["view", "--checkpoint", ckpt, "--text", "", "-o", str(tmp / "v.html")])
-    add("cli view", ["view", "--checkpoint", ckpt, "--text", "abz", "-o", str(tmp / "v.html")],
-        "ok")
+    add("cli view", ["view", "--checkpoint", ckpt, "--text", "abz", "-o", str(tmp / "v.html")])
     (tmp / "exists.html").write_text("old")
     add("cli view", ["view", "--checkpoint", ckpt, "--text", "ab", "-o",
                      str(tmp / "exists.html")], "ok")

@@ -16,7 +16,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from headwise import limits
-from headwise._io import atomic_write
 from headwise.viz.display import Heatmaps
 
 __all__ = ["heatmaps"]
