@@ -127,7 +127,8 @@ def test_optimizer_of_another_model_is_refused(tmp_path):
 def test_checkpoints_written_before_the_rework_load_with_identical_outputs(name):
     """Two tiny checkpoints saved by headwise at commit 5fb359a (before issue 11 moved configs,
     heads and modules; see tests/fixtures/old_checkpoints/make.py) load with today's code and
-    give bit-identical logits, attention weights and greedy / beam / sampled generations."""
+    give bit-identical greedy / beam / sampled generations, and the same logits and attention
+    weights to float32 rounding (asked for with weights, they now stay on the fused kernel)."""
     from safetensors.torch import load_file
 
     from tests.fixtures.old_checkpoints.make import HERE, outputs
@@ -139,7 +140,14 @@ def test_checkpoints_written_before_the_rework_load_with_identical_outputs(name)
     got = outputs(name, loaded.model)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
-        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+        assert got[key].dtype == value.dtype, key
+        if key == "logits" or key.startswith("attention."):
+            # recorded with return_weights=True, which sent the old code to the eager softmax;
+            # today output and weights stay on the fused kernel (weights from its log-sum-exp,
+            # issue 12): the same numbers up to float32 rounding
+            torch.testing.assert_close(got[key], value, atol=1e-5, rtol=0, msg=key)
+        else:  # every greedy, beam and sampled token: bit for bit
+            assert torch.equal(got[key], value), key
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,7 +280,7 @@ def test_a_config_claiming_a_huge_model_is_refused_at_once(tmp_path, field):
     meta["config"]["num_heads"] = 4
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
     start = time.perf_counter()
-    with pytest.raises(CheckpointError, match=r"parameters"):
+    with pytest.raises(CheckpointError, match=r"parameters|over the maximum"):
         ckpt.load(tmp_path / "c")
     assert time.perf_counter() - start < 5
 

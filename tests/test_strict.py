@@ -37,9 +37,16 @@ def test_value_head_dim_different_from_query_head_dim_raises():
 
 
 def test_an_unsupported_dtype_raises():
+    """Mixed q/k/v dtypes are refused at attention()'s boundary before any kernel is chosen;
+    the strict rule itself names the dtype when torch's choice is the math kernel."""
+    from headwise import strict
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="unsupported dtype"):
+    with pytest.raises(TypeError, match="must share one dtype"):
         hw.attention(q, k.double(), v, strict=True)
+    reason = strict.fallback_reason(q, k.double(), v, None, 0.0, "MATH")
+    assert reason is not None and "unsupported dtype" in reason
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        strict.check(True, reason)
 
 
 def test_all_weights_above_the_budget_raise_and_a_selection_does_not(monkeypatch):

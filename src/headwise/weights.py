@@ -227,6 +227,8 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     qs, kT, lses = (qs.to(work) * scale), kT.to(work), lses.to(work)
     w = torch.empty(b, hs, ns, js, dtype=q.dtype, device=q.device)
     mask = _mask4(mask)
+    # every key of a row, each once (a list like [0, 0, 0] has nk entries but is not the row)
+    whole_rows = isinstance(keys, slice) and (keys.start, keys.stop) == (0, nk)
     for x in range(b):
         bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
         for h0, h1, r0, r1 in _blocks(hs, ns, js, budget):
@@ -238,7 +240,7 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
             _mask_scores(chunk[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
                          keys, nq, nk)
             chunk.exp_()
-            if js == nk:  # the kernel's LSE is good to ~1e-5 relative over long rows: one
+            if whole_rows:  # the kernel's LSE is good to ~1e-5 relative over long rows: one
                 # division by the row sum makes it exact (fully masked rows stay 0)
                 chunk.div_(chunk.sum(-1, keepdim=True).clamp_(min=torch.finfo(work).tiny))
             if chunk is not dest:

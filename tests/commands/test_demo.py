@@ -40,7 +40,8 @@ def test_last_decoder_layer_learns_the_anti_diagonal():
     assert scores[0].max() < 0.5  # the first layer does not do the lookup: the test can fail
 
 
-def test_demo_writes_its_report(tmp_path, capsys):
+def test_demo_writes_its_report(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich must not wrap the (long, under xdist) path
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "30", "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out

@@ -152,7 +152,14 @@ def test_unfused_per_head_loop_is_traced_head_by_head():
     projections = [s for s in t.steps if s.path.startswith("q_heads.")]
     assert [s.path for s in projections] == ["q_heads.0", "q_heads.1"]
     assert all(s.shape == (1, 5, 3) for s in projections)
-    assert [s.shape for s in t.find("scores")] == [(1, 1, 5, 6)] * 2
+    # one attention per head; with "auto" each runs fused (weights from the kernel's LSE), so
+    # the scores are named but not materialised
+    scores = t.find("scores")
+    assert [s.axes for s in scores] == [("b", "h", "i", "j")] * 2
+    assert all(not s.to_dict()["materialised"] for s in scores)
+    eager = hw.unfuse(mha)
+    eager.backend = "eager"
+    assert [s.shape for s in hw.trace(eager, q, k, v).find("scores")] == [(1, 1, 5, 6)] * 2
 
 
 def test_exports_and_errors_leave_no_hooks():
