@@ -12,7 +12,6 @@ from headwise.cli import build_parser, command_names, main
 from headwise.errors import CheckpointError
 
 
-
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sys.modules))"],
                          capture_output=True, text=True, check=True)
@@ -78,6 +77,7 @@ def test_a_far_off_word_gets_no_suggestion(capsys):
 
 @pytest.mark.parametrize("command", command_names())
 def test_every_help_has_an_example_that_parses(command, capsys):
+    parser = build_parser([command])
     with pytest.raises(SystemExit):
         main([command, "--help"])
     text = capsys.readouterr().out
