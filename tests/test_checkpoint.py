@@ -319,3 +319,10 @@ def test_a_filesystem_error_during_save_is_one_output_error(tmp_path, monkeypatc
     with pytest.raises(OutputError, match=f"cannot write .*{os.strerror(errno_)}"):
         ckpt.save(tmp_path / "c", model, cfg)
     assert not list(tmp_path.glob(".c.tmp-*"))  # nothing half-written left behind
+
+
+@pytest.mark.parametrize("device", ["bogus", "meta", "cuda:99"])
+def test_load_refuses_a_bad_device_before_reading(tmp_path, device):
+    """checkpoint.load(device=...) from Python: one ValueError, not torch's RuntimeError."""
+    with pytest.raises(ValueError, match="device"):
+        ckpt.load(tmp_path / "does-not-matter", device=device)

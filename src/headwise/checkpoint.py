@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from headwise import _budget, _swap
+from headwise._device import parse_device
 from headwise._swap import writing
 from headwise.errors import CheckpointError
 
@@ -247,6 +248,7 @@ def load(folder: str | Path, device: str | torch.device = "cpu") -> Loaded:
     from headwise.data.tokenizers import tokenizer_from_dict
     from headwise.models import build
 
+    device = parse_device(str(device))  # a bad device fails before any file is read
     path, meta = read_config(folder)
     config = build_config(meta, path)
     model = build(config)
