@@ -162,10 +162,11 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             e^sink_h)``.
     """
     scale = _scale(scale, q.shape[-1])
-    # fp16 overflows at 65504: scale q before the product and keep scores and softmax in
-    # float32, as the fused kernels accumulate; the weights come back in q's dtype.
+    # fp16 overflows at 65504 and rounds q * scale to 11 bits: widen q to float32 first, scale,
+    # and keep scores and softmax in float32, as the fused kernels accumulate; the weights come
+    # back in q's dtype.
     acc = torch.float32 if q.dtype == torch.float16 else q.dtype
-    scores = torch.einsum("bhid,bhjd->bhij", (q * scale).to(acc), k.to(acc))
+    scores = torch.einsum("bhid,bhjd->bhij", q.to(acc) * scale, k.to(acc))
     record(StepKind.SCORES, scores, scale=scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
