@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from headwise.viz import attention_rollout, head_view
+from tests.viz.test_head_view import softmaxed
 
 CHROMIUM = os.environ.get("HEADWISE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -89,15 +90,6 @@ class Page:
         self.page.close()
         assert problems == [] and errors == []
         assert self.requests == [self.url], f"unexpected requests: {self.requests}"
-
-
-def softmaxed(*shape, seed=0, scale=2.0, causal=False):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*shape, generator=g) * scale
-    if causal:
-        n = shape[-1]
-        x = x.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
-    return x.softmax(-1)
 
 
 L, H, B, NS, NT = 3, 4, 2, 9, 7
