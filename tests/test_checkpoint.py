@@ -107,12 +107,18 @@ def test_weights_of_another_model_are_refused(tmp_path):
         ckpt.load(tmp_path / "c")
 
 
-def test_optimizer_of_another_model_is_refused(tmp_path):
+def _saved_after_one_step(folder):
+    """A tiny LM saved with its AdamW state after one step: ``(model, config, optimizer)``."""
     model, cfg = _lm()
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randint(0, 11, (2, 8)))[0].sum().backward()
     opt.step()
-    ckpt.save(tmp_path / "c", model, cfg, optimizer=opt, train_state={"step": 1})
+    ckpt.save(folder, model, cfg, optimizer=opt, train_state={"step": 1})
+    return model, cfg, opt
+
+
+def test_optimizer_of_another_model_is_refused(tmp_path):
+    model, cfg, opt = _saved_after_one_step(tmp_path / "c")
     torch.manual_seed(0)
     other = build(TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=16, num_heads=2,
                                     num_layers=1, d_ff=16, max_len=8))
@@ -286,11 +292,7 @@ def test_a_config_claiming_a_huge_model_is_refused_at_once(tmp_path, field):
 
 
 def test_a_truncated_train_state_is_reported_as_corrupted(tmp_path):
-    model, cfg = _lm()
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randint(0, 11, (2, 8)))[0].sum().backward()
-    opt.step()
-    ckpt.save(tmp_path / "c", model, cfg, optimizer=opt, train_state={"step": 1})
+    model, cfg, opt = _saved_after_one_step(tmp_path / "c")
     path = tmp_path / "c" / "train_state.safetensors"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="corrupted"):

@@ -67,10 +67,9 @@ def check_backend(backend: str, where: str) -> None:
                          f"{sorted(BACKENDS)}")
 
 
-def resolve_backend(backend: str, return_weights=False) -> str:
+def resolve_backend(backend: str) -> str:
     """The ``"auto"`` rule: always the fused ``"sdpa"`` kernel, weights or not (they are
     recomputed from its log-sum-exp); ``"eager"`` runs only when named. Other names pass."""
-    del return_weights  # weights no longer change the choice
     return "sdpa" if backend == "auto" else backend
 
 
@@ -128,7 +127,7 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         _strict.check(strict, _eager_reason(return_weights, softcap, sinks))
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
-    core = BACKENDS[resolve_backend(backend, return_weights)]
+    core = BACKENDS[resolve_backend(backend)]
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                 return_weights=return_weights, strict=strict)
 
@@ -140,7 +139,7 @@ def check_selection(return_weights, backend: str, h: int, nq: int, nk: int) -> N
     if selection is None or selection.everything:
         return
     selection.resolve(h, nq, nk, "cpu")
-    name = resolve_backend(backend, True)
+    name = resolve_backend(backend)
     if name not in _SELECTS:
         raise ValueError(f"backend {name!r} cannot return a selection of the weights; use "
                          f"one of {sorted(_SELECTS)} or return_weights=True")
