@@ -7,6 +7,7 @@ dodge a cycle (each one could move to the top of its file without creating one).
 from __future__ import annotations
 
 import ast
+import importlib
 import types
 from pathlib import Path
 
@@ -102,3 +103,19 @@ def test_public_functions_shadow_no_module():
     assert import_graph()["headwise.heads"] == set()
     for name in headwise.__all__:
         assert hasattr(headwise, name), name
+
+
+def test_no_public_name_is_both_a_function_and_a_submodule():
+    """Every public name that is not itself a submodule comes from a module of another name, so
+    importing a submodule never rebinds a public function (``headwise.attention`` is the
+    function from ``headwise.attend``, ``trace`` from ``headwise.tracing``)."""
+    submodules = ({p.stem for p in SRC.glob("*.py")}
+                  | {p.parent.name for p in SRC.glob("*/__init__.py")})
+    for name, module in headwise._EXPORTS.items():
+        if module is None:
+            assert name in submodules, name
+        else:
+            assert name not in submodules, f"headwise.{name} names a function and a module"
+    importlib.import_module("headwise.attend")  # binding the submodule leaves the function alone
+    assert isinstance(headwise.attention, types.FunctionType)
+    assert headwise.attention is headwise.attend.attention

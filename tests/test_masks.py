@@ -64,3 +64,9 @@ def test_sliding_window_band_bottom_right():
     assert sliding_window(2, 2, 9).all()
     with pytest.raises(ValueError, match="window must be an int >= 1"):
         sliding_window(2, 2, 0)
+
+
+def test_form_names_how_the_mask_enters_the_scores():
+    assert masks.form(torch.ones(1, 1, 1, 3, dtype=torch.bool)) == "bool"
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert masks.form(torch.zeros(2, 3, dtype=dtype)) == "float (additive)"

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise as hw
-from tests.test_attention import configs, draw_inputs
+from tests.test_attend import configs, draw_inputs
 
 selections = st.fixed_dictionaries({
     "heads": st.one_of(st.none(), st.integers(-1, 0), st.lists(st.integers(0, 8), min_size=1,

@@ -11,17 +11,17 @@ The public names below are imported on first use (PEP 562), so ``import headwise
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it (a submodule itself when the name is the module)
+# public name -> the module that defines it (None: the name is the submodule itself). No public
+# function shares its name with a submodule: attention lives in attend.py, generate in
+# decoding.py, trace in tracing/ (a test in tests/test_init.py keeps it so).
 _EXPORTS = {
-    "BACKENDS": "headwise.attention",
-    "attention": "headwise.attention",
-    "attention_weights": "headwise.attention",
-    "register_backend": "headwise.attention",
+    "BACKENDS": "headwise.attend",
+    "attention": "headwise.attend",
+    "attention_weights": "headwise.attend",
+    "register_backend": "headwise.attend",
     "KVCache": "headwise.cache",
     "generate": "headwise.decoding",
     "merge_heads": "headwise.heads",
@@ -54,18 +54,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """``attention`` names both a submodule and the function it defines; the function is the
-    public name. Importing the submodule makes the import system bind ``headwise.<name>`` to
-    the module: keep the function's place instead. (``trace`` needs no such care: its
-    implementation is the package ``headwise.tracing``.)"""
-
-    def __setattr__(self, name: str, value) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == f"headwise.{name}":
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

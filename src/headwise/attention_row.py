@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from headwise import _rows
-from headwise.attention import dispatch
+from headwise.attend import dispatch
 
 __all__ = ["AttentionRow"]
 

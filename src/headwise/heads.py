@@ -10,12 +10,13 @@ may import it.
 from __future__ import annotations
 
 import torch
-from einops import rearrange
+from einops import rearrange, repeat
 
-__all__ = ["split_heads", "merge_heads", "SPLIT", "MERGE"]
+__all__ = ["split_heads", "merge_heads", "expand_kv", "SPLIT", "MERGE", "EXPAND_KV"]
 
 SPLIT = "b n (h d) -> b h n d"
 MERGE = "b h n d -> b n (h d)"
+EXPAND_KV = "b g j d -> b (g r) j d"
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -41,3 +42,11 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 4:
         raise ValueError(f"merge_heads expects (b, h, n, d), got shape {tuple(x.shape)}")
     return rearrange(x, MERGE)
+
+
+def expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
+    """``x: (b, g, j, d) -> (b, h, j, d)``: grouped-query attention's sharing made explicit, each
+    key/value head serving ``h // g`` query heads. Unchecked: the attention backends call it
+    after :func:`headwise.attend.attention` checked ``h % g == 0`` at its boundary."""
+    g = x.shape[1]
+    return x if g == h else repeat(x, EXPAND_KV, r=h // g)

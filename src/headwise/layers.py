@@ -15,7 +15,7 @@ from headwise import limits
 from headwise import masks as _masks
 from headwise import stats as _stats
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
-from headwise.attention import check_backend, check_selection, dispatch
+from headwise.attend import check_backend, check_selection, dispatch
 from headwise.attention_row import AttentionRow
 from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.heads import MERGE, SPLIT

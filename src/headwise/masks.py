@@ -132,6 +132,11 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     return out
 
 
+def form(mask: torch.Tensor) -> str:
+    """How a mask enters the scores, as the trace names it: ``"bool"`` or ``"float (additive)"``."""
+    return "bool" if mask.dtype == torch.bool else "float (additive)"
+
+
 def check(mask: torch.Tensor, where: str, shape: tuple[int, ...] | None = None) -> None:
     """Raise a readable error unless ``mask`` is a bool or float tensor broadcastable to ``shape``
     (the scores' ``(b, h, i, j)``)."""

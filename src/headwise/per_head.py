@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise.attention import attention
+from headwise.attend import attention
 from headwise.layers import MultiHeadAttention
 
 __all__ = ["PerHeadAttention", "fuse", "unfuse"]

@@ -10,7 +10,7 @@ from torch import nn
 
 import headwise as hw
 from headwise import MultiHeadAttention
-from headwise.attention import BACKENDS
+from headwise.attend import BACKENDS
 from headwise.models import LMConfig, TransformerLM, build
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from headwise.attention import BACKENDS
+from headwise.attend import BACKENDS
 from headwise.models import Decoder, Encoder, Transformer, TransformerConfig, build
 
 S, T = 23, 29  # source / target vocabularies

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from headwise.attention import sdpa_kernel_name
+from headwise.attend import sdpa_kernel_name
 from headwise.heads import MERGE, SPLIT
 
 FOLD = "b h n d -> (b h) n d"

@@ -132,7 +132,7 @@ def from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
     model, config = loaded.model.eval(), loaded.config
     kind = config.kind
     if args.backend:
-        from headwise.attention import check_backend
+        from headwise.attend import check_backend
 
         check_backend(args.backend, "--backend")
         for sub in model.modules():

@@ -21,7 +21,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 from headwise import limits
-from headwise.attention import check_backend
+from headwise.attend import check_backend
 from headwise.models.feedforward import check_activation
 
 __all__ = ["CONFIGS", "LMConfig", "ModelConfig", "TransformerConfig", "config_from_dict"]

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import headwise as hw
 from tests.reference import reference_attention
-from tests.test_attention import BACKENDS, configs, draw_inputs
+from tests.test_attend import BACKENDS, configs, draw_inputs
 
 
 @given(cfg=configs)

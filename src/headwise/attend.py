@@ -17,10 +17,14 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
   finite;
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
-``"eager"`` is the readable reference. ``"sdpa"`` feeds ``F.scaled_dot_product_attention`` what
-its fused kernels are fast on: 4-D tensors, masks in their smallest broadcast form, causality as
-``is_causal`` where the kernel accepts it; weights, when asked for, are recomputed exactly from
-the kernel's log-sum-exp (:mod:`headwise.weights`). ``"auto"`` is ``"sdpa"``, weights or not.
+``"eager"`` is the readable reference, here beside the dispatch. ``"sdpa"``
+(:mod:`headwise._sdpa`) feeds ``F.scaled_dot_product_attention`` what its fused kernels are fast
+on: 4-D tensors, masks in their smallest broadcast form, causality as ``is_causal`` where the
+kernel accepts it; weights, when asked for, are recomputed exactly from the kernel's
+log-sum-exp (:mod:`headwise.weights`). ``"auto"`` is ``"sdpa"``, weights or not.
+
+The module is ``attend`` (as in x-transformers' ``Attend``: the core math apart from the
+projections) so that ``headwise.attention`` names one thing, the function.
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from einops import repeat
 
-from headwise import _flash_cpu
 from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
-from headwise._record import FUSED_KERNEL, Memory, StepKind, WeightsSource, active, record
+from headwise._record import Memory, StepKind, WeightsSource, record
+from headwise._sdpa import nan_policy, sdpa, sdpa_kernel_name
+from headwise.heads import expand_kv
 
 __all__ = ["attention", "attention_weights", "BACKENDS", "check_backend", "check_selection",
            "register_backend", "resolve_backend", "sdpa_kernel_name"]
@@ -184,7 +188,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
         weights = weights.masked_fill(dead, 0.0)
         kind = StepKind.SOFTMAX_WITH_SINKS
     # NaN or inf in a query row or a head's keys: NaN, never "fully masked" zeros (NaN policy).
-    weights = _nan_policy(weights.to(q.dtype), q, k)
+    weights = nan_policy(weights.to(q.dtype), q, k)
     record(kind, weights)
     return weights
 
@@ -195,7 +199,7 @@ def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) 
             scores = scores.masked_fill(~mask, float("-inf"))
         else:  # an additive mask of another float dtype is cast, as sdpa does
             scores = scores + mask.to(scores.dtype)
-        record(StepKind.MASK, scores, form=_mask_form(mask), shape=tuple(mask.shape))
+        record(StepKind.MASK, scores, form=_masks.form(mask), shape=tuple(mask.shape))
     if causal:
         nq, nk = scores.shape[-2:]
         allowed = _masks.causal(nq, nk, device=scores.device)
@@ -213,18 +217,21 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     weights, which keep their gradient)."""
     _strict.check(strict, "the eager backend was chosen by name (it builds (b, h, i, j)); "
                   "use backend='sdpa'")
-    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
                                 sinks=sinks)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)
-    out = _nan_policy(torch.einsum("bhij,bhje->bhie", probs, v), q, v)
+    out = nan_policy(torch.einsum("bhij,bhje->bhie", probs, v), q, v)
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
            memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)
     selection = _weights.as_selection(return_weights)
     return out, (None if selection is None else _select(weights, selection))
+
+
+register_backend("sdpa", sdpa, selections=True)  # the fused kernel: headwise._sdpa
 
 
 def _select(weights: torch.Tensor, selection) -> torch.Tensor:
@@ -235,142 +242,6 @@ def _select(weights: torch.Tensor, selection) -> torch.Tensor:
     return weights
 
 
-@register_backend("sdpa", selections=True)
-def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
-         strict=None):
-    """The output from ``F.scaled_dot_product_attention``'s fused kernel; weights, when asked
-    for, recomputed exactly from the kernel's row log-sum-exp (:mod:`headwise.weights`), in
-    chunks, for only the heads/rows/keys asked for."""
-    h, g = q.shape[1], k.shape[1]
-    mask, is_causal, causal_in_mask = _sdpa_inputs(q, k, v, mask, causal, dropout_p)
-    selection = _weights.as_selection(return_weights)
-    if active() or _strict.enabled(strict):
-        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
-        reason = _strict.fallback_reason(q, k, v, mask, dropout_p, kernel)
-        _strict.check(strict, reason)
-        if selection is not None and selection.everything:
-            _check_budget(strict, q, k)
-    lse = None
-    if selection is None:
-        out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
-    else:
-        out, lse = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
-    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
-    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
-    out = _nan_policy(out, q, k, v)
-    if active():
-        source = None if selection is None else WeightsSource(
-            "lse", "flash" if lse is not None else "chunked pass",
-            min(_weights.chunk_rows(_selected(selection.keys, k.shape[2]),
-                                    _weights.BLOCK_ELEMENTS), q.shape[2]))
-        record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
-               fused=kernel != "MATH",
-               memory=Memory.QUADRATIC if kernel == "MATH" else Memory.LINEAR,
-               reason=reason or FUSED_KERNEL, weights_source=source,
-               mask=_mask_kind(mask) if mask is not None else "none",
-               causal="is_causal" if is_causal else ("in mask" if causal_in_mask else "no"))
-    if selection is None:
-        return out, None
-    if lse is None:
-        lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
-    return out, _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
-                                  selection=selection)
-
-
-def _selected(index, n: int) -> int:
-    """How many of ``n`` keys a Selection picks (for the trace's chunk size)."""
-    return len(range(n)[index]) if isinstance(index, slice) else (
-        n if index is None else 1 if isinstance(index, int) else len(index))
-
-
-def _sdpa_inputs(q, k, v, mask, causal, dropout_p):
-    """What the fused kernel is fast on: ``(mask 4-D or None, is_causal, causal folded into
-    the mask)``. ``is_causal`` (top-left in torch) only when ``i == j``."""
-    h, g = q.shape[1], k.shape[1]
-    nq, nk = q.shape[-2], k.shape[-2]
-    if mask is not None and mask.dim() < 4:  # (j,), (i, j), (h, i, j): the kernel wants 4-D
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    if causal and nq == 1:  # bottom-right: the single newest query sees every key
-        causal = False
-    is_causal = False
-    if causal:
-        if nq == nk and _flash_takes(q, k, v, mask, dropout_p, h != g):
-            is_causal = True  # keep the mask (b, 1, 1, j)-small; the kernel skips blocks
-        else:  # top-left is_causal would be wrong for nq != nk, or the kernel rejects the pair
-            mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
-    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
-        mask = mask.to(q.dtype)
-    return mask, is_causal, causal and not is_causal
-
-
-def _fused(q, k, v, mask, is_causal, dropout_p, scale):
-    h, g = q.shape[1], k.shape[1]
-    if _flash_cpu.applies(q, k, v, dropout_p,
-                          lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
-        # bf16 training on the CPU: torch's flash forward, its float32 backward (faster and
-        # more accurate than the bf16 one; see headwise._flash_cpu). The flash kernel takes
-        # the mask in additive form, as F.sdpa passes it.
-        return _flash_cpu.FlashUpcastBackward.apply(
-            q, _expand_kv(k, h), _expand_kv(v, h),
-            None if mask is None else _masks.as_bias(mask, q.dtype), is_causal, scale)[0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale, enable_gqa=h != g)
-
-
-def _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale):
-    """``(out, lse or None)``: the CPU flash op returns its log-sum-exp with the output (the
-    same op ``F.sdpa`` runs, so output and gradients are unchanged); other kernels give None."""
-    h, g = q.shape[1], k.shape[1]
-    if not _flash_cpu.takes(q, k, v, dropout_p,
-                            lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
-        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None
-    bias = None if mask is None else _masks.as_bias(mask, q.dtype)
-    if _flash_cpu.applies(q, k, v, dropout_p, lambda: "FLASH_ATTENTION"):
-        return _flash_cpu.FlashUpcastBackward.apply(q, _expand_kv(k, h), _expand_kv(v, h),
-                                                    bias, is_causal, scale)
-    return _flash_cpu.with_lse(q, _expand_kv(k, h), _expand_kv(v, h), bias, is_causal, scale)
-
-
-def _check_budget(strict, q, k) -> None:
-    b, h, nq, _ = q.shape
-    size = b * h * nq * k.shape[-2] * q.element_size()
-    if size > _strict.weights_budget():
-        _strict.check(strict, f"weights for every head and row, (b, h, i, j)=({b}, {h}, {nq}, "
-                      f"{k.shape[-2]}) = {size / 2**20:.0f} MiB, exceed the budget of "
-                      f"{_strict.weights_budget() / 2**20:.0f} MiB (HEADWISE_WEIGHTS_BUDGET_MB); "
-                      "ask for a selection (headwise.Selection(heads=..., rows=...))")
-
-
-def sdpa_kernel_name(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=False) -> str:
-    """Which kernel ``F.scaled_dot_product_attention`` would run for these inputs."""
-    try:
-        from torch.nn.attention import SDPBackend
-        choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, enable_gqa=gqa)
-        return SDPBackend(choice).name
-    except Exception:  # private API: older or newer torch may differ
-        return "unknown"
-
-
-def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
-    """True when the chosen kernel accepts ``attn_mask`` together with ``is_causal`` (the CPU
-    flash kernel does, the math kernel raises)."""
-    if mask is None:
-        return True
-    return q.device.type == "cpu" and sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) \
-        == "FLASH_ATTENTION"
-
-
-def _nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
-    """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
-    head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
-    in one pass without a copy (NaN or inf in, non-finite sum out)."""
-    bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
-    for t in kv:
-        heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)
-        bad = bad | _expand_kv(heads[..., None, None], q.shape[1])
-    return out.masked_fill(bad, float("nan"))
-
-
 def _scale(scale, d: int) -> float:
     """The score scale: ``1 / sqrt(d)`` by default; a given one must be a finite number."""
     if scale is None:
@@ -379,20 +250,6 @@ def _scale(scale, d: int) -> float:
         raise ValueError(f"attention: scale must be a finite number or None (1/sqrt(d)), got "
                          f"{scale!r}")
     return scale
-
-
-def _expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
-    """``(b, g, j, d) -> (b, h, j, d)``: each key/value head serves ``h // g`` query heads."""
-    g = x.shape[1]
-    return x if g == h else repeat(x, "b g j d -> b (g r) j d", r=h // g)
-
-
-def _mask_form(mask: torch.Tensor) -> str:
-    return "bool" if mask.dtype == torch.bool else "float (additive)"
-
-
-def _mask_kind(mask: torch.Tensor) -> str:
-    return f"{_mask_form(mask)} {tuple(mask.shape)}"
 
 
 def _eager_reason(return_weights: bool, softcap=None, sinks=None) -> str:
