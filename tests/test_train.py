@@ -1,5 +1,6 @@
 """The training loop: schedule, precision choice, loss scaling, learning, determinism."""
 
+import json
 import math
 import re
 
@@ -169,3 +170,79 @@ def test_threads_are_bounded_by_the_machine():
     from headwise import _budget
     with pytest.raises(ValueError, match=rf"threads must be an int in \[1, {_budget.cpu_count()}\]"):
         TrainConfig(threads=_budget.cpu_count() + 1).resolved()
+
+
+# --------------------------------------------------------------------------------------------
+# the Llama-style text preset: RoPE + RMSNorm + SwiGLU + grouped-query heads, no biases, tied
+
+
+_AUSTEN_LIKE = ("It is a truth universally acknowledged, that a single man in possession of a "
+                "good fortune, must be in want of a wife. However little known the feelings or "
+                "views of such a man may be on his first entering a neighbourhood, this truth is "
+                "so well fixed in the minds of the surrounding families. ")
+
+
+def _llama_run(tmp_path, **changes):
+    """The preset's architecture (RoPE, RMSNorm, SwiGLU, GQA 2:1, no bias, tied) at a size a
+    2-core CI box trains in seconds."""
+    path = tmp_path / "austen.txt"
+    path.write_text(_AUSTEN_LIKE * 40, encoding="utf-8")
+    base = dict(task="text", size="llama", text=str(path), context=24, steps=30, batch_size=8,
+                warmup=3, eval_every=10, eval_size=8, precision="fp32", threads=1, lr=1e-2,
+                model=dict(d_model=32, d_ff=86, num_layers=2))
+    return TrainConfig(**{**base, **changes})
+
+
+def test_llama_preset_builds_a_llama_style_model(tmp_path):
+    from headwise.models import build
+    cfg = TrainConfig(task="text", size="llama", text=str(tmp_path / "a.txt")).resolved()
+    assert (cfg.model["d_model"], cfg.model["num_layers"], cfg.model["d_ff"]) == (128, 3, 344)
+    (tmp_path / "a.txt").write_text(_AUSTEN_LIKE * 10, encoding="utf-8")
+    mc = build_model_config(cfg, make_task("text", text=cfg.text, context=cfg.context))
+    assert (mc.positional, mc.norm, mc.ffn, mc.activation) == ("rope", "rms", "glu", "silu")
+    assert (mc.num_heads, mc.kv_heads, mc.bias, mc.tie_embeddings) == (4, 2, False, True)
+    model = build(mc)
+    names = [n for n, _ in model.named_parameters()]
+    assert not [n for n in names if n.endswith(".bias")]  # no bias anywhere
+    assert model.lm_head.weight is model.embed.tokens.weight  # tied: one tensor
+    assert not [n for n in names if "pos" in n]  # RoPE: no position table to learn
+    k = model.blocks[0].self_attn.k_proj.weight
+    assert k.shape == (2 * mc.head_size, mc.d_model)  # 2 key/value heads for 4 query heads
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_llama_preset_trains_and_its_loss_falls(tmp_path, precision):
+    if precision == "bf16" and not torch.backends.mkldnn.is_available():
+        pytest.skip("bf16 on CPU needs oneDNN")
+    r = train(_llama_run(tmp_path, precision=precision), progress=False, verbose=False)
+    assert r.precision == precision
+    losses = [h["loss"] for h in r.history]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    # untrained, the loss is about log(vocab); it falls at every evaluation, well below that
+    vocab = r.task.tokenizer.vocab_size
+    assert losses[0] > losses[1] > losses[2] and losses[-1] < 0.8 * math.log(vocab), losses
+
+
+def test_llama_preset_resumes_to_the_state_of_an_uninterrupted_run(tmp_path):
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+    cfg = _llama_run(tmp_path, steps=8, warmup=2, eval_every=4, checkpoint_every=0)
+    quiet = dict(progress=False, verbose=False)
+    train(cfg, out=tmp_path / "full", **quiet)
+
+    def ctrl_c_at_step_4(step, metrics):  # as a user's Ctrl-C: save after this step, stop
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, out=tmp_path / "split", on_eval=ctrl_c_at_step_4, **quiet)
+    assert json.loads((tmp_path / "split" / "checkpoint" / "train_state.json").read_text()
+                      )["state"]["step"] == 4
+    train(resume=tmp_path / "split", out=tmp_path / "split", **quiet)
+    for name in ("model.safetensors", "train_state.safetensors"):
+        a = load_file(str(tmp_path / "full" / "checkpoint" / name))
+        b = load_file(str(tmp_path / "split" / "checkpoint" / name))
+        assert a.keys() == b.keys() and len(a) > 10
+        for key in a:
+            assert torch.equal(a[key], b[key]), (name, key)

@@ -44,6 +44,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "large": dict(model=dict(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
                       batch_size=8, lr=6e-4, steps=5000, warmup=200, eval_every=500,
                       label_smoothing=0.0, context=256),
+        # "small" made Llama-style: RoPE, RMSNorm, SwiGLU, 4 query heads sharing 2 key/value
+        # heads, no biases, tied embeddings. d_ff=344 (about 2/3 of 512, as Llama sizes its
+        # three-matrix SwiGLU) keeps the feed-forward's parameters those of "small"'s.
+        "llama": dict(model=dict(d_model=128, num_heads=4, num_kv_heads=2, num_layers=3, d_ff=344,
+                                 dropout=0.1, positional="rope", norm="rms", ffn="glu",
+                                 activation="silu", bias=False, tie_embeddings=True),
+                      batch_size=16, lr=2e-3, steps=500, warmup=50, eval_every=250,
+                      label_smoothing=0.0, context=128),
     },
     "pairs": {
         "small": dict(model=dict(d_model=128, num_heads=4, num_layers=2, d_ff=512, dropout=0.1),

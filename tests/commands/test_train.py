@@ -127,10 +127,12 @@ def test_help_lists_the_presets_with_their_estimated_time(capsys):
     import re
     assert "presets" in out and "on this machine" in out
     rows = [line for line in out.splitlines() if re.search(r"~\d+(\.\d+)? (s|min|h)$", line)]
-    assert len(rows) == 6  # reverse, induction, text small/large, pairs small/large
+    assert len(rows) == 7  # reverse, induction, text small/large/llama, pairs small/large
     assert any("large" in r and r.rstrip().endswith(" h") for r in rows)  # hours: named large
     small = [r for r in rows if " small " in r]
     assert len(small) == 4
+    llama = [r for r in rows if " llama " in r]
+    assert len(llama) == 1 and "4 heads, 2 kv" in llama[0]  # grouped-query heads shown
 
 
 def test_help_table_imports_no_torch():

@@ -21,8 +21,9 @@ HELP = "train a model on a synthetic task, a text file, sentence pairs or a corp
 EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
 
 OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
-    ("--size", "size", str, "preset size: 'small' (default; minutes on a CPU) or 'large' "
-                            "(text and pairs tasks; see the table below)"),
+    ("--size", "size", str, "preset size: 'small' (default; minutes on a CPU), 'large' "
+                            "(text and pairs tasks) or 'llama' (text tasks: RoPE, RMSNorm, "
+                            "SwiGLU, grouped-query heads; see the table below)"),
     ("--text", "text", str, "UTF-8 text file (task 'text')"),
     ("--pairs", "pairs", str, "source<TAB>target file (task 'pairs')"),
     ("--min-len", "min_len", int, "shortest synthetic sequence"),
@@ -71,13 +72,15 @@ def presets_table() -> str:
         for k, size in enumerate(sizes):
             cfg = TrainConfig(task=task, size=size).filled()
             m = cfg.model
-            model = f"d {m['d_model']}, {m['num_layers']} layers, {m['num_heads']} heads"
+            kv = f", {m['num_kv_heads']} kv" if m.get("num_kv_heads") else ""
+            model = f"d {m['d_model']}, {m['num_layers']} layers, {m['num_heads']} heads{kv}"
             rows.append(f"  {_TASKS[family] if k == 0 else '':<20} {size:<6} {model:<30} "
                         f"{cfg.steps:>6} {cfg.batch_size:>6}  "
                         f"~{format_seconds(estimate_seconds(cfg))}")
     rows += ["", "example:", f"  {EXAMPLE}",
              "  headwise train austen                    # the small size: minutes",
              "  headwise train austen --size large --device cuda",
+             "  headwise train austen --size llama       # RoPE, RMSNorm, SwiGLU, GQA",
              "  headwise train --resume runs/reverse     # continue after Ctrl-C or a crash"]
     return "\n".join(rows)
 
