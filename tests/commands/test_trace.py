@@ -153,3 +153,46 @@ def test_out_dim_tgt_pad_and_explain_options(capsys):
                           (["trace", "mha", "--explain-seq", "0"], "--explain-seq must be >= 1")):
         assert main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+# ------------------------------------------------------------------ a pretrained decoder (GGUF)
+def test_llama_gguf_trace_shows_rope_after_the_split_and_shared_kv_heads(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    from tests.pretrained import tiny_gguf
+    path = tiny_gguf.write(tmp_path / "tiny.gguf", heads=4, kv_heads=2)
+    assert main(["trace", "--model", "smollm2", "--gguf", str(path), "--text", "the cat"]) == 0
+    out = capsys.readouterr().out
+    assert "4 query heads sharing 2 key/value heads; text 'the cat' -> 6 tokens" in out
+    lines = [line.strip() for line in out.splitlines()]
+    order = [next(i for i, line in enumerate(lines) if line.startswith(step)) for step in (
+        "split heads q", "split heads k", "rotary positions q", "rotary positions k",
+        "fused attention", "merge heads")]
+    assert order == sorted(order)  # RoPE turns q and k after the head split, before attention
+    assert "(b=1, h=4, i=6, d=8)" in lines[order[2]] and "(b=1, g=2, j=6, d=8)" in lines[order[3]]
+    assert "2 key/value heads, each shared by 2 query heads" in lines[order[1]]
+    assert "RMSNorm" in out and "GatedFeedForward(activation='silu')" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "smollm2", "--heads", "4"], "cannot be combined with --model"),
+    (["lm", "--model", "smollm2"], "give one of a model kind, --checkpoint or --model"),
+    (["--gguf", "x.gguf"], "--gguf needs --model smollm2"),
+    (["--model", "smollm2", "--gguf", "/nonexistent/x.gguf"], "x.gguf does not exist"),
+])
+def test_model_option_bad_input_is_one_line(capsys, argv, message):
+    assert main(["trace", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_smollm2_trace(smollm2_path, capsys):
+    assert main(["trace", "--model", "smollm2", "--text", "Paris"]) == 0
+    out = capsys.readouterr().out
+    assert "30 layers, 9 query heads sharing 3 key/value heads" in out
+    split_k = next(line for line in out.splitlines() if "split heads k" in line)
+    assert "(b=1, g=3, j=1, d=64)" in split_k
+    assert "3 key/value heads, each shared by 3 query heads" in split_k
+    rotary_q = next(line for line in out.splitlines() if "rotary positions q" in line)
+    assert "(b=1, h=9, i=1, d=64)" in rotary_q and "100000^(-2k/r), r = 64" in rotary_q
+    assert "29 more DecoderBlock" in out
+    assert "attention: 30 calls, 30 fused" in out

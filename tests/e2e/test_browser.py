@@ -127,7 +127,8 @@ def test_opens_offline_with_a_full_grid(page):
     drawn = page.js("[...document.querySelectorAll('.hw-cell canvas')].filter(c => c.dataset.drawn).length")
     assert drawn == L * H
     grid = page.js("window.headwise.lastDraw.grid")
-    assert grid == {"cells": L * H, "layers": L, "heads": H, "scale": "shared", "top": grid["top"]}
+    assert grid == {"cells": L * H, "layers": L, "heads": H, "scale": "shared", "top": grid["top"],
+                    "kvHeads": None}
     # importance scores appear on the grid: layer 2 head 3 = 1.1
     assert page.page.locator('.hw-cell[data-layer="2"][data-head="3"] .hw-imp-val').inner_text() == "1.100"
     png = page.page.screenshot(full_page=True)
@@ -469,3 +470,43 @@ def test_the_notebook_display_renders_inline_offline(browser_context, seq2seq, t
         assert (drawn["kind"], drawn["layer"], drawn["heads"]) == ("cross", 2, [1])
     assert requests == [host.as_uri()] and problems == []
     page.close()
+
+
+def test_query_heads_grouped_under_their_kv_heads_and_generated_tokens_marked(browser_context,
+                                                                              tmp_path):
+    """SmolLM2's layout (9 query heads on 3 key/value heads), prompt + continuation."""
+    n, start = 8, 5
+    att = {"decoder_self": [softmaxed(1, 9, n, n, seed=l, causal=True) for l in range(2)]}
+    tokens = ["The", " capital", " of", " France", " is", " Paris", ".", "<|im_end|>"]
+    path = head_view(att, tokens, tmp_path / "gqa.html", kv_heads=3, generated_start=start).path
+    p = Page(browser_context, path)
+    assert p.js("window.headwise.lastDraw.grid.kvHeads") == 3
+    groups = p.page.locator(".hw-grid .hw-group")
+    assert groups.count() == 3 and groups.nth(1).inner_text() == "KV1"
+    assert "query heads H3–H5 share key/value head 1" in groups.nth(1).get_attribute("title")
+    # each header sits over exactly its three query heads' columns, a visible gap between groups
+    for k in range(3):
+        box = groups.nth(k).bounding_box()
+        cells = [p.page.locator(f'.hw-cell[data-layer="0"][data-head="{h}"]').bounding_box()
+                 for h in range(3 * k, 3 * k + 3)]
+        assert box["width"] > 0 and box["height"] > 0
+        assert abs(box["x"] - cells[0]["x"]) < 4
+        assert abs(box["x"] + box["width"] - cells[2]["x"] - cells[2]["width"]) < 4
+        assert box["y"] < cells[0]["y"]
+    assert p.page.locator(".hw-grid .hw-gap").count() == 2 * 4  # KV row, head row, 2 layers
+    labels = p.page.locator("#hw-heads .hw-kv-label")
+    assert [labels.nth(k).inner_text() for k in range(labels.count())] == ["KV0", "KV1", "KV2"]
+    assert "query heads share 3 key/value heads" in p.page.locator(".hw-model .hw-hint").inner_text()
+    # the generated part: named in the caption, drawn in the lines view, and on the matrix
+    p.settle()
+    assert p.lines()["generatedStart"] == start
+    assert f"Green tokens (from #{start}" in p.page.locator("#hw-lines .hw-caption").inner_text()
+    plain = Page(browser_context, head_view(att, tokens, tmp_path / "plain.html", kv_heads=3).path)
+    plain.settle()
+    assert plain.lines()["generatedStart"] is None
+    assert p.js("window.headwise.signature('lines')") != plain.js("window.headwise.signature('lines')")
+    plain.close()
+    p.js("window.headwise.setTab('matrix')")
+    p.settle()
+    assert p.js("window.headwise.lastDraw.matrix.nq") == n
+    p.close()

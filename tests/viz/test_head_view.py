@@ -168,3 +168,38 @@ def test_bad_importance_and_path(tmp_path):
         head_view(att, list("abc"), tmp_path / "x.html", importance={"cross": torch.rand(2, 2)})
     with pytest.raises(ValueError, match=".html"):
         head_view(att, list("abc"), tmp_path / "x.png")
+
+
+def test_grouped_query_heads_and_generated_tokens_reach_the_page(tmp_path):
+    att = {"decoder_self": [softmaxed(2, 6, 5, 5, seed=l, causal=True) for l in range(2)]}
+    tokens = [list("abcde"), list("vwxyz")]
+    path = head_view(att, tokens, tmp_path / "g.html", kv_heads=3, generated_start=[3, 5])
+    _, meta, _ = read_page(path)
+    assert meta["kinds"]["decoder_self"]["kvHeads"] == 3
+    assert meta["generatedStart"] == [3, 5]
+    plain = read_page(head_view(att, tokens))[1]  # nothing asked: nothing marked or grouped
+    assert plain["kinds"]["decoder_self"]["kvHeads"] is None and plain["generatedStart"] is None
+    both = read_page(head_view(seq2seq(h=4), {"src": list("abcdef"), "tgt": list("abcde")},
+                               kv_heads={"cross": 2}, generated_start=2))[1]
+    assert [both["kinds"][k]["kvHeads"] for k in ("encoder_self", "decoder_self", "cross")] \
+        == [None, None, 2]
+    assert both["generatedStart"] == [2, 2]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(kv_heads=4), ValueError, r"kv_heads=4 does not divide .* query heads \[6\]"),
+    (dict(kv_heads=0), TypeError, "kv_heads must be an int >= 1"),
+    (dict(kv_heads=2.0), TypeError, "kv_heads must be an int >= 1"),
+    (dict(generated_start=0), ValueError, "expected 1..5"),
+    (dict(generated_start=6), ValueError, "expected 1..5"),
+    (dict(generated_start=[1, 2]), TypeError, "1 ints"),
+])
+def test_bad_grouping_or_generated_start(tmp_path, kwargs, error, match):
+    att = {"decoder_self": [softmaxed(1, 6, 5, 5, causal=True)]}
+    with pytest.raises(error, match=match):
+        head_view(att, list("abcde"), tmp_path / "x.html", **kwargs)
+
+
+def test_generated_start_needs_a_decoder_side():
+    with pytest.raises(ValueError, match="no decoder side"):
+        head_view({"encoder_self": [softmaxed(1, 2, 3, 3)]}, list("abc"), generated_start=1)

