@@ -18,6 +18,13 @@ __version__ = "0.1.0"
 # function shares its name with a submodule: attention lives in attend.py, generate in
 # decoding.py, trace in tracing/ (a test in tests/test_init.py keeps it so).
 _EXPORTS = {
+    "ABLATIONS": "headwise.ablation",
+    "ablate": "headwise.ablation",
+    "head_means": "headwise.ablation",
+    "patch": "headwise.ablation",
+    "record_heads": "headwise.ablation",
+    "HeadScores": "headwise.head_scores",
+    "importance": "headwise.scoring",
     "BACKENDS": "headwise.attend",
     "attention": "headwise.attend",
     "attention_weights": "headwise.attend",

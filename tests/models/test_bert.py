@@ -41,7 +41,7 @@ def test_model_input_errors_are_readable():
         model(ids, torch.ones(2, 4))
     with pytest.raises(ValueError, match="token_type_ids must lie"):
         model(ids, None, torch.full((2, 5), 2))
-    with pytest.raises(ValueError, match=r"head_mask must be \(layers, h\)=\(1, 2\)"):
+    with pytest.raises(ValueError, match=r"head_mask\['encoder_self'\] must be \(layers, h\)=\(1, 2\)"):
         model(ids, head_mask=torch.ones(2))
     with pytest.raises(ValueError, match="unknown kind 'cross'"):
         model(ids, return_weights={"cross"})

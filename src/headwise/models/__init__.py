@@ -9,6 +9,7 @@ frozen dataclass per family; :func:`build` turns one into its model).
 from torch import nn
 
 from headwise.models import _checks
+from headwise.models._heads import attention_layers, check_heads, head_counts, layer_head_masks
 from headwise.models.blocks import (
     DecoderBlock,
     EncoderBlock,
@@ -35,8 +36,12 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "TransformerLM",
+    "attention_layers",
     "build",
+    "check_heads",
     "config_from_dict",
+    "head_counts",
+    "layer_head_masks",
 ]
 
 MODELS: dict[str, type[nn.Module]] = {"lm": TransformerLM, "transformer": Transformer}

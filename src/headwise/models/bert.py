@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from headwise._record import StepKind, record
+from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 from headwise.models.config import ModelConfig
@@ -122,6 +123,7 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(_block(config) for _ in range(config.num_layers))
         self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
         self.apply(_init_weights)
+        self._no_masks = [None] * config.num_layers
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *,
@@ -135,8 +137,9 @@ class BertModel(nn.Module):
             attention_mask: ``(b, n)``, 1/True = real token, 0/False = padding (Hugging Face's
                 meaning); becomes a ``(b, 1, 1, j)`` True = may attend key mask.
             token_type_ids: ``(b, n)`` segment ids (default all 0).
-            head_mask: ``(num_layers, h)`` or ``(num_layers, b, h)``; multiplies each head's
-                output (0 removes the head).
+            head_mask: ``(num_layers, h)`` or ``(num_layers, b, h)``, a list of per-layer
+                ``(h,)`` / ``(b, h)`` masks or None, or ``{"encoder_self": ...}``; multiplies each
+                head's output (0 removes the head).
             return_weights: ``True``/``False``, ``"encoder_self"``, or
                 ``{"encoder_self": [layer, ...]}`` (negative = from the end) to keep every other
                 layer on the fused path (the selection shared by every headwise model).
@@ -145,16 +148,21 @@ class BertModel(nn.Module):
             ``(last_hidden_state (b, n, m), {"encoder_self": [(b, h, n, n) | None] * layers}
             or None)``.
         """
-        mask = self._check_inputs(input_ids, attention_mask, token_type_ids, head_mask)
+        mask = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        masks = (self._no_masks if head_mask is None else layer_head_masks(
+            head_mask, head_counts(self), input_ids.shape[0], "BertModel")["encoder_self"])
         selection = select(return_weights, {"encoder_self": self.config.num_layers})
         wanted = [False] * len(self.layers) if selection is None else selection["encoder_self"]
         x = self.embeddings(input_ids, token_type_ids)
         weights: list[torch.Tensor | None] = []
         for index, layer in enumerate(self.layers):
-            x, w = layer(x, mask=mask, head_mask=None if head_mask is None else head_mask[index],
-                         return_weights=wanted[index])
+            x, w = layer(x, mask=mask, head_mask=masks[index], return_weights=wanted[index])
             weights.append(w)
         return x, (None if selection is None else {"encoder_self": weights})
+
+    def attention_layers(self) -> dict[str, list]:
+        """``{"encoder_self": [each layer's self_attn]}`` (the head tools' map of this model)."""
+        return {"encoder_self": [layer.self_attn for layer in self.layers]}
 
     def pool(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
         """BERT's pooler: ``tanh(W h_[CLS] + b)``: ``(b, n, m) -> (b, m)``."""
@@ -163,7 +171,7 @@ class BertModel(nn.Module):
                              "the checkpoint carried no pooler weights)")
         return torch.tanh(self.pooler(last_hidden_state[:, 0]))
 
-    def _check_inputs(self, input_ids, attention_mask, token_type_ids, head_mask):
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids):
         """Validate once; return the ``(b, 1, 1, j)`` bool key mask, or None if nothing is
         padded (the fused kernel then runs without a mask)."""
         cfg = self.config
@@ -188,12 +196,6 @@ class BertModel(nn.Module):
                 raise ValueError(f"BertModel: token_type_ids must be a (b, n)=({b}, {n}) tensor,"
                                  f" got {_shape(token_type_ids)}")
             _check_ids(token_type_ids, cfg.type_vocab_size, "token_type_ids", "type_vocab_size")
-        if head_mask is not None:
-            h, layers = cfg.num_heads, cfg.num_layers
-            if (not isinstance(head_mask, torch.Tensor)
-                    or head_mask.shape not in ((layers, h), (layers, b, h))):
-                raise ValueError(f"BertModel: head_mask must be (layers, h)=({layers}, {h}) or "
-                                 f"(layers, b, h)=({layers}, {b}, {h}), got {_shape(head_mask)}")
         if attention_mask is None:
             return None
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (b, n):

@@ -39,6 +39,7 @@ from torch import nn
 from headwise._record import StepKind, record
 from headwise.cache import KVCache
 from headwise.models import _checks
+from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
@@ -71,7 +72,7 @@ class TransformerLM(nn.Module):
         self._no_weights = [False] * c.num_layers
 
     def forward(self, tokens: torch.Tensor, *, return_weights=False, cache: KVCache | None = None,
-                ) -> tuple[torch.Tensor, dict[str, list] | None]:
+                head_mask=None) -> tuple[torch.Tensor, dict[str, list] | None]:
         """Next-token logits for every position.
 
         Args:
@@ -80,6 +81,9 @@ class TransformerLM(nn.Module):
                 ``{"decoder_self": [0, -1]}`` (other layers stay on the fused path).
             cache: a :class:`KVCache` from :meth:`new_cache`; ``tokens`` are then the positions
                 after the ``cache.length`` already decoded, and the cache advances by ``n``.
+            head_mask: multiplies each head's output (0 removes the head): ``(layers, h)`` or
+                ``(layers, b, h)``, a list of per-layer ``(h,)`` / ``(b, h)`` masks or None, or
+                ``{"decoder_self": ...}`` (:func:`headwise.models.layer_head_masks`).
 
         Returns:
             ``(logits (b, n, vocab), {"decoder_self": [per layer (b, h, n, j) or None]} | None)``
@@ -91,8 +95,14 @@ class TransformerLM(nn.Module):
         self.check(tokens, offset, cache)
         selection = select(return_weights, {"decoder_self": self.config.num_layers})
         want = self._no_weights if selection is None else selection["decoder_self"]
-        logits, weights = self._forward(tokens, cache, want)
+        masks = None if head_mask is None else layer_head_masks(
+            head_mask, head_counts(self), tokens.shape[0], "TransformerLM")["decoder_self"]
+        logits, weights = self._forward(tokens, cache, want, masks=masks)
         return logits, (None if selection is None else {"decoder_self": weights})
+
+    def attention_layers(self) -> dict[str, list]:
+        """``{"decoder_self": [each block's self_attn]}`` (the head tools' map of this model)."""
+        return {"decoder_self": [block.self_attn for block in self.blocks]}
 
     def check(self, tokens: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> None:
         """Raise a clear error unless ``tokens`` fit this model (ids, length, cache rows)."""
@@ -104,13 +114,16 @@ class TransformerLM(nn.Module):
                            "TransformerLM (KV cache)")
 
     def _forward(self, tokens: torch.Tensor, cache: KVCache | None, want: list[bool],
-                 last_only: bool = False) -> tuple[torch.Tensor, list]:
-        """Unchecked forward (inputs already validated): ``(logits, per-layer weights)``."""
+                 last_only: bool = False, masks: list | None = None,
+                 ) -> tuple[torch.Tensor, list]:
+        """Unchecked forward (inputs already validated): ``(logits, per-layer weights)``;
+        ``masks``: a head mask or None per layer."""
         x = self.embed(tokens, 0 if cache is None else cache.length)
         layers = self._no_cache if cache is None else cache.layers
         weights = []
-        for block, layer_cache, w in zip(self.blocks, layers, want, strict=True):
-            x, (self_w, _) = block(x, cache=layer_cache, return_weights=w)
+        for block, layer_cache, w, m in zip(self.blocks, layers, want, masks or self._no_cache,
+                                            strict=True):
+            x, (self_w, _) = block(x, cache=layer_cache, return_weights=w, head_mask=m)
             weights.append(self_w)
         if cache is not None:
             cache.advance(tokens.shape[1])

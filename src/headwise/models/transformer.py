@@ -18,12 +18,20 @@ from headwise import masks as _masks
 from headwise._record import StepKind, record
 from headwise.cache import KVCache
 from headwise.models import _checks
+from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import Embeddings, add_output_head, init_weights
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
+
+
+def _masks_of(model, head_mask, batch: int, where: str) -> dict[str, list]:
+    """The model-level ``head_mask`` per kind and layer (empty when None)."""
+    if head_mask is None:
+        return {}
+    return layer_head_masks(head_mask, head_counts(model), batch, where)
 
 
 def _check_config(config, where: str) -> None:
@@ -46,14 +54,20 @@ class Encoder(nn.Module):
         init_weights(self)
 
     def forward(self, src: torch.Tensor, *, src_valid_lens: torch.Tensor | None = None,
-                return_weights=False) -> tuple[torch.Tensor, dict[str, list] | None]:
-        """``src (b, j)`` ids; ``src_valid_lens (b,)``; ``return_weights`` as in
-        :class:`Transformer`. Returns ``(memory (b, j, m), {"encoder_self": [...]} | None)``."""
+                return_weights=False, head_mask=None,
+                ) -> tuple[torch.Tensor, dict[str, list] | None]:
+        """``src (b, j)`` ids; ``src_valid_lens (b,)``; ``return_weights`` and ``head_mask`` as
+        in :class:`Transformer`. Returns ``(memory (b, j, m), {"encoder_self": [...]} | None)``."""
         mask = self.source_mask(src, src_valid_lens)
         selection = select(return_weights, {"encoder_self": self.config.num_layers})
         want = None if selection is None else selection["encoder_self"]
-        memory, weights = self._forward(src, mask, want)
+        masks = _masks_of(self, head_mask, src.shape[0], "Encoder")
+        memory, weights = self._forward(src, mask, want, masks.get("encoder_self"))
         return memory, (None if selection is None else {"encoder_self": weights})
+
+    def attention_layers(self) -> dict[str, list]:
+        """``{"encoder_self": [each block's self_attn]}`` (the head tools' map of this model)."""
+        return {"encoder_self": [block.self_attn for block in self.blocks]}
 
     def source_mask(self, src: torch.Tensor, src_valid_lens=None) -> torch.Tensor | None:
         """Check ``src`` and return its key-padding mask ``(b, 1, 1, j)`` or None."""
@@ -64,11 +78,12 @@ class Encoder(nn.Module):
                                   src.device)
         return _checks.key_mask(src, lens, src.shape[1], c.pad_id)
 
-    def _forward(self, src, mask, want) -> tuple[torch.Tensor, list]:
+    def _forward(self, src, mask, want, masks=None) -> tuple[torch.Tensor, list]:
         x = self.embed(src)
         weights = []
         for i, block in enumerate(self.blocks):
-            x, w = block(x, mask=mask, return_weights=want[i] if want else False)
+            x, w = block(x, mask=mask, return_weights=want[i] if want else False,
+                         head_mask=masks[i] if masks else None)
             weights.append(w)
         x = self.final_norm(x)
         record(StepKind.MEMORY, x)
@@ -95,7 +110,7 @@ class Decoder(nn.Module):
     def forward(self, tgt: torch.Tensor, memory: torch.Tensor, *,
                 memory_mask: torch.Tensor | None = None, src_valid_lens=None,
                 tgt_valid_lens=None, return_weights=False, cache: KVCache | None = None,
-                ) -> tuple[torch.Tensor, dict[str, list] | None]:
+                head_mask=None) -> tuple[torch.Tensor, dict[str, list] | None]:
         """Decode ``tgt (b, i)`` against ``memory (b, j, m)``.
 
         Args:
@@ -104,6 +119,7 @@ class Decoder(nn.Module):
             tgt_valid_lens: ``(b,)`` target lengths (keys past them are masked).
             return_weights: as in :class:`Transformer` (kinds ``decoder_self``, ``cross``).
             cache: a :class:`KVCache` (``tgt`` continues its ``cache.length`` positions).
+            head_mask: as in :class:`Transformer` (kinds ``decoder_self``, ``cross``).
 
         Returns ``(logits (b, i, vocab), {"decoder_self": [...], "cross": [...]} | None)``.
         """
@@ -134,17 +150,30 @@ class Decoder(nn.Module):
                                             "cross": c.decoder_layers})
         want = (self._no_weights, self._no_weights) if selection is None else \
             (selection["decoder_self"], selection["cross"])
-        logits, self_w, cross_w = self._forward(tgt, memory, memory_mask, self_mask, cache, want)
+        masks = _masks_of(self, head_mask, b, "Decoder")
+        logits, self_w, cross_w = self._forward(tgt, memory, memory_mask, self_mask, cache, want,
+                                                masks=masks)
         return logits, (None if selection is None else {"decoder_self": self_w, "cross": cross_w})
 
-    def _forward(self, tgt, memory, memory_mask, self_mask, cache, want, last_only=False):
-        """Unchecked forward: ``(logits, self weights per layer, cross weights per layer)``."""
+    def attention_layers(self) -> dict[str, list]:
+        """``{"decoder_self": [...], "cross": [...]}``, one module per block."""
+        return {"decoder_self": [block.self_attn for block in self.blocks],
+                "cross": [block.cross_attn for block in self.blocks]}
+
+    def _forward(self, tgt, memory, memory_mask, self_mask, cache, want, last_only=False,
+                 masks=None):
+        """Unchecked forward: ``(logits, self weights per layer, cross weights per layer)``;
+        ``masks``: ``{kind: [head mask or None per layer]}`` or None."""
         x = self.embed(tgt, 0 if cache is None else cache.length)
         layers = self._no_cache if cache is None else cache.layers
+        masks = masks or {}
+        self_ms, cross_ms = (masks.get(k) or self._no_cache for k in ("decoder_self", "cross"))
         self_ws, cross_ws = [], []
-        for block, layer_cache, ws, wc in zip(self.blocks, layers, *want, strict=True):
+        for block, layer_cache, ws, wc, ms, mc in zip(self.blocks, layers, *want, self_ms,
+                                                      cross_ms, strict=True):
             x, (self_w, cross_w) = block(x, memory, self_mask=self_mask, memory_mask=memory_mask,
-                                         cache=layer_cache, return_weights=(ws, wc))
+                                         cache=layer_cache, return_weights=(ws, wc),
+                                         head_mask=ms, cross_head_mask=mc)
             self_ws.append(self_w)
             cross_ws.append(cross_w)
         if cache is not None:
@@ -170,7 +199,7 @@ class Transformer(nn.Module):
         self.decoder = Decoder(config)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_valid_lens=None,
-                tgt_valid_lens=None, return_weights=False,
+                tgt_valid_lens=None, return_weights=False, head_mask=None,
                 ) -> tuple[torch.Tensor, dict[str, list] | None]:
         """Teacher-forced logits.
 
@@ -181,6 +210,9 @@ class Transformer(nn.Module):
             return_weights: ``False``, ``True``, a kind or set of kinds (``"encoder_self"``,
                 ``"decoder_self"``, ``"cross"``), or ``{kind: [layer indices]}``; layers not
                 asked for stay on the fused path.
+            head_mask: ``{kind: mask}`` multiplying each head's output (0 removes the head);
+                ``mask`` is ``(layers, h)``, ``(layers, b, h)`` or a list of per-layer ``(h,)`` /
+                ``(b, h)`` masks or None; kinds left out are not masked.
 
         Returns:
             ``(logits (b, i, tgt_vocab), attentions | None)``; ``attentions[kind][layer]`` is
@@ -194,18 +226,24 @@ class Transformer(nn.Module):
         selection = select(return_weights, {"encoder_self": c.num_layers,
                                             "decoder_self": c.decoder_layers,
                                             "cross": c.decoder_layers})
+        masks = _masks_of(self, head_mask, src.shape[0], "Transformer")
         memory, memory_mask, enc_w = self._encode(src, src_valid_lens,
-                                                  selection and selection["encoder_self"])
+                                                  selection and selection["encoder_self"],
+                                                  masks.get("encoder_self"))
         tgt_lens = _checks.valid_lens(tgt_valid_lens, tgt.shape[0], "tgt_valid_lens",
                                       "Transformer", tgt.device)
         self_mask = _checks.key_mask(None, tgt_lens, tgt.shape[1], None)
         want = ((self.decoder._no_weights,) * 2 if selection is None
                 else (selection["decoder_self"], selection["cross"]))
         logits, self_w, cross_w = self.decoder._forward(tgt, memory, memory_mask, self_mask,
-                                                        None, want)
+                                                        None, want, masks=masks)
         if selection is None:
             return logits, None
         return logits, {"encoder_self": enc_w, "decoder_self": self_w, "cross": cross_w}
+
+    def attention_layers(self) -> dict[str, list]:
+        """``{"encoder_self": [...], "decoder_self": [...], "cross": [...]}``."""
+        return {**self.encoder.attention_layers(), **self.decoder.attention_layers()}
 
     def encode(self, src: torch.Tensor, src_valid_lens=None,
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -213,9 +251,9 @@ class Transformer(nn.Module):
         memory, mask, _ = self._encode(src, src_valid_lens, None)
         return memory, mask
 
-    def _encode(self, src, src_valid_lens, want):
+    def _encode(self, src, src_valid_lens, want, masks=None):
         mask = self.encoder.source_mask(src, src_valid_lens)
-        memory, weights = self.encoder._forward(src, mask, want)
+        memory, weights = self.encoder._forward(src, mask, want, masks)
         return memory, mask, weights
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:

@@ -1,0 +1,149 @@
+"""One score per head: a ``(layers, heads)`` table per attention kind, with ranking, JSON and a
+plot. :func:`headwise.importance` returns one; anything that scores heads can build one.
+
+Layers with fewer heads than the widest layer of their kind (pruned models) hold NaN in the
+missing places; NaN means "no score" everywhere and is left out of every ranking.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["HeadScores"]
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """Per-head scores of one model.
+
+    Attributes:
+        method: how they were computed (``"gradient"``, ``"ablation"``, ``"prev_token"``, ...).
+        scores: ``{kind: (layers, heads) float64 tensor}``; larger = more important (or, for a
+            behavioural score, more of that behaviour).
+        details: what else the method reports (baseline loss, ablation mode, batches, ...).
+    """
+
+    method: str
+    scores: dict[str, torch.Tensor]
+    details: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.scores, Mapping) or not self.scores:
+            raise ValueError("HeadScores: scores must be a non-empty dict kind -> (layers, heads)")
+        fixed = {}
+        for kind, table in self.scores.items():
+            t = torch.as_tensor(table).detach().to("cpu", torch.float64)
+            if t.dim() != 2:
+                raise ValueError(f"HeadScores: scores[{kind!r}] must be (layers, heads), got "
+                                 f"shape {tuple(t.shape)}")
+            fixed[kind] = t
+        object.__setattr__(self, "scores", fixed)
+
+    def __getitem__(self, kind: str) -> torch.Tensor:
+        if kind not in self.scores:
+            raise KeyError(f"no scores for kind {kind!r}; this model has {sorted(self.scores)}")
+        return self.scores[kind]
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(self.scores)
+
+    def ranked(self, *, descending: bool = True) -> list[tuple[str, int, int, float]]:
+        """Every scored head as ``(kind, layer, head, score)``, highest first (ties: in kind,
+        layer, head order)."""
+        rows = [(kind, l, h, float(v)) for kind, t in self.scores.items()
+                for (l, h), v in zip(_cells(t), t.flatten().tolist(), strict=True)
+                if not math.isnan(v)]
+        return sorted(rows, key=lambda r: -r[3] if descending else r[3])
+
+    def most(self, k: int) -> dict[str, dict[int, list[int]]]:
+        """The ``k`` highest-scoring heads as ``{kind: {layer: [heads]}}``."""
+        return _as_heads(self.ranked()[:_count(k, "most")])
+
+    def least(self, k: int) -> dict[str, dict[int, list[int]]]:
+        """The ``k`` lowest-scoring heads as ``{kind: {layer: [heads]}}`` (the selection form of
+        :func:`headwise.ablate` and of pruning)."""
+        return _as_heads(self.ranked(descending=False)[:_count(k, "least")])
+
+    def to_dict(self) -> dict:
+        return {"method": self.method,
+                "scores": {kind: [[None if math.isnan(v) else v for v in row]
+                                  for row in t.tolist()] for kind, t in self.scores.items()},
+                "details": self.details}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The scores as JSON (NaN as null); written to ``path`` too when given."""
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, text: str) -> HeadScores:
+        d = json.loads(text)
+        nan = float("nan")
+        return cls(d["method"], {kind: torch.tensor([[nan if v is None else v for v in row]
+                                                     for row in rows], dtype=torch.float64)
+                                 for kind, rows in d["scores"].items()}, d.get("details", {}))
+
+    def plot(self, path: str | Path, *, title: str | None = None) -> Path:
+        """Write the tables as one heatmap per kind (layers down, heads across, each cell
+        labelled with its score) to ``path`` (.png, .svg or .pdf); returns the path."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
+        kinds = self.kinds
+        widest = max(t.shape[1] for t in self.scores.values())
+        fig, axes = plt.subplots(1, len(kinds), squeeze=False,
+                                 figsize=(1.2 + 0.7 * widest * len(kinds),
+                                          1.6 + 0.5 * max(t.shape[0] for t in self.scores.values())))
+        for ax, kind in zip(axes[0], kinds, strict=True):
+            _draw(ax, kind, self.scores[kind])
+        fig.suptitle(title or f"head importance ({self.method})")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _draw(ax, kind: str, t: torch.Tensor) -> None:
+    image = ax.imshow(t.numpy(), cmap="viridis", aspect="auto")
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(kind)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(t.shape[1]))
+    ax.set_yticks(range(t.shape[0]))
+    finite = t[~t.isnan()]
+    middle = float(finite.mean()) if finite.numel() else 0.0
+    for (l, h), v in zip(_cells(t), t.flatten().tolist(), strict=True):
+        if not math.isnan(v):
+            ax.text(h, l, f"{v:.2g}", ha="center", va="center", fontsize=8,
+                    color="black" if v > middle else "white")
+
+
+def _cells(t: torch.Tensor):
+    return [(l, h) for l in range(t.shape[0]) for h in range(t.shape[1])]
+
+
+def _count(k, name: str) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"HeadScores.{name}: k must be an int >= 0, got {k!r}")
+    return k
+
+
+def _as_heads(rows) -> dict[str, dict[int, list[int]]]:
+    out: dict[str, dict[int, list[int]]] = {}
+    for kind, layer, head, _ in rows:
+        out.setdefault(kind, {}).setdefault(layer, []).append(head)
+    return {kind: {l: sorted(hs) for l, hs in sorted(per.items())} for kind, per in out.items()}

@@ -1,0 +1,117 @@
+"""A model's attention modules per kind, and the two head-addressing forms every head tool
+shares: a head selection ``{kind: {layer: [heads]}}`` and a model-level ``head_mask``.
+
+Kinds: ``encoder_self``, ``decoder_self`` and ``cross`` (the names of ``return_weights``).
+Heads are query heads; a layer's head count is read from its module, so layers may differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from headwise.layers import MultiHeadAttention
+
+__all__ = ["attention_layers", "check_heads", "head_counts", "layer_head_masks"]
+
+Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
+
+
+def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
+    """``{kind: [MultiHeadAttention per layer]}`` of a headwise model (:class:`TransformerLM`,
+    :class:`Transformer`, :class:`Encoder`, :class:`Decoder`, :class:`BertModel`: each says
+    where its attentions are in its own ``attention_layers`` method)."""
+    layers = getattr(model, "attention_layers", None)
+    if not isinstance(model, nn.Module) or not callable(layers):
+        raise TypeError(f"expected a headwise model (TransformerLM, Transformer, Encoder, "
+                        f"Decoder or BertModel), got {type(model).__name__}; load a checkpoint "
+                        "with headwise.checkpoint.load or build one with headwise.models.build")
+    return layers()
+
+
+def _index(value, size: int, what: str, where: str, of: str = "") -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -size <= value < size:
+        raise ValueError(f"{where}: {what} {value!r}{of} does not exist (there are {size}: "
+                         f"0..{size - 1}, or negative from the end)")
+    return value % size
+
+
+def check_heads(heads, layers: Mapping[str, Sequence[MultiHeadAttention]],
+                where: str) -> Heads:
+    """Normalise a head selection ``{kind: {layer: heads}}`` (``heads``: an int, ints, or True
+    for every head of the layer; negative indices count from the end) to
+    ``{kind: {layer: sorted heads}}``; a kind, layer or head that does not exist is an error."""
+    if not isinstance(heads, Mapping):
+        raise TypeError(f"{where}: heads must be a dict {{kind: {{layer: [heads]}}}} such as "
+                        f"{{'cross': {{1: [0, 2]}}}}, got {type(heads).__name__}")
+    out: Heads = {}
+    for kind, per_layer in heads.items():
+        if kind not in layers:
+            raise ValueError(f"{where}: unknown attention kind {kind!r}; this model has "
+                             f"{sorted(layers)}")
+        if not isinstance(per_layer, Mapping):
+            raise TypeError(f"{where}: heads[{kind!r}] must be a dict {{layer: [heads]}}, got "
+                            f"{type(per_layer).__name__}")
+        for layer, chosen in per_layer.items():
+            layer = _index(layer, len(layers[kind]), f"{kind} layer", where)
+            h = layers[kind][layer].num_heads
+            if chosen is True:
+                chosen = range(h)
+            elif isinstance(chosen, int) and not isinstance(chosen, bool):
+                chosen = [chosen]
+            elif not isinstance(chosen, Iterable) or isinstance(chosen, (str, bytes)):
+                raise TypeError(f"{where}: heads[{kind!r}][{layer}] must be a head index, a "
+                                f"list of them or True (all), got {chosen!r}")
+            picked = {_index(x, h, "head", where, f" of {kind} layer {layer}") for x in chosen}
+            out.setdefault(kind, {})[layer] = sorted(picked | set(out.get(kind, {})
+                                                               .get(layer, [])))
+    return out
+
+
+def layer_head_masks(head_mask, layers: Mapping[str, Sequence[int]], batch: int,
+                     where: str) -> dict[str, list[torch.Tensor | None]]:
+    """A model-level ``head_mask`` as one mask (or None) per kind and layer.
+
+    ``head_mask``: None; ``{kind: mask}`` with ``mask`` a ``(layers, h)`` or
+    ``(layers, b, h)`` tensor, or a list of per-layer ``(h,)`` / ``(b, h)`` tensors or None
+    (layers with different head counts); a bare mask for a model with one kind. Kinds left out
+    are not masked. ``layers``: kind -> query heads per layer (:func:`head_counts`)."""
+    counts = {kind: list(n) for kind, n in layers.items()}
+    out = {kind: [None] * len(n) for kind, n in counts.items()}
+    if head_mask is None:
+        return out
+    if not isinstance(head_mask, Mapping):
+        if len(counts) != 1:
+            raise TypeError(f"{where}: head_mask must be a dict {{kind: (layers, h) tensor}} "
+                            f"for a model with several attention kinds ({sorted(counts)}), got "
+                            f"{type(head_mask).__name__}")
+        head_mask = {next(iter(counts)): head_mask}
+    for kind, mask in head_mask.items():
+        if kind not in counts:
+            raise ValueError(f"{where}: head_mask has unknown kind {kind!r}; this model has "
+                             f"{sorted(counts)}")
+        heads = counts[kind]
+        rows = list(mask) if isinstance(mask, (torch.Tensor, Sequence)) else None
+        if rows is None or len(rows) != len(heads):
+            h = heads[0] if len(set(heads)) == 1 else "h"
+            raise ValueError(f"{where}: head_mask[{kind!r}] must be (layers, h)=({len(heads)}, "
+                             f"{h}) or (layers, b, h)=({len(heads)}, {batch}, {h}), or a list of "
+                             f"{len(heads)} per-layer masks, got {_describe(mask)}")
+        for layer, (row, h) in enumerate(zip(rows, heads, strict=True)):
+            if row is not None and (not isinstance(row, torch.Tensor)
+                                    or tuple(row.shape) not in ((h,), (batch, h))):
+                raise ValueError(f"{where}: head_mask[{kind!r}][{layer}] must be (h,)=({h},) "
+                                 f"or (b, h)=({batch}, {h}), got {_describe(row)}")
+            out[kind][layer] = row
+    return out
+
+
+def _describe(x) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def head_counts(model: nn.Module) -> dict[str, list[int]]:
+    """``{kind: [query heads per layer]}``."""
+    return {kind: [m.num_heads for m in mods] for kind, mods in attention_layers(model).items()}

@@ -1,0 +1,81 @@
+"""HeadScores: ranking helpers agree with a sort of the table, NaN is never ranked, JSON
+round-trips (NaN as null), the plot is a real image of the grid, bad tables are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib.image
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headwise import HeadScores
+
+
+@st.composite
+def tables(draw):
+    kinds = draw(st.lists(st.sampled_from(["encoder_self", "decoder_self", "cross"]),
+                          min_size=1, max_size=3, unique=True))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for kind in kinds:
+        t = torch.randn(draw(st.integers(1, 4)), draw(st.integers(1, 6)), generator=gen,
+                        dtype=torch.float64)
+        t[torch.rand(t.shape, generator=gen) < 0.2] = float("nan")
+        out[kind] = t
+    return out
+
+
+@given(scores=tables(), k=st.integers(0, 30))
+def test_ranking_helpers(scores, k):
+    s = HeadScores("gradient", scores)
+    flat = [(kind, l, h, float(v)) for kind, t in scores.items() for l in range(t.shape[0])
+            for h in range(t.shape[1]) if not math.isnan(v := t[l, h])]
+    ranked = s.ranked()
+    assert sorted(ranked, key=lambda r: r[3]) == sorted(flat, key=lambda r: r[3])
+    assert [r[3] for r in ranked] == sorted((r[3] for r in flat), reverse=True)
+    least, most = s.least(k), s.most(k)
+    lowest = {(kind, l, h) for kind, l, h, _ in s.ranked(descending=False)[:k]}
+    assert {(kind, l, h) for kind, per in least.items() for l, hs in per.items()
+            for h in hs} == lowest
+    assert sum(len(hs) for per in most.values() for hs in per.values()) == min(k, len(flat))
+    for per in least.values():
+        assert all(hs == sorted(hs) for hs in per.values())
+
+
+@given(scores=tables())
+def test_json_round_trip(scores, tmp_path_factory):
+    s = HeadScores("ablation", scores, {"baseline_loss": 1.5})
+    path = tmp_path_factory.mktemp("scores") / "s.json"
+    text = s.to_json(path)
+    assert path.read_text() == text and "NaN" not in text
+    back = HeadScores.from_json(text)
+    assert back.method == "ablation" and back.details == {"baseline_loss": 1.5}
+    for kind, t in scores.items():
+        torch.testing.assert_close(back[kind], t, equal_nan=True)
+    assert json.loads(text)["scores"][next(iter(scores))] is not None
+
+
+def test_plot_draws_the_grid(tmp_path):
+    s = HeadScores("gradient", {"cross": torch.arange(8.0).reshape(2, 4),
+                                "decoder_self": torch.ones(2, 4)})
+    path = s.plot(tmp_path / "sub" / "importance.png")
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 200
+    assert image[..., :3].std() > 0.05  # not blank
+
+
+def test_bad_tables_and_lookups():
+    with pytest.raises(ValueError, match="non-empty dict"):
+        HeadScores("gradient", {})
+    with pytest.raises(ValueError, match=r"must be \(layers, heads\)"):
+        HeadScores("gradient", {"cross": torch.ones(3)})
+    s = HeadScores("gradient", {"cross": torch.ones(1, 2)})
+    with pytest.raises(KeyError, match="no scores for kind 'encoder_self'"):
+        s["encoder_self"]
+    with pytest.raises(ValueError, match="k must be an int >= 0"):
+        s.least(-1)
