@@ -22,8 +22,9 @@ __all__ = ["as_batches", "default_loss", "run_batch"]
 _ONE_BATCH = (torch.Tensor, LMBatch, Seq2SeqBatch, Mapping)
 
 
-def as_batches(batches, where: str) -> list:
-    """``batches`` as a non-empty list (one batch object counts as a list of one)."""
+def as_batches(batches, where: str, device: torch.device | None = None) -> list:
+    """``batches`` as a non-empty list (one batch object counts as a list of one), the
+    tensors of each moved to ``device`` when given."""
     if isinstance(batches, _ONE_BATCH):
         batches = [batches]
     elif not isinstance(batches, Iterable) or isinstance(batches, (str, bytes)):
@@ -34,7 +35,18 @@ def as_batches(batches, where: str) -> list:
     if not batches:
         raise ValueError(f"{where}: no data: batches is empty; pass at least one batch, e.g. "
                          "task.eval_set(64) or a (b, n) tensor of token ids")
-    return batches
+    return batches if device is None else [_to(b, device) for b in batches]
+
+
+def _to(batch, device: torch.device):
+    if isinstance(batch, (torch.Tensor, LMBatch, Seq2SeqBatch)):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in batch)
+    return batch
+
 
 
 def run_batch(model: nn.Module, batch):

@@ -32,6 +32,7 @@ from einops import rearrange
 from torch import nn
 
 from headwise._run import as_batches, run_batch
+from headwise.evaluate import device_of
 from headwise.layers import MultiHeadAttention
 from headwise.models._heads import attention_layers, check_heads
 
@@ -124,7 +125,7 @@ def head_means(model: nn.Module, batches, *, run: Callable | None = None,
     every batch (padded positions included), for ``ablate(..., mode="mean")``.
 
     ``run(model, batch)`` runs one batch (default: :func:`headwise._run.run_batch`)."""
-    batches = as_batches(batches, "head_means")
+    batches = as_batches(batches, "head_means", device_of(model))
     layers = attention_layers(model)
     sums = {kind: [None] * len(mods) for kind, mods in layers.items()}
     counts = {kind: [0] * len(mods) for kind, mods in layers.items()}

@@ -103,6 +103,12 @@ def _check_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     closest real flag, before argparse complains about something else (a required option the
     typo was meant to be)."""
     known = [s for a in parser._actions for s in a.option_strings]
+    nested = next((a.choices for a in parser._actions
+                   if isinstance(a, argparse._SubParsersAction)), None)
+    word = _command_in(argv)
+    if nested and word in nested:  # `headwise heads catalogue --flag`: the subcommand's flags
+        _check_flags(nested[word], argv[argv.index(word) + 1:])
+        argv = argv[:argv.index(word)]
     for arg in argv:
         if arg == "--":
             return

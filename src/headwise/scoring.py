@@ -36,6 +36,7 @@ from headwise import stats as _stats
 from headwise._run import as_batches, default_loss, run_batch
 from headwise.ablation import ABLATIONS, ablate, edit_heads, head_means
 from headwise.data import LMBatch, Seq2SeqBatch
+from headwise.evaluate import device_of
 from headwise.head_scores import HeadScores
 from headwise.models._heads import attention_layers
 
@@ -76,7 +77,7 @@ def importance(model: nn.Module, batches, *, method: str = "gradient",
         raise TypeError(f"importance: loss must be a callable loss(model, batch) -> scalar "
                         f"tensor, got {type(loss).__name__}")
     layers = attention_layers(model)
-    batches = as_batches(batches, "importance")
+    batches = as_batches(batches, "importance", device_of(model))
     loss = loss or default_loss
     was_training = model.training
     model.eval()

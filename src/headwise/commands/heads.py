@@ -1,0 +1,30 @@
+"""``headwise heads``: which heads matter and what they do (issue 14).
+
+    headwise heads score --checkpoint headwise-demo/checkpoint
+
+One subcommand per module ``commands/_heads_<name>.py`` (each exposes ``HELP``, ``EXAMPLE``
+and ``register(subparsers)`` like a top-level command); :data:`SUBCOMMANDS` lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+HELP = "which heads matter and what they do: importance scores per head"
+EXAMPLE = "headwise heads score --checkpoint headwise-demo/checkpoint"
+
+SUBCOMMANDS = ("score",)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "heads",
+        description="Look at every head of a model over a dataset: `score` ranks the heads by "
+                    "importance (gradient, ablation) or behaviour and writes the grid.")
+    inner = p.add_subparsers(dest="heads_command", metavar="SUBCOMMAND")
+    inner.required = True
+    from headwise.cli import _Subparsers  # the top level's add_parser: HELP, EXAMPLE, format
+
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"headwise.commands._heads_{name}")
+        module.register(_Subparsers(inner, module))

@@ -1,0 +1,84 @@
+"""``headwise heads score`` end to end on a tiny saved reversal checkpoint: the grid it prints
+and saves equals headwise.importance on the same held-out examples; user errors are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import headwise as hw
+from headwise.cli import main
+
+
+@pytest.fixture(scope="module")
+def reverse_checkpoint(tmp_path_factory):
+    from headwise import checkpoint
+    from headwise.data.tokenizers import CharTokenizer
+    from headwise.models import TransformerConfig, build
+
+    torch.manual_seed(0)
+    tok = CharTokenizer("abcdefghij")
+    cfg = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                            d_model=16, num_heads=2, num_layers=2, d_ff=32, max_len=32,
+                            dropout=0.0, pad_id=tok.pad_id)
+    root = tmp_path_factory.mktemp("ckpt")
+    saved = checkpoint.save(root / "rev", build(cfg), cfg, tok,
+                            metadata={"train_config": {"task": "reverse", "min_len": 4,
+                                                       "max_len": 16, "num_symbols": 10}})
+    bare = checkpoint.save(root / "bare", build(cfg), cfg, tok)
+    return saved, bare
+
+
+@pytest.mark.parametrize("method", ["gradient", "ablation", "sink"])
+def test_score_prints_and_writes_the_grid(reverse_checkpoint, tmp_path, capsys, method):
+    from headwise import checkpoint
+    from headwise.commands._heads_score import held_out
+
+    saved, _ = reverse_checkpoint
+    out = tmp_path / "report"
+    assert main(["heads", "score", "--checkpoint", str(saved), "--method", method,
+                 "--examples", "32", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert f"{kind}: {method} importance" in printed
+    assert "most important:" in printed and "least important:" in printed
+    written = hw.HeadScores.from_json((out / "importance.json").read_text())
+    loaded = checkpoint.load(saved)
+    want = hw.importance(loaded.model, held_out(loaded, 32, str(saved)), method=method)
+    for kind in want.kinds:
+        torch.testing.assert_close(written[kind], want[kind], atol=1e-9, rtol=1e-6)
+    assert (out / "importance.png").stat().st_size > 5000
+    assert json.loads((out / "importance.json").read_text())["method"] == method
+
+
+def test_default_report_folder(reverse_checkpoint, tmp_path, monkeypatch, capsys):
+    saved, _ = reverse_checkpoint
+    monkeypatch.chdir(tmp_path)
+    assert main(["heads", "score", "--checkpoint", str(saved), "--examples", "8"]) == 0
+    assert (tmp_path / "headwise-reports" / "heads-score-rev" / "importance.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "gradeint"], "unknown method 'gradeint'"),
+    (["--examples", "0"], "--examples must be >= 1"),
+    (["-o", "scores.json"], "expected a folder"),
+])
+def test_user_errors_are_one_line(reverse_checkpoint, capsys, argv, message):
+    saved, _ = reverse_checkpoint
+    assert main(["heads", "score", "--checkpoint", str(saved), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_without_a_task_is_a_clear_error(reverse_checkpoint, capsys):
+    _, bare = reverse_checkpoint
+    assert main(["heads", "score", "--checkpoint", str(bare)]) == 2
+    assert "no saved training config" in capsys.readouterr().err
+
+
+def test_a_mistyped_flag_of_the_subcommand_gets_a_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["heads", "score", "--checkpont", "x"])
+    assert "--checkpoint" in capsys.readouterr().err
