@@ -7,8 +7,10 @@ import json
 
 import torch
 
+from headwise import HeadScores
 from headwise.cli import main
 from headwise.commands.demo import demo_config, mirror_scores
+from headwise.data import make_task
 from headwise.train import train
 
 
@@ -22,7 +24,6 @@ def test_mirror_scores_of_a_perfect_anti_diagonal():
                     w[0, k, 1, t, n - 1 - t] = 1.0
                     w[0, k, 0, t, t] = 1.0
             return None, {"cross": list(w)}
-    from headwise.data import make_task
     batch = make_task("reverse").eval_set(20)
     scores = mirror_scores(Mirror(), batch)
     assert scores.shape == (1, 2) and scores[0, 1] == 1.0 and scores[0, 0] < 0.2
@@ -58,5 +59,17 @@ def test_demo_writes_its_report(tmp_path, capsys, monkeypatch):
     layer, head = demo["best_mirror_head"]
     assert meta["initial"] == {"kind": "cross", "layer": layer, "head": head}
     assert f"cross-attention of decoder layer {layer}, head {head}" in text
+    # the importance grid: written, equal to headwise.importance on the first 256 held-out
+    # strings, and shown on the head view's grid
+    from headwise import checkpoint, importance
+    grid = HeadScores.from_json((out / "importance.json").read_text())
+    assert (out / "importance.png").stat().st_size > 5000
+    model = checkpoint.load(out / "checkpoint").model
+    heldout = make_task("reverse", min_len=4, max_len=16, num_symbols=20).eval_set(1000)
+    want = importance(model, type(heldout)(*(getattr(heldout, f)[:256] for f in
+                                             ("src", "src_lens", "tgt_in", "tgt_out"))))
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        torch.testing.assert_close(grid[kind], want[kind], atol=1e-6, rtol=1e-4)
+        assert meta["kinds"][kind]["importance"] == grid[kind].tolist()
     assert "rows = queries, columns = keys" in text
     assert "cross_attn" in (out / "trace.txt").read_text()

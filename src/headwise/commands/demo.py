@@ -8,6 +8,7 @@ cross-attention must discover), and write a report folder to look inside it.
   ``demo.json``         examples, per-head mirror scores, timings
   ``head_view.html``    the interactive head view (offline), a few held-out examples
   ``cross_attention.png`` / ``decoder_self_attention.png`` / ``encoder_self_attention.png``
+  ``importance.json`` / ``importance.png``  every head's gradient importance (also on the head view)
   ``trace.txt`` / ``trace.md``  the named-axis shape trace of one forward pass
   ``README.md``         what is where, with the numbers
 """
@@ -208,9 +209,13 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
                   for k, n in enumerate(batch.src_lens.tolist())]
     tgt_tokens = [tok.tokens(batch.tgt_in[k, :int(n) + 1].tolist())
                   for k, n in enumerate(batch.src_lens.tolist())]
+    grid = _importance(model, heldout, device, out)
     files = {"head_view": str(head_view(
         att, {"src": src_tokens, "tgt": tgt_tokens}, out / "head_view.html",
-        title="headwise demo: reverse", kind="cross", layer=mirror[0], head=mirror[1]).path)}
+        title="headwise demo: reverse", kind="cross", layer=mirror[0], head=mirror[1],
+        importance=grid).path),
+             "importance": str(out / "importance.json"),
+             "importance_plot": str(out / "importance.png")}
     n = int(batch.src_lens[0])
     sides = {"cross": (tgt_tokens[0], src_tokens[0], n + 1, n),
              "decoder_self": (tgt_tokens[0], tgt_tokens[0], n + 1, n + 1),
@@ -228,6 +233,20 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
     (out / "trace.md").write_text(tr.to_markdown(), encoding="utf-8")
     files["trace"] = str(out / "trace.txt")
     return files
+
+
+def _importance(model, heldout, device, out: Path, examples: int = 256):
+    """Michel et al.'s gradient importance of every head on held-out strings, written as
+    ``importance.json`` and ``importance.png`` (one backward pass: a fraction of a second)."""
+    from headwise.scoring import importance
+
+    batch = type(heldout)(**{f: getattr(heldout, f)[:examples] for f in
+                             ("src", "src_lens", "tgt_in", "tgt_out")}).to(device)
+    grid = importance(model, batch, method="gradient")
+    grid.to_json(out / "importance.json")
+    grid.plot(out / "importance.png", title="demo: gradient head importance (Michel et al. "
+                                            "2019), normalised per layer")
+    return grid
 
 
 def _readme(out: Path, cfg, s: dict) -> None:
@@ -249,6 +268,9 @@ def _readme(out: Path, cfg, s: dict) -> None:
         "| `head_view.html` | interactive head view of 4 held-out examples (offline); opens on "
         f"cross-attention, layer {layer} head {head} |",
         "| `cross_attention.png` | cross-attention heads: the anti-diagonal |",
+        "| `importance.json`, `importance.png` | every head's gradient importance (Michel et al."
+        " 2019; `headwise heads score --checkpoint checkpoint` for other methods), also on "
+        "the head view's grid |",
         "| `decoder_self_attention.png`, `encoder_self_attention.png` | self-attention heads |",
         "| `trace.txt`, `trace.md` | the named-axis shape trace of one forward pass |", "",
         "## Greedy decoding of held-out strings", "",

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headwise.head_scores import HeadScores
 from headwise.viz.display import HeadView
 from headwise.viz.rollout import attention_rollout
 
@@ -72,7 +73,8 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             one flat list shared by every example. An example's list may be shorter than the
             tensor's ``i``/``j`` (padding is trimmed), never longer.
         path: the ``.html`` file to write (atomically); ``None``: not written.
-        importance: optional ``{kind: (layers, heads) array}`` of head-importance scores, shown
+        importance: optional ``{kind: (layers, heads) array}`` of head-importance scores (or
+            the :class:`~headwise.HeadScores` of :func:`headwise.importance`), shown
             on the grid (NaN = no score).
         title: page title (default "headwise head view").
         kind, layer, head: what the page opens on (default: the first kind, its first recorded
@@ -308,6 +310,8 @@ def _check_initial(kinds: dict, kind: str | None, layer: int | None, head: int |
 def _check_importance(importance, kinds: dict) -> dict:
     if importance is None:
         return {}
+    if isinstance(importance, HeadScores):
+        importance = importance.scores
     if not isinstance(importance, Mapping):
         raise TypeError(f"importance must be a dict kind -> (layers, heads) array, got "
                         f"{type(importance).__name__}")
