@@ -36,7 +36,7 @@ def checkpoints(tmp_path_factory):
                                 dropout=0.0)
     rev = checkpoint.save(root / "rev", build(rev_cfg), rev_cfg, small,
                           metadata={"train_config": {"task": "reverse", "min_len": 4,
-                                                     "max_len": 16}})
+                                                     "max_len": 16, "num_symbols": 10}})
     return {"lm": lm, "mt": mt, "rev": rev}
 
 
@@ -179,3 +179,23 @@ def test_view_refuses_bad_input_in_one_line(checkpoints, tmp_path, capsys, which
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("headwise view: error:")
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_importance_from_heads_score_is_shown_under_each_head(checkpoints, tmp_path, capsys):
+    from headwise import HeadScores
+
+    scores = tmp_path / "scores"
+    assert main(["heads", "score", "--checkpoint", str(checkpoints["rev"]), "--examples", "16",
+                 "--method", "ablation", "-o", str(scores)]) == 0
+    out = tmp_path / "view.html"
+    assert main(["view", "--checkpoint", str(checkpoints["rev"]), "--src", "abcdef", "-o",
+                 str(out), "--importance", str(scores / "importance.json")]) == 0
+    grid = HeadScores.from_json((scores / "importance.json").read_text())
+    meta = page_meta(out)
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert meta["kinds"][kind]["importance"] == grid[kind].tolist()
+    (tmp_path / "bad.json").write_text("{}")
+    capsys.readouterr()
+    assert main(["view", "--checkpoint", str(checkpoints["rev"]), "--src", "abc", "-o",
+                 str(out), "--importance", str(tmp_path / "bad.json")]) == 2
+    assert "not an importance.json" in capsys.readouterr().err

@@ -55,6 +55,9 @@ def register(subparsers) -> None:
                    help="language models: greedily continue --text by N tokens and show the "
                         "attention over prompt + continuation (what each new token looked at)")
     p.add_argument("--title", help="page title (default: the checkpoint folder and input)")
+    p.add_argument("--importance", metavar="FILE.json",
+                   help="head scores to show under each head (the importance.json of "
+                        "`headwise heads score` or `headwise demo`)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.set_defaults(func=run)
 
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     html, png = report_paths(args.output, "view", args.src or args.text or "input")
     png = Path(args.heatmaps) if args.heatmaps else png
     title = args.title or f"{Path(args.checkpoint).name}: {summary}"
-    view = head_view(attentions, tokens, html, title=title, kind=kind, layer=layer, head=head)
+    view = head_view(attentions, tokens, html, title=title, kind=kind, layer=layer, head=head,
+                     importance=_importance(args.importance))
     print(f"head view: {view.path} ({view.path.stat().st_size / 1e6:.2f} MB; opens on {kind} "
           f"layer {layer} head {head}; any browser, offline)")
     if png is not None:
@@ -93,6 +97,18 @@ def run(args: argparse.Namespace) -> int:
                  path=png, title=f"{kind} · {summary}")
         print(f"heatmaps ({kind}): {png}")
     return 0
+
+
+def _importance(path: str | None):
+    """The :class:`~headwise.HeadScores` saved at ``path`` (None: no scores on the page)."""
+    if path is None:
+        return None
+    from headwise.head_scores import HeadScores
+    try:
+        return HeadScores.from_json(Path(path).read_text(encoding="utf-8"))
+    except (KeyError, TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"--importance {path}: not an importance.json of headwise heads score "
+                         f"({exc})") from None
 
 
 def _opening_head(layers, layer: int | None, head: int | None) -> tuple[int, int]:
