@@ -178,3 +178,21 @@ def test_errors():
     with pytest.raises(TypeError, match="expected a headwise model"):
         with hw.ablate(torch.nn.Linear(3, 3), {}):
             pass
+
+
+@pytest.mark.parametrize("name", ["llama", "seq2seq"])
+def test_every_tool_stays_on_the_fused_kernel(name, monkeypatch):
+    """Under strict mode any attention call that left the fused kernel would raise: the
+    model-level head_mask, zero and mean ablation and patching never do."""
+    monkeypatch.setenv("HEADWISE_STRICT", "1")
+    model, gen = MODELS[name](11), torch.Generator().manual_seed(11)
+    x, other = inputs(name, gen), inputs(name, gen)
+    every = {k: {l: True for l in range(len(c))} for k, c in head_counts(model).items()}
+    model(*x, head_mask={k: torch.rand(len(c), c[0], generator=gen)
+                         for k, c in head_counts(model).items()})
+    with hw.ablate(model, every):
+        model(*x)
+    with hw.ablate(model, every, mode="mean", means=hw.head_means(model, [x])):
+        model(*x)
+    with hw.patch(model, every, source=lambda: model(*other)):
+        model(*x)

@@ -180,3 +180,12 @@ def test_bert_with_a_user_loss_and_lm_batches():
                     scored=torch.ones(3, 6, dtype=torch.bool))
     assert hw.importance(lm_model, batch, method="ablation")["decoder_self"].shape == \
         (2, head_counts(lm_model)["decoder_self"][0])
+
+
+@pytest.mark.parametrize("method", ["gradient", "ablation", "induction"])
+def test_scoring_stays_on_the_fused_kernel(method, monkeypatch):
+    """Strict mode raises for any attention call off the fused kernel: scoring makes none
+    (behaviours recompute their weights from the kernel's log-sum-exp, chunk by chunk)."""
+    monkeypatch.setenv("HEADWISE_STRICT", "1")
+    scores = hw.importance(lm(4, llama=True), lm_batches(4), method=method)
+    assert not scores["decoder_self"].isnan().any()
