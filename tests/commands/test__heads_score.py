@@ -82,3 +82,20 @@ def test_a_mistyped_flag_of_the_subcommand_gets_a_suggestion(capsys):
     with pytest.raises(SystemExit):
         main(["heads", "score", "--checkpont", "x"])
     assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_score_a_checkpoint_written_by_training(tmp_path, capsys):
+    """The train config a real run saves is enough to draw held-out examples."""
+    import dataclasses
+
+    from headwise.commands.demo import demo_config
+    from headwise.train import train
+
+    cfg = dataclasses.replace(demo_config(steps=2, seed=0, precision="fp32", threads=1),
+                              eval_size=20, eval_every=0, warmup=1)
+    train(cfg, out=tmp_path / "run", progress=False, verbose=False)
+    assert main(["heads", "score", "--checkpoint", str(tmp_path / "run" / "checkpoint"),
+                 "--examples", "16", "-o", str(tmp_path / "scores")]) == 0
+    scores = hw.HeadScores.from_json((tmp_path / "scores" / "importance.json").read_text())
+    assert {k: tuple(t.shape) for k, t in scores.scores.items()} == {
+        "encoder_self": (2, 4), "decoder_self": (2, 4), "cross": (2, 4)}
