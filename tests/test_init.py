@@ -119,3 +119,37 @@ def test_no_public_name_is_both_a_function_and_a_submodule():
     importlib.import_module("headwise.attend")  # binding the submodule leaves the function alone
     assert isinstance(headwise.attention, types.FunctionType)
     assert headwise.attention is headwise.attend.attention
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60  # from the `def` line to the last line of the body, docstring included
+
+
+def oversized(root: Path = SRC) -> list[str]:
+    """Every module over :data:`MAX_MODULE_LINES` and every function (methods and nested ones
+    included) over :data:`MAX_FUNCTION_LINES` under ``root``, as ``path: what (n lines)``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(root).as_posix()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{where}: module ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    found.append(f"{where}: {node.name} ({n} lines)")
+    return found
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    assert oversized() == []
+
+
+def test_the_size_check_finds_a_long_module_and_a_long_method(tmp_path):
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "a.py").write_text(f"class A:\n    def long(self):\n{body}")
+    (tmp_path / "b.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "c.py").write_text("def short():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1))
+    assert oversized(tmp_path) == [f"a.py: long ({MAX_FUNCTION_LINES + 1} lines)",
+                                   f"b.py: module ({MAX_MODULE_LINES + 1} lines)"]

@@ -82,25 +82,12 @@ def mirror_scores(model, batch) -> torch.Tensor:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from headwise.train import train
 
     console = Console()
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; pass --out NEW_FOLDER")
-    if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not a headwise demo folder; pass --out elsewhere")
-    (out / "log.jsonl").unlink(missing_ok=True)  # a new run's evaluation log starts empty
-    console.rule("[bold]headwise demo: teach a Transformer to reverse strings")
-    console.print("An encoder-decoder Transformer (headwise.models.Transformer) learns "
-                  "x1 x2 ... xn -> xn ... x2 x1 from scratch; held-out strings are never seen "
-                  "in training.\n")
-    if args.precision == "fp32":
-        console.print("fp32 on purpose: at d_model 64 the bf16 casts cost more than the bf16 "
-                      "matrix units save (about 3x slower per step here); "
-                      "`headwise train` defaults to bf16 where the hardware has it.")
+    out = _demo_folder(Path(args.out))
+    _introduce(console, args.precision)
     t0 = time.perf_counter()
     cfg = demo_config(args.steps, args.seed, device=args.device, precision=args.precision,
                       threads=args.threads)
@@ -115,29 +102,9 @@ def run(args: argparse.Namespace) -> int:
     scores = mirror_scores(model, heldout.to(device))
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
     artefacts = _artefacts(model, task, heldout, device, out, mirror=(layer, head))
-
-    table = Table(title="greedy decoding of held-out strings", title_justify="left")
-    for col in ("source", "model output", "correct"):
-        table.add_column(col)
-    for ex in examples:
-        table.add_row(ex["source"], ex["output"], "yes" if ex["correct"] else "[red]no")
-    console.print(table)
-
-    learned = Table(title="what it learned", title_justify="left")
-    learned.add_column("measure")
-    learned.add_column("value", justify="right")
     n_params = sum(p.numel() for p in model.parameters())
-    learned.add_row("training", f"{cfg.steps} steps x {cfg.batch_size} strings, "
-                    f"{result.seconds:.0f} s ({result.precision})")
-    learned.add_row("parameters", f"{n_params:,}")
-    learned.add_row("held-out loss / perplexity", f"{m['loss']:.4f} / {m['perplexity']:.4f}")
-    learned.add_row("held-out token accuracy", f"{m['token_accuracy']:.4f}")
-    learned.add_row("held-out exact match", f"{m['exact_match']:.4f} "
-                    f"({round(m['exact_match'] * cfg.eval_size)}/{cfg.eval_size} strings)")
-    for l in range(scores.shape[0]):
-        learned.add_row(f"cross-attn layer {l}: mirror hits per head",
-                        "  ".join(f"H{h} {scores[l, h]:.2f}" for h in range(scores.shape[1])))
-    console.print(learned)
+    console.print(_examples_table(examples))
+    console.print(_learned_table(cfg, result, scores, n_params))
     console.print(f"The anti-diagonal: head {head} of decoder layer {layer} puts its largest "
                   f"cross-attention weight on the mirrored source position for "
                   f"{scores[layer, head]:.1%} of target positions.")
@@ -156,6 +123,60 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]held-out exact match: {m['exact_match']:.4f}[/] "
                   f"({cfg.eval_size} strings never seen in training)")
     return 0
+
+
+def _demo_folder(out: Path) -> Path:
+    """``out``, refused when it is a file or a folder that is not a demo's; a new run's evaluation
+    log starts empty."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; pass --out NEW_FOLDER")
+    if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not a headwise demo folder; pass --out elsewhere")
+    (out / "log.jsonl").unlink(missing_ok=True)
+    return out
+
+
+def _introduce(console, precision: str) -> None:
+    console.rule("[bold]headwise demo: teach a Transformer to reverse strings")
+    console.print("An encoder-decoder Transformer (headwise.models.Transformer) learns "
+                  "x1 x2 ... xn -> xn ... x2 x1 from scratch; held-out strings are never seen "
+                  "in training.\n")
+    if precision == "fp32":
+        console.print("fp32 on purpose: at d_model 64 the bf16 casts cost more than the bf16 "
+                      "matrix units save (about 3x slower per step here); "
+                      "`headwise train` defaults to bf16 where the hardware has it.")
+
+
+def _examples_table(examples: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="greedy decoding of held-out strings", title_justify="left")
+    for col in ("source", "model output", "correct"):
+        table.add_column(col)
+    for ex in examples:
+        table.add_row(ex["source"], ex["output"], "yes" if ex["correct"] else "[red]no")
+    return table
+
+
+def _learned_table(cfg, result, scores, n_params: int):
+    """Training cost, held-out metrics and each cross-attention head's mirror hits (l, h)."""
+    from rich.table import Table
+
+    m = result.metrics
+    learned = Table(title="what it learned", title_justify="left")
+    learned.add_column("measure")
+    learned.add_column("value", justify="right")
+    learned.add_row("training", f"{cfg.steps} steps x {cfg.batch_size} strings, "
+                    f"{result.seconds:.0f} s ({result.precision})")
+    learned.add_row("parameters", f"{n_params:,}")
+    learned.add_row("held-out loss / perplexity", f"{m['loss']:.4f} / {m['perplexity']:.4f}")
+    learned.add_row("held-out token accuracy", f"{m['token_accuracy']:.4f}")
+    learned.add_row("held-out exact match", f"{m['exact_match']:.4f} "
+                    f"({round(m['exact_match'] * cfg.eval_size)}/{cfg.eval_size} strings)")
+    for l in range(scores.shape[0]):
+        learned.add_row(f"cross-attn layer {l}: mirror hits per head",
+                        "  ".join(f"H{h} {scores[l, h]:.2f}" for h in range(scores.shape[1])))
+    return learned
 
 
 def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:

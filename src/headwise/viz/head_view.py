@@ -97,23 +97,35 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             keeps 255 levels whatever the size.
         compress_level: zlib level (1 fastest .. 9 smallest) for the stored weights.
     """
-    if path is not None and Path(path).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"head_view path {str(path)!r} must end in .html (e.g. view.html)")
-    if thumbnail_scale not in ("shared", "own"):
-        raise ValueError(f"thumbnail_scale={thumbnail_scale!r}; expected 'shared' or 'own'")
+    _check_options(path, thumbnail_scale)
     kinds = _check_attentions(attentions)
     batch = next(iter(kinds.values()))["batch"]
     sides = _check_tokens(tokens, kinds, batch)
-    imp = _check_importance(importance, kinds)
-    matrices: list[tuple[str, np.ndarray]] = []  # (block key, (i, j) weights)
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head),
             "generatedStart": _check_generated(generated_start, sides, batch)}
-    for name, info in kinds.items():  # (not `kind`: that argument names the opening kind)
-        meta["kinds"][name] = _kind_entry(name, info, sides, imp.get(name), matrices,
-                                          thumbnail, rollout)
+    matrices = _add_kinds(meta, kinds, _check_importance(importance, kinds), kv_heads,
+                          thumbnail, rollout)
+    view = HeadView(_fitted_page(meta, matrices, max_mb, compress_level))
+    return view if path is None else view.save(path)
+
+
+def _add_kinds(meta: dict, kinds: dict, importance: dict, kv_heads, thumbnail: int,
+               rollout: bool) -> list[tuple[str, np.ndarray]]:
+    """Each kind's page header into ``meta["kinds"]``; returns every ``(block key, (i, j)
+    weights)`` matrix the page stores."""
+    matrices: list[tuple[str, np.ndarray]] = []
+    for name, info in kinds.items():
+        meta["kinds"][name] = _kind_entry(name, info, meta["tokens"], importance.get(name),
+                                          matrices, thumbnail, rollout)
         meta["kinds"][name]["kvHeads"] = _check_kv_heads(kv_heads, name, info)
+    return matrices
+
+
+def _fitted_page(meta: dict, matrices, max_mb: float | None, compress_level: int) -> str:
+    """The page with weights stored at the finest of :data:`LEVELS` whose file fits ``max_mb``
+    (the coarsest when none does); ``meta["levels"]`` says which."""
     for levels in LEVELS:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
             blocks = list(pool.map(_block, *zip(*matrices, strict=True),
@@ -122,8 +134,14 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
         page = _page(meta, blocks)
         if max_mb is None or len(page.encode("utf-8")) <= max_mb * 1e6:
             break
-    view = HeadView(page)
-    return view if path is None else view.save(path)
+    return page
+
+
+def _check_options(path, thumbnail_scale: str) -> None:
+    if path is not None and Path(path).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"head_view path {str(path)!r} must end in .html (e.g. view.html)")
+    if thumbnail_scale not in ("shared", "own"):
+        raise ValueError(f"thumbnail_scale={thumbnail_scale!r}; expected 'shared' or 'own'")
 
 
 def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout: bool) -> dict:

@@ -51,6 +51,18 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
     if path is not None and Path(path).suffix.lower() not in Heatmaps.FORMATS:
         raise ValueError(f"heatmaps path {str(path)!r} has extension {Path(path).suffix!r}; "
                          f"expected one of {sorted(Heatmaps.FORMATS)} (e.g. heads.png)")
+    per_layer, layers, heads = _chosen(weights, layers, heads)
+    n_i, n_j = per_layer[layers[0]].shape[1:]
+    q_labels = _labels("query_tokens", query_tokens, n_i)
+    k_labels = _labels("key_tokens", key_tokens, n_j)
+    fig = _draw(per_layer, layers, heads, q_labels, k_labels, (n_i, n_j), title=title, cmap=cmap)
+    result = Heatmaps(fig, dpi=dpi)
+    return result if path is None else result.save(path)
+
+
+def _chosen(weights, layers, heads) -> tuple[list, list[int], list[int]]:
+    """``(weights per layer, layers, heads)`` to draw, every choice checked: recorded layers, a
+    grid no larger than the panel limit, one ``(i, j)`` for all layers, heads that exist."""
     per_layer = _as_layer_list(weights)
     layers = _pick("layers", layers, [l for l, w in enumerate(per_layer) if w is not None])
     for l in layers:
@@ -64,8 +76,6 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
                          f"{limits.MAX['panels']} for one figure; pick some with layers= and "
                          "heads=")
     n_i, n_j = per_layer[layers[0]].shape[1:]
-    q_labels = _labels("query_tokens", query_tokens, n_i)
-    k_labels = _labels("key_tokens", key_tokens, n_j)
     for l in layers:
         if per_layer[l].shape[1:] != (n_i, n_j):
             raise ValueError(f"layer {l} weights are {tuple(per_layer[l].shape)}, but layer "
@@ -73,7 +83,13 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
         if max(heads) >= per_layer[l].shape[0]:
             raise ValueError(f"heads={list(heads)} asks for head {max(heads)} but layer {l} has "
                              f"{per_layer[l].shape[0]} heads")
+    return per_layer, layers, heads
 
+
+def _draw(per_layer, layers, heads, q_labels, k_labels, size, *, title, cmap) -> Figure:
+    """The grid of ``size = (i, j)`` panels (rows = layers, columns = heads) on one colour scale,
+    0 to the largest weight shown, and its colour bar."""
+    n_i, n_j = size
     vmax = max(float(per_layer[l][heads].max()) for l in layers) or 1.0
     # Fixed layout in inches (matplotlib's constrained layout costs seconds for big grids).
     panel = float(np.clip(0.16 * max(n_i, n_j), 1.7, 3.2))  # heatmap side
@@ -111,8 +127,7 @@ def heatmaps(weights, *, query_tokens: Sequence[str] | None, key_tokens: Sequenc
     bar.ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.15 / height, va="top")
-    result = Heatmaps(fig, dpi=dpi)
-    return result if path is None else result.save(path)
+    return fig
 
 
 def _label_inches(labels) -> float:
