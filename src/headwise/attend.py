@@ -165,11 +165,13 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             e^sink_h)``.
     """
     scale = _scale(scale, q.shape[-1])
-    # fp16 overflows at 65504 and rounds q * scale to 11 bits: widen q to float32 first, scale,
-    # and keep scores and softmax in float32, as the fused kernels accumulate; the weights come
-    # back in q's dtype.
+    # fp16 overflows at 65504 and rounds to 11 bits: widen q and k to float32 and keep scores
+    # and softmax in float32, as the fused kernels accumulate; the weights come back in q's
+    # dtype. Product first, then scale: the order checkpoints were written with before issue 11
+    # (scaling q first rounds differently whenever scale is not a power of two, and moved the
+    # old-checkpoint test's eager logits by 1e-6).
     acc = torch.float32 if q.dtype == torch.float16 else q.dtype
-    scores = torch.einsum("bhid,bhjd->bhij", q.to(acc) * scale, k.to(acc))
+    scores = torch.einsum("bhid,bhjd->bhij", q.to(acc), k.to(acc)) * scale
     record(StepKind.SCORES, scores, scale=scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
