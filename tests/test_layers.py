@@ -154,3 +154,10 @@ def test_module_compiles_with_fullgraph_on_the_fused_path():
     torch.testing.assert_close(compiled(x, causal=True)[0], self_attn(x, causal=True)[0],
                                rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+def test_changed_sizes_names_only_what_differs_from_its_default():
+    assert hw.MultiHeadAttention(8, 2).changed_sizes() == {}
+    mha = hw.MultiHeadAttention(8, 4, head_dim=3, kdim=5, vdim=6, num_kv_heads=2, out_dim=7)
+    assert mha.changed_sizes() == {"kdim": 5, "vdim": 6, "num_kv_heads": 2, "out_dim": 7}
+    assert hw.MultiHeadAttention(8, 2, kdim=5, vdim=5).changed_sizes() == {"kdim": 5}

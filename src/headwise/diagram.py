@@ -385,10 +385,5 @@ def _ramp(color: str):
 
 def _describe(mha: MultiHeadAttention) -> str:
     parts = [f"{mha.embed_dim}", f"{mha.num_heads}", f"head_dim={mha.head_dim}"]
-    if mha.kdim != mha.embed_dim:
-        parts.append(f"kdim={mha.kdim}")
-    if mha.vdim != mha.kdim:
-        parts.append(f"vdim={mha.vdim}")
-    if mha.num_kv_heads != mha.num_heads:
-        parts.append(f"num_kv_heads={mha.num_kv_heads}")
+    parts += [f"{name}={size}" for name, size in mha.changed_sizes().items()]
     return f"MultiHeadAttention({', '.join(parts)})"

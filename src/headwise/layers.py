@@ -265,6 +265,15 @@ class MultiHeadAttention(nn.Module):
         """``h * d``: the width of the concatenated heads."""
         return self.num_heads * self.head_dim
 
+    def changed_sizes(self) -> dict[str, int]:
+        """The sizes that differ from their defaults, in constructor order: ``kdim`` (default
+        ``embed_dim``), ``vdim`` (default ``kdim``), ``num_kv_heads`` (default ``num_heads``),
+        ``out_dim`` (default ``embed_dim``). The trace and the split/merge picture name these."""
+        sizes = {"kdim": (self.kdim, self.embed_dim), "vdim": (self.vdim, self.kdim),
+                 "num_kv_heads": (self.num_kv_heads, self.num_heads),
+                 "out_dim": (self.out_dim, self.embed_dim)}
+        return {name: got for name, (got, default) in sizes.items() if got != default}
+
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "

@@ -149,14 +149,9 @@ def describe(module: nn.Module) -> str:
 
 
 def _attention_sizes(module: MultiHeadAttention) -> list[str]:
-    parts = [f"m={module.embed_dim}", f"h={module.num_heads}", f"d={module.head_dim}"]
-    if module.num_kv_heads != module.num_heads:
-        parts.insert(2, f"g={module.num_kv_heads}")
-    if module.kdim != module.embed_dim:
-        parts.append(f"kdim={module.kdim}")
-    if module.vdim != module.kdim:
-        parts.append(f"vdim={module.vdim}")
-    if module.out_dim != module.embed_dim:
-        parts.append(f"out={module.out_dim}")
-    parts.append(f"backend={module.backend}")
-    return parts
+    changed = module.changed_sizes()
+    g = [f"g={changed.pop('num_kv_heads')}"] if "num_kv_heads" in changed else []
+    named = {"out_dim": "out"}  # the trace's short names for the axis legend's m, h, g, d
+    return ([f"m={module.embed_dim}", f"h={module.num_heads}", *g, f"d={module.head_dim}"]
+            + [f"{named.get(name, name)}={size}" for name, size in changed.items()]
+            + [f"backend={module.backend}"])
