@@ -167,9 +167,9 @@ def test_a_non_finite_loss_stops_before_the_update():
 
 
 def test_threads_are_bounded_by_the_machine():
-    from headwise import _budget
-    with pytest.raises(ValueError, match=rf"threads must be an int in \[1, {_budget.cpu_count()}\]"):
-        TrainConfig(threads=_budget.cpu_count() + 1).resolved()
+    from headwise import limits
+    with pytest.raises(ValueError, match=rf"threads must be an int in \[1, {limits.cpu_count()}\]"):
+        TrainConfig(threads=limits.cpu_count() + 1).resolved()
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from headwise import _budget, _swap
+from headwise import _swap, limits
 from headwise._device import parse_device
 from headwise._swap import writing
 from headwise.errors import CheckpointError
@@ -219,15 +219,15 @@ def build_config(meta: dict[str, Any], where: Path):
         config = config_from_dict(meta["kind"], meta["config"])
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{where / _CONFIG}: bad model config: {exc}") from None
-    n = _budget.parameter_count(config.kind, config.to_dict())
+    n = limits.parameter_count(config.kind, config.to_dict())
     on_disk = (where / _MODEL).stat().st_size if (where / _MODEL).is_file() else 0
     if on_disk and 4 * n > 4 * on_disk + (1 << 20):
         raise CheckpointError(f"{where / _CONFIG} describes a model of {n:,} parameters "
-                              f"({_budget.format_bytes(4 * n)}) but {_MODEL} holds "
-                              f"{_budget.format_bytes(on_disk)}; the config was edited")
+                              f"({limits.format_bytes(4 * n)}) but {_MODEL} holds "
+                              f"{limits.format_bytes(on_disk)}; the config was edited")
     try:
-        _budget.check_fits(f"the model of {where} ({n:,} parameters)", 4 * n,
-                           "load it on a machine with more memory")
+        limits.check_memory(4 * n, f"the model of {where} ({n:,} parameters)", "load",
+                            "load it on a machine with more memory")
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     return config

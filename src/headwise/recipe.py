@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from headwise import _budget
 from headwise import checkpoint as ckpt
+from headwise import limits
 from headwise.data import make_task
 from headwise.errors import CheckpointError
 from headwise.train_config import FAMILY, TrainConfig, _tokens_per_example
@@ -80,16 +80,17 @@ def task_for(cfg: TrainConfig):
 def check_fits(cfg: TrainConfig, model_config, task) -> None:
     """Refuse a run whose weights, optimizer state or batch cannot fit in this machine's
     memory, before anything is allocated (numbers in the error)."""
-    n = _budget.parameter_count(model_config.kind, model_config.to_dict())
+    n = limits.parameter_count(model_config.kind, model_config.to_dict())
     # weights + gradients + AdamW's two moments, float32
-    _budget.check_fits(f"a {model_config.kind} model of {n:,} parameters (training)", 16 * n,
-                       "pass smaller --d-model/--layers/--d-ff")
+    limits.check_memory(16 * n, f"a {model_config.kind} model of {n:,} parameters (training)",
+                        "train", "pass smaller --d-model/--layers/--d-ff")
     src, tgt = _tokens_per_example(cfg)
     c = model_config
     layers = c.num_layers * (1 if c.kind == "lm" else 3)
     per_token = 4 * (layers * (8 * c.d_model + 2 * c.d_ff) + 3 * task.tokenizer.vocab_size)
-    _budget.check_fits(f"batch_size={cfg.batch_size:,} (activations for backward)",
-                       cfg.batch_size * (src + tgt) * per_token, "pass a smaller --batch-size")
+    limits.check_memory(cfg.batch_size * (src + tgt) * per_token,
+                        f"batch_size={cfg.batch_size:,} (activations for backward)", "train",
+                        "pass a smaller --batch-size")
 
 
 def configure(config, resume, overrides) -> tuple[TrainConfig, int, list, tuple | None]:

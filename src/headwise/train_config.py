@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from headwise import _budget
+from headwise import limits
 
 __all__ = ["FAMILY", "PRESETS", "TrainConfig", "estimate_seconds", "model_fields"]
 
@@ -257,7 +257,7 @@ def _check(cfg: TrainConfig) -> None:
                          f"learning rate would never finish warming up); pass --warmup "
                          f"{cfg.steps // 10} or more --steps")
     if cfg.threads is not None:
-        cpus = _budget.cpu_count()
+        cpus = limits.cpu_count()
         if not _is_int(cfg.threads) or not 1 <= cfg.threads <= cpus:
             raise ValueError(f"threads must be an int in [1, {cpus}] (this machine's CPUs); "
                              f"got {cfg.threads!r}")
@@ -313,7 +313,7 @@ def machine_flops() -> float:
             t = time.perf_counter()
             a @ a
             best = min(best, time.perf_counter() - t)
-        _RATE.append(2 * 64**3 / max(best, 1e-9) * _budget.cpu_count())
+        _RATE.append(2 * 64**3 / max(best, 1e-9) * limits.cpu_count())
     return _RATE[0]
 
 
@@ -341,7 +341,7 @@ def estimate_seconds(cfg: TrainConfig) -> float:
     src, tgt = _tokens_per_example(cfg)
     kind = cfg.kind
     fields = dict(m, vocab_size=vocab, src_vocab_size=vocab, tgt_vocab_size=vocab)
-    params = _budget.parameter_count(kind, fields)
+    params = limits.parameter_count(kind, fields)
     embed = vocab * d * (1 if kind == "lm" else 2)
     tokens = cfg.batch_size * (src + tgt)
     seq = max(src, tgt)

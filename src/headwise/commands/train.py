@@ -62,10 +62,10 @@ _EPILOG = "\x00presets"  # replaced by the preset table when the help is shown
 
 def presets_table() -> str:
     """The presets with their sizes and estimated time on this machine (torch-free)."""
-    from headwise import _budget
+    from headwise import limits
     from headwise.train_config import PRESETS, TrainConfig, estimate_seconds, format_seconds
     rows = [f"presets (`headwise train TASK --size SIZE`; time estimated on this machine, "
-            f"{_budget.cpu_count()} CPUs, from a quick matmul benchmark):",
+            f"{limits.cpu_count()} CPUs, from a quick matmul benchmark):",
             f"  {'task':<20} {'size':<6} {'model':<30} {'steps':>6} {'batch':>6}  estimate"]
     for family, sizes in PRESETS.items():
         task = _TASKS[family].split(",")[0]

@@ -1,0 +1,68 @@
+"""The size limits and the machine's budget: every size bounded, parameter counts from a config
+alone equal the built model's, one memory rule."""
+
+import os
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headwise import limits
+from headwise.models import LMConfig, TransformerConfig, build
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(["lm", "transformer"]), heads=st.integers(1, 4),
+       head_dim=st.integers(1, 8), layers=st.integers(1, 3), d_ff=st.integers(1, 40),
+       vocab=st.integers(4, 50), tie=st.booleans(),
+       positional=st.sampled_from(["sinusoidal", "learned"]), kv=st.booleans(),
+       pre=st.booleans())
+def test_parameter_count_equals_the_built_model(kind, heads, head_dim, layers, d_ff, vocab, tie,
+                                                positional, kv, pre):
+    common = dict(d_model=heads * head_dim, num_heads=heads, num_layers=layers, d_ff=d_ff,
+                  max_len=12, tie_embeddings=tie, positional=positional,
+                  num_kv_heads=1 if kv else None, dropout=0.0, norm_first=pre)
+    cfg = (LMConfig(vocab_size=vocab, **common) if kind == "lm"
+           else TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 1, **common))
+    model = build(cfg)
+    real = len(torch.nn.utils.parameters_to_vector(model.parameters()))
+    assert limits.parameter_count(kind, cfg.to_dict()) == real
+
+
+def test_absurd_sizes_are_counted_at_once_and_refused_with_the_number():
+    start = time.perf_counter()
+    n = limits.parameter_count("lm", dict(vocab_size=100, d_model=1_000_000, num_heads=1,
+                                           num_layers=1_000_000, d_ff=4_000_000))
+    assert n > 10**18 and time.perf_counter() - start < 0.1
+    with pytest.raises(ValueError, match=r"^here: a model would need about [\d,.]+ GB of memory, "
+                       r"more than this machine's [\d,.]+ GB; use smaller sizes$"):
+        limits.check_memory(4 * n, "a model", "here", "use smaller sizes")
+    limits.check_memory(limits.machine_memory(), "all of it", "here")  # at the limit: accepted
+    assert 1 <= limits.cpu_count() <= (os.cpu_count() or 1) and limits.machine_memory() > 2**20
+
+
+@settings(max_examples=50, deadline=None)
+@given(kind=st.sampled_from(sorted(limits.MAX)), value=st.integers(-5, 2**22), low=st.integers(0, 2))
+def test_size_accepts_exactly_low_to_the_maximum(kind, value, low):
+    top = limits.MAX[kind]
+    if low <= value <= top:
+        assert limits.size(value, "n", kind, "f", low=low) == value
+    else:
+        with pytest.raises(ValueError, match="^f: n" + ("=" if value > top else " must be >=")):
+            limits.size(value, "n", kind, "f", low=low)
+
+
+@pytest.mark.parametrize("value", [2.0, "3", True, None])
+def test_size_wants_an_int(value):
+    with pytest.raises(TypeError, match="f: n must be an int"):
+        limits.size(value, "n", "dim", "f")
+
+
+@given(n=st.integers(0, 2**60))
+def test_format_bytes_reads_back_within_its_rounding(n):
+    number, unit = limits.format_bytes(n).split()
+    scale = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB", "PiB"].index(unit)
+    assert abs(float(number.replace(",", "")) * scale - n) <= 0.05 * scale
+    assert unit == "B" or float(number.replace(",", "")) >= 1.0
