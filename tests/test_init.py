@@ -153,3 +153,43 @@ def test_the_size_check_finds_a_long_module_and_a_long_method(tmp_path):
     (tmp_path / "c.py").write_text("def short():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1))
     assert oversized(tmp_path) == [f"a.py: long ({MAX_FUNCTION_LINES + 1} lines)",
                                    f"b.py: module ({MAX_MODULE_LINES + 1} lines)"]
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def mirrors(path: Path, root: Path = SRC) -> tuple[Path, Path]:
+    """The test files of a source file: ``headwise/P/X.py`` -> ``tests/P/test_X.py``, or its
+    float64/torch/HF comparison ``tests/reference/P/test_X.py``; a package's ``P/__init__.py``
+    -> ``tests/P/test_init.py`` (``headwise/__init__.py`` -> this file)."""
+    rel = path.relative_to(root)
+    name = f"test_{'init' if rel.name == '__init__.py' else rel.stem}.py"
+    return TESTS / rel.parent / name, TESTS / "reference" / rel.parent / name
+
+
+def unmirrored(root: Path = SRC) -> list[str]:
+    """Source files that define a function or class but have no test file of their own
+    (``__main__.py`` and re-export-only ``__init__.py`` files define none: nothing of their own
+    to test, and ``python -m`` runs are covered end to end)."""
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        defines = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      for node in ast.walk(tree))
+        own = mirrors(path, root)
+        if defines and not any(p.exists() for p in own):
+            missing.append(own[0].relative_to(TESTS).as_posix())
+    return missing
+
+
+def test_every_source_file_has_its_mirrored_test_file():
+    assert unmirrored() == []
+
+
+def test_the_mirror_check_names_a_planted_module_without_tests(tmp_path):
+    pkg = tmp_path / "headwise_never_tested"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""only a docstring"""\n')
+    (pkg / "sub" / "__init__.py").write_text("from os import path\n")
+    (pkg / "sub" / "_private.py").write_text("def f():\n    return 1\n")
+    assert unmirrored(pkg) == ["sub/test__private.py"]

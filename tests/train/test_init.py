@@ -1,57 +1,14 @@
-"""The training loop: schedule, precision choice, loss scaling, learning, determinism."""
+"""The training loop: learning, determinism, metrics per task, divergence."""
 
 import json
 import math
-import re
 
 import pytest
 import torch
 
 from headwise.data import make_task
-from headwise.train import (
-    TrainConfig,
-    build_model_config,
-    loss_sum,
-    lr_at,
-    pick_precision,
-    train,
-)
-
-
-def test_warmup_then_cosine_to_the_floor():
-    cfg = TrainConfig(task="reverse", steps=100, warmup=10, lr=1e-3, min_lr_ratio=0.1).resolved()
-    lrs = [lr_at(s, cfg) for s in range(100)]
-    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
-    assert all(a < b for a, b in zip(lrs[:10], lrs[1:10], strict=False))
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
-    assert lrs[55] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert lr_at(100, cfg) == pytest.approx(1e-4)
-
-
-def test_precision_choice():
-    cpu = torch.device("cpu")
-    assert pick_precision("fp32", cpu) == ("fp32", "requested")
-    choice, why = pick_precision("auto", cpu)
-    flags = open("/proc/cpuinfo").read()
-    native = "avx512_bf16" in flags or "amx_bf16" in flags
-    assert choice == ("bf16" if native else "fp32") and why
-
-
-def test_loss_sum_matches_mean_cross_entropy_over_real_tokens():
-    task = make_task("reverse")
-    cfg = TrainConfig(task="reverse", model=dict(d_model=32, num_heads=2, num_layers=1,
-                                                 d_ff=32)).resolved()
-    torch.manual_seed(0)
-    from headwise.models import build
-    model = build(build_model_config(cfg, task))
-    batch = task.batch(0, 8)
-    logits, _ = model(batch.src, batch.tgt_in, src_valid_lens=batch.src_lens)
-    keep = batch.tgt_out != 0
-    want = torch.nn.functional.cross_entropy(logits[keep], batch.tgt_out[keep], reduction="sum")
-    got = loss_sum(model, batch, pad_id=0, label_smoothing=0.0, autocast=False)
-    torch.testing.assert_close(got, want)
-    smooth = loss_sum(model, batch, pad_id=0, label_smoothing=0.1, autocast=False)
-    assert smooth > got * 0 and not torch.isclose(smooth, got)
+from headwise.recipe import build_model_config
+from headwise.train import TrainConfig, train
 
 
 def test_runs_are_deterministic():
@@ -100,51 +57,6 @@ def test_pairs_task_reports_bleu(tmp_path, tokenizer):
     assert 0.0 <= r.metrics["bleu"] <= 100.0 and "exact_match" in r.metrics
 
 
-# --------------------------------------------------------------------------------------------
-# options, old runs, bad input, divergence, Ctrl-C
-
-
-def test_a_model_option_reaches_the_model_config():
-    # one row of the CLI table: --kv-heads -> TrainConfig.model["num_kv_heads"] -> the config
-    from headwise.cli import build_parser
-    from headwise.commands.train import config_from_args
-    args = build_parser().parse_args(["train", "induction", "--kv-heads", "1", "--d-model", "32",
-                                      "--heads", "4"])
-    config, given = config_from_args(args)
-    cfg = config.updated(**given).resolved()
-    assert cfg.model["num_kv_heads"] == 1 and cfg.model["d_model"] == 32
-    task = make_task("induction")
-    mc = build_model_config(cfg, task)
-    assert (mc.num_kv_heads, mc.d_model, mc.num_heads, mc.num_layers) == (1, 32, 4, 2)
-
-
-def test_runs_saved_with_model_fields_at_the_top_level_still_load():
-    old = {"task": "reverse", "d_model": 64, "num_heads": 4, "num_layers": 2, "d_ff": 256,
-           "dropout": 0.0, "positional": "sinusoidal", "activation": "relu",
-           "norm_first": True, "steps": 1000, "batch_size": 64, "lr": 0.003, "warmup": 100,
-           "context": 256, "betas": [0.9, 0.98], "eval_every": 200, "checkpoint_every": 0}
-    cfg = TrainConfig.from_dict(old).resolved()
-    assert cfg.model == {"d_model": 64, "num_heads": 4, "num_layers": 2, "d_ff": 256,
-                         "dropout": 0.0, "positional": "sinusoidal", "activation": "relu",
-                         "norm_first": True}
-    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-
-
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(bogus=1), TypeError, "unknown training option(s) ['bogus']"),
-    (dict(seed=2**70), ValueError, "seed must be in [0, 9,223,372,036,854,775,807]"),
-    (dict(seed=1.5), TypeError, "seed must be an int"),
-    (dict(steps="10"), TypeError, "steps must be an int"),
-    (dict(warmup=10, steps=10), ValueError, "warmup=10 must be smaller than steps=10"),
-    (dict(num_decoder_layers=2), ValueError, "do not apply to task 'induction'"),
-    (dict(betas=(0.9, 1.5)), ValueError, "betas must be two numbers in [0, 1)"),
-    (dict(size="large"), ValueError, "its sizes are small"),
-])
-def test_bad_options_are_clear_errors(kwargs, error, match):
-    with pytest.raises(error, match=re.escape(match)):
-        train(TrainConfig(task="induction"), progress=False, **kwargs)
-
-
 def test_text_runs_report_perplexity_not_exact_match(tmp_path, capsys):
     path = tmp_path / "t.txt"
     path.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
@@ -164,12 +76,6 @@ def test_a_non_finite_loss_stops_before_the_update():
         train(TrainConfig(task="copy", steps=3, batch_size=4, eval_every=0, eval_size=4,
                           model=dict(d_model=16, num_heads=2, num_layers=1, d_ff=16),
                           lr=float("inf"), warmup=0, precision="fp32"), progress=False)
-
-
-def test_threads_are_bounded_by_the_machine():
-    from headwise import limits
-    with pytest.raises(ValueError, match=rf"threads must be an int in \[1, {limits.cpu_count()}\]"):
-        TrainConfig(threads=limits.cpu_count() + 1).resolved()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""The per-head loop form: same parameters, same outputs, and the way back is exact."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import headwise as hw
+from headwise.per_head import PerHeadAttention, fuse, unfuse
+
+
+@settings(max_examples=15, deadline=None)
+@given(g=st.integers(1, 3), r=st.integers(1, 3), d=st.integers(1, 5), m=st.integers(1, 9),
+       kdim=st.integers(1, 7), vdim=st.integers(1, 7), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_unfused_has_the_same_parameters_and_outputs_and_fuses_back_exactly(
+        g, r, d, m, kdim, vdim, bias, seed):
+    torch.manual_seed(seed)
+    mha = hw.MultiHeadAttention(m, g * r, head_dim=d, kdim=kdim, vdim=vdim, num_kv_heads=g,
+                                bias=bias).double()
+    loop = unfuse(mha)
+    assert isinstance(loop, PerHeadAttention) and loop.num_heads == g * r
+    assert sum(p.numel() for p in loop.parameters()) == sum(p.numel() for p in mha.parameters())
+    for x in range(g * r):  # head x's projection is row block x of the fused weight
+        assert torch.equal(loop.q_heads[x].weight, mha.q_proj.weight[x * d:(x + 1) * d])
+    q = torch.randn(2, 4, m, dtype=torch.float64)
+    k, v = torch.randn(2, 5, kdim, dtype=torch.float64), torch.randn(2, 5, vdim, dtype=torch.float64)
+    mask = torch.rand(2, 1, 4, 5) > 0.3
+    want, want_w = mha(q, k, v, mask=mask, return_weights=True)
+    got, got_w = loop(q, k, v, mask=mask)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_w, want_w)
+    back = fuse(loop)
+    assert back.state_dict().keys() == mha.state_dict().keys()
+    for name, tensor in mha.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_fuse_keeps_dropout_and_backend_unless_asked():
+    mha = hw.MultiHeadAttention(8, 2, dropout=0.25, backend="eager")
+    assert (fuse(unfuse(mha)).dropout_p, fuse(unfuse(mha)).backend) == (0.25, "eager")
+    assert fuse(unfuse(mha), backend="sdpa").backend == "sdpa"
+
+
+def test_wrong_inputs_are_refused():
+    with pytest.raises(TypeError, match="unfuse expects headwise.MultiHeadAttention"):
+        unfuse(nn.MultiheadAttention(8, 2))
+    with pytest.raises(TypeError, match="fuse expects PerHeadAttention"):
+        fuse(hw.MultiHeadAttention(8, 2))
+    heads = nn.ModuleList(nn.Linear(4, 2) for _ in range(3))
+    with pytest.raises(ValueError, match="need a divisor number of key/value heads"):
+        PerHeadAttention(heads, heads[:2], heads[:2], nn.Linear(6, 4))
