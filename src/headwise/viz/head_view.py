@@ -101,16 +101,16 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head),
             "generatedStart": _check_generated(generated_start, sides, batch)}
-    matrices = _add_kinds(meta, kinds, _check_importance(importance, kinds), kv_heads,
-                          thumbnail, rollout)
+    matrices = _add_kinds(meta, kinds, importance, kv_heads, thumbnail, rollout)
     view = HeadView(_fitted_page(meta, matrices, max_mb, compress_level))
     return view if path is None else view.save(path)
 
 
-def _add_kinds(meta: dict, kinds: dict, importance: dict, kv_heads, thumbnail: int,
+def _add_kinds(meta: dict, kinds: dict, importance, kv_heads, thumbnail: int,
                rollout: bool) -> list[tuple[str, np.ndarray]]:
-    """Each kind's page header into ``meta["kinds"]``; returns every ``(block key, (i, j)
-    weights)`` matrix the page stores."""
+    """Each kind's page header (with its checked importance scores) into ``meta["kinds"]``;
+    returns every ``(block key, (i, j) weights)`` matrix the page stores."""
+    importance = _check_importance(importance, kinds)
     matrices: list[tuple[str, np.ndarray]] = []
     for name, info in kinds.items():
         meta["kinds"][name] = _kind_entry(name, info, meta["tokens"], importance.get(name),
