@@ -37,6 +37,7 @@ _EXPORTS = {
     "fuse": "headwise.per_head",
     "unfuse": "headwise.per_head",
     "MultiHeadAttention": "headwise.layers",
+    "prune_heads": "headwise.prune",
     "Trace": "headwise.tracing",
     "trace": "headwise.tracing",
     "Selection": "headwise.weights",

@@ -19,6 +19,8 @@ A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = ["CrossAttentionCache", "KVCache", "LayerCache", "SelfAttentionCache"]
@@ -85,7 +87,9 @@ class KVCache:
 
     Args:
         num_layers: decoder blocks ``l``. batch: rows ``b`` (batch * beams for beam search).
-        num_kv_heads: ``g``. head_dim: ``d``. max_len: ``L``, the longest sequence to hold.
+        num_kv_heads: ``g``, or one count per layer (a pruned model's layers differ: the
+            buffers hold the largest, each layer a view of its first ``g_l`` heads).
+        head_dim: ``d``. max_len: ``L``, the longest sequence to hold.
         cross_attention: also hold per-layer cross-attention keys/values.
         dtype, device: of the buffers (the model's).
 
@@ -93,21 +97,27 @@ class KVCache:
     calls :meth:`advance` once per step.
     """
 
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
-                 max_len: int, *, cross_attention: bool = False,
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int | Sequence[int],
+                 head_dim: int, max_len: int, *, cross_attention: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        for name, n in (("num_layers", num_layers), ("batch", batch),
-                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("max_len", max_len)):
+        per_layer = list(num_kv_heads) if isinstance(num_kv_heads, Sequence) else None
+        for name, n in (("num_layers", num_layers), ("batch", batch), ("head_dim", head_dim),
+                        ("max_len", max_len),
+                        *(("num_kv_heads", g) for g in (per_layer or [num_kv_heads]))):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"KVCache: {name} must be a positive int, got {n!r}")
-        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
+        per_layer = per_layer or [num_kv_heads] * num_layers
+        if len(per_layer) != num_layers:
+            raise ValueError(f"KVCache: num_kv_heads lists {len(per_layer)} layers, expected "
+                             f"num_layers={num_layers}; give one count per layer or one int")
+        shape = (num_layers, batch, max(per_layer), max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_heads = tuple(per_layer)
         self.length = 0
-        self.layers = [LayerCache(SelfAttentionCache(self, self.k[i], self.v[i]),
+        self.layers = [LayerCache(SelfAttentionCache(self, self.k[i, :, :g], self.v[i, :, :g]),
                                   CrossAttentionCache() if cross_attention else None)
-                       for i in range(num_layers)]
+                       for i, g in enumerate(per_layer)]
 
     @property
     def max_len(self) -> int:
@@ -137,5 +147,6 @@ class KVCache:
 
     def __repr__(self) -> str:
         l, b, g, L, d = self.k.shape
+        g = g if len(set(self.kv_heads)) == 1 else list(self.kv_heads)
         return (f"KVCache(layers={l}, batch={b}, kv_heads={g}, max_len={L}, head_dim={d}, "
                 f"length={self.length}, cross={self.layers[0].cross_attn is not None})")

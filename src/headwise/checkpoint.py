@@ -234,8 +234,12 @@ def build_config(meta: dict[str, Any], where: Path):
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load ``model.safetensors`` of checkpoint ``path`` into ``model`` (strict)."""
+    """Load ``model.safetensors`` of checkpoint ``path`` into ``model`` (strict); a checkpoint
+    of a model with other heads (pruned) is refused naming both structures."""
     from safetensors.torch import load_model
+
+    from headwise.prune import check_structure
+    check_structure(_unwrap(model), path / _MODEL, path / _CONFIG)
     try:
         load_model(_unwrap(model), str(path / _MODEL), strict=True)
     except Exception as exc:  # safetensors / torch raise many kinds; report one line

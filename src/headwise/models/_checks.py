@@ -81,12 +81,14 @@ def cache(kv, config, layers: int, where: str, cross: bool) -> None:
     if not isinstance(kv, KVCache):
         raise TypeError(f"{where}: cache must be a headwise.KVCache from model.new_cache(...), "
                         f"got {type(kv).__name__}")
-    got_l, _, got_g, _, got_d = kv.k.shape
+    got_l, _, _, _, got_d = kv.k.shape
     has_cross = kv.layers[0].cross_attn is not None
-    want = (layers, config.kv_heads, config.head_size, cross)
-    if (got_l, got_g, got_d, has_cross) != want:
+    kv_heads = tuple(config.layer_kv_heads("decoder_self"))
+    want = (layers, kv_heads, config.head_size, cross)
+    if (got_l, kv.kv_heads, got_d, has_cross) != want:
+        g = kv_heads[0] if len(set(kv_heads)) == 1 else list(kv_heads)
         raise ValueError(f"{where}: this cache was made for another model ({kv!r}); this model "
-                         f"needs layers={layers}, kv_heads={config.kv_heads}, head_dim="
+                         f"needs layers={layers}, kv_heads={g}, head_dim="
                          f"{config.head_size}, cross={cross}: use model.new_cache(batch)")
 
 

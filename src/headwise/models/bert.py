@@ -23,6 +23,7 @@ from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 from headwise.models.config import ModelConfig
+from headwise.prune import restructure
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel"]
 
@@ -123,6 +124,7 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(_block(config) for _ in range(config.num_layers))
         self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
         self.apply(_init_weights)
+        restructure(self)
         self._no_masks = [None] * config.num_layers
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

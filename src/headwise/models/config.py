@@ -48,6 +48,8 @@ class ModelConfig:
         layer_norm_eps: every LayerNorm's epsilon.
         pad_id: the padding id, or None where the family allows it.
         backend: attention backend of every block (``"auto"``: fused unless weights wanted).
+        pruned_heads: ``{kind: [pruned query heads per layer]}`` (original indices), written by
+            :func:`headwise.prune_heads`; None for an unpruned model.
 
     Subclasses list their extra checks in the class attributes below.
     """
@@ -72,6 +74,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     pad_id: int | None = None
     backend: str = "auto"
+    pruned_heads: dict[str, list[list[int]]] | None = None
 
     def __post_init__(self):
         self._check()
@@ -111,6 +114,20 @@ class ModelConfig:
         """Per-head size ``d`` in use: ``d_model // num_heads``."""
         return self.d_model // self.num_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads ``g`` of an unpruned layer (``num_heads`` here)."""
+        return self.num_heads
+
+    def attention_kinds(self) -> dict[str, int]:
+        """``{kind: layers}`` of the attentions this family has (an encoder here)."""
+        return {"encoder_self": self.num_layers}
+
+    def layer_kv_heads(self, kind: str) -> list[int]:
+        """Key/value heads of each layer of ``kind`` (fewer where heads were pruned)."""
+        from headwise.prune import config_plans
+        return [len(groups) for _, groups in config_plans(self)[kind]]
+
     # ------------------------------------------------------------------------------ checks
     def _check(self) -> None:
         name = type(self).__name__
@@ -135,6 +152,9 @@ class ModelConfig:
             raise ValueError(f"{name}: layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         self._check_pad_id(name)
         check_backend(self.backend, name)
+        from headwise.prune import check_pruned
+        object.__setattr__(self, "pruned_heads", check_pruned(
+            self.pruned_heads, self.attention_kinds(), self.num_heads, self.kv_heads, name))
 
     def _check_heads(self, name: str) -> None:
         if self.d_model % self.num_heads:
@@ -268,6 +288,9 @@ class LMConfig(_StackConfig):
     max_len: int = 2048
     pad_id: int | None = 0
 
+    def attention_kinds(self) -> dict[str, int]:
+        return {"decoder_self": self.num_layers}
+
 
 @dataclass(frozen=True)
 class TransformerConfig(_StackConfig):
@@ -298,6 +321,10 @@ class TransformerConfig(_StackConfig):
     @property
     def decoder_layers(self) -> int:
         return self.num_decoder_layers or self.num_layers
+
+    def attention_kinds(self) -> dict[str, int]:
+        return {"encoder_self": self.num_layers, "decoder_self": self.decoder_layers,
+                "cross": self.decoder_layers}
 
 
 CONFIGS: dict[str, type[ModelConfig]] = {"lm": LMConfig, "transformer": TransformerConfig}

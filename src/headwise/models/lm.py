@@ -44,6 +44,7 @@ from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
 from headwise.models.embedding import Embeddings, add_output_head
+from headwise.prune import restructure
 
 __all__ = ["TransformerLM"]
 
@@ -68,6 +69,7 @@ class TransformerLM(nn.Module):
             for _ in range(c.num_layers))
         self.final_norm = final_norm(c)
         add_output_head(self, c.vocab_size)
+        restructure(self)
         self._no_cache = [None] * c.num_layers
         self._no_weights = [False] * c.num_layers
 
@@ -139,8 +141,8 @@ class TransformerLM(nn.Module):
         c = self.config
         max_len = c.max_len if max_len is None else max_len
         p = self.lm_head.weight
-        return KVCache(c.num_layers, batch, c.kv_heads, c.head_size, max_len, dtype=p.dtype,
-                       device=p.device)
+        return KVCache(c.num_layers, batch, c.layer_kv_heads("decoder_self"), c.head_size,
+                       max_len, dtype=p.dtype, device=p.device)
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied matrix counts once)."""

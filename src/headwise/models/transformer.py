@@ -23,6 +23,7 @@ from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import Embeddings, add_output_head, init_weights
+from headwise.prune import restructure
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
 
@@ -52,6 +53,7 @@ class Encoder(nn.Module):
                                     for _ in range(c.num_layers))
         self.final_norm = final_norm(c)
         init_weights(self)
+        restructure(self)
 
     def forward(self, src: torch.Tensor, *, src_valid_lens: torch.Tensor | None = None,
                 return_weights=False, head_mask=None,
@@ -104,6 +106,7 @@ class Decoder(nn.Module):
                                     for _ in range(c.decoder_layers))
         self.final_norm = final_norm(c)
         add_output_head(self, c.tgt_vocab_size)
+        restructure(self)
         self._no_cache = [None] * c.decoder_layers
         self._no_weights = [False] * c.decoder_layers
 
@@ -261,8 +264,8 @@ class Transformer(nn.Module):
         c = self.config
         max_len = c.max_len if max_len is None else max_len
         p = self.decoder.lm_head.weight
-        return KVCache(c.decoder_layers, batch, c.kv_heads, c.head_size, max_len,
-                       cross_attention=True, dtype=p.dtype, device=p.device)
+        return KVCache(c.decoder_layers, batch, c.layer_kv_heads("decoder_self"), c.head_size,
+                       max_len, cross_attention=True, dtype=p.dtype, device=p.device)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
