@@ -261,8 +261,11 @@ def check_structure(model: nn.Module, weights: Path, config_json: Path) -> None:
         modules = attention_modules(model)
     except TypeError:
         return  # not a model with attention kinds: the strict load reports any mismatch
-    with safe_open(str(weights), framework="pt") as f:
-        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception:  # a damaged file: the strict load reports it in its own words
+        return
     names = {id(mod): name for name, mod in model.named_modules()}
     for kind, mods in modules.items():
         for layer, mha in enumerate(mods):

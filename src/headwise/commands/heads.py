@@ -1,6 +1,7 @@
 """``headwise heads``: which heads matter and what they do (issue 14).
 
     headwise heads score --checkpoint headwise-demo/checkpoint
+    headwise heads prune --model minilm
 
 One subcommand per module ``commands/_heads_<name>.py`` (each exposes ``HELP``, ``EXAMPLE``
 and ``register(subparsers)`` like a top-level command); :data:`SUBCOMMANDS` lists them.
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import importlib
 
-HELP = "which heads matter and what they do: importance scores per head"
+HELP = "which heads matter and what they do: importance scores per head, pruning"
 EXAMPLE = "headwise heads score --checkpoint headwise-demo/checkpoint"
 
-SUBCOMMANDS = ("score",)
+SUBCOMMANDS = ("score", "prune")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "heads",
         description="Look at every head of a model over a dataset: `score` ranks the heads by "
-                    "importance (gradient, ablation) or behaviour and writes the grid.")
+                    "importance (gradient, ablation) or behaviour and writes the grid; `prune` cuts the "
+                    "least important heads step by step and times the smaller models.")
     inner = p.add_subparsers(dest="heads_command", metavar="SUBCOMMAND")
     inner.required = True
     from headwise.cli import _Subparsers  # the top level's add_parser: HELP, EXAMPLE, format

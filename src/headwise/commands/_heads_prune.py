@@ -1,0 +1,132 @@
+"""``headwise heads prune``: score the heads (the mean norm of each head's write to the residual
+stream, :func:`headwise.prune_sweep.output_norms`), prune the least important at growing
+fractions without retraining (:func:`headwise.prune_heads`: the matrices really shrink),
+evaluate and time every pruned copy against the unpruned model in the same process, print the
+table and write it (JSON) with a plot of metric and speed against heads pruned into the report
+folder (``headwise-reports/heads-prune-<model>/`` or ``-o DIR``).
+
+    headwise heads prune --model reverse [--checkpoint headwise-demo/checkpoint]
+    headwise heads prune --model minilm --fractions 0,0.25,0.5
+    headwise heads prune --model smollm2 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MODELS = ("reverse", "minilm", "smollm2")
+
+
+HELP = "prune the least important heads step by step: metric and latency table, plot"
+EXAMPLE = "headwise heads prune --model minilm --quick"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "prune",
+        description="Score every head, prune the least important ones at each fraction (whole "
+                    "key/value groups for grouped-query models; no retraining), evaluate, and "
+                    "time inference against the unpruned model, interleaved in one process.")
+    p.add_argument("--model", default="reverse", choices=MODELS,
+                   help="reverse: the demo's model (held-out exact match); minilm: "
+                        "all-MiniLM-L6-v2 (agreement of sentence similarities); smollm2: "
+                        "SmolLM2-135M (perplexity on held-out Austen)")
+    p.add_argument("--checkpoint", help="reverse: a trained checkpoint folder (default "
+                                        "headwise-demo/checkpoint, else one is trained here)")
+    p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
+                   help="fractions of heads to prune, starting at 0 (default 0,0.1,...,0.5)")
+    p.add_argument("--quick", action="store_true", help="smaller evaluation sets and workloads")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("-o", "--output", help="report folder (default headwise-reports/"
+                                          "heads-prune-MODEL/)")
+    p.set_defaults(func=run)
+
+
+def parse_fractions(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--fractions must be numbers like 0,0.1,0.2, got {text!r}") from None
+    if not values or values[0] != 0 or any(not 0 <= v < 1 for v in values) \
+            or values != sorted(set(values)):
+        raise ValueError(f"--fractions must start at 0 and rise below 1 (e.g. 0,0.25,0.5), got "
+                         f"{text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    fractions = parse_fractions(args.fractions)
+    if args.checkpoint and args.model != "reverse":
+        raise ValueError(f"--checkpoint is for --model reverse (a trained headwise checkpoint); "
+                         f"{args.model} loads its own weights")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    from headwise.commands._common import report_paths
+
+    page, pictures = report_paths(args.output, "heads", f"prune-{args.model}")
+    if pictures is None:  # -o FILE.html
+        raise ValueError(f"-o {args.output}: expected a folder for the table and the plot")
+    folder = page.parent
+    import torch
+
+    from headwise.commands._prune_targets import TARGETS
+    from headwise.prune_sweep import output_norms, sweep
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kwargs = {"checkpoint": args.checkpoint} if args.model == "reverse" else {}
+    target = TARGETS[args.model](quick=args.quick, **kwargs)
+    with torch.inference_mode():
+        scores = output_norms(target.model, target.calibrate)
+    steps = sweep(target.model, scores, fractions, target.metric, target.runs,
+                  rounds=args.rounds, budget_s=10.0 if args.quick else 30.0)
+    print(_table(target, steps))
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [dict(fraction=s.fraction, pruned=s.pruned, heads=s.heads, metric=s.metric,
+                 latency_ms=s.latency_ms, ratio=s.ratio) for s in steps]
+    (folder / "prune.json").write_text(json.dumps(
+        {"model": target.name, "metric": target.metric_name, "workloads": target.workloads,
+         "order": "mean norm of each head's write to the residual stream (least first)",
+         "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    _plot(target, steps, folder / "prune.png")
+    print(f"wrote {folder / 'prune.json'} and {folder / 'prune.png'}")
+    return 0
+
+
+def _table(target, steps) -> str:
+    names = list(steps[0].ratio)
+    head = ["heads pruned", target.metric_name, *(f"{n}: ms (ratio)" for n in names)]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for s in steps:
+        lines.append(" | ".join([f"{s.pruned}/{s.heads} ({s.pruned / s.heads:.0%})",
+                                 f"{s.metric:.4g}",
+                                 *(f"{s.latency_ms[n]:.1f} ({s.ratio[n]:.2f}x)" for n in names)]))
+    return f"{target.name}: {target.workloads}\n" + "\n".join(lines)
+
+
+def _plot(target, steps, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [100 * s.pruned / s.heads for s in steps]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(x, [s.metric for s in steps], "o-", color="tab:blue", label=target.metric_name)
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel(target.metric_name, color="tab:blue")
+    speed = ax.twinx()
+    for name, colour in zip(steps[0].ratio, ("tab:orange", "tab:green", "tab:red"),
+                            strict=False):
+        speed.plot(x, [s.ratio[name] for s in steps], "s--", color=colour,
+                   label=f"latency ratio: {name}")
+    speed.set_ylabel("latency / unpruned")
+    speed.axhline(1.0, color="grey", lw=0.5)
+    handles = ax.get_legend_handles_labels()[0] + speed.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="lower left")
+    ax.set_title(f"{target.name}: pruning heads without retraining")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
