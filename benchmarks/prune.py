@@ -12,10 +12,12 @@ Models, metrics and workloads (:mod:`headwise.commands._prune_targets`):
 - ``smollm2``: SmolLM2-135M-Instruct, cut by whole key/value groups; perplexity on held-out
   Austen text; a forward over 4 x 256 tokens.
 
-The head order: the least important heads first by the mean norm of each head's write to the
-residual stream over calibration inputs (:func:`headwise.prune_sweep.output_norms`).
+The head order: least important first by :func:`headwise.importance` (gradient importance for
+reverse and smollm2, ablation importance for minilm: see the targets), or with ``--order norm``
+the mean norm of each head's write to the residual stream.
 
     python benchmarks/prune.py [--quick] [--models reverse,minilm,smollm2] [--threads N]
+                               [--order importance|norm]
 """
 
 from __future__ import annotations
@@ -58,20 +60,22 @@ def main(argv=None) -> None:
     p.add_argument("--models", default="reverse,minilm,smollm2")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--order", default="importance", choices=("importance", "norm"))
     args = p.parse_args(argv)
+    from headwise.commands._heads_prune import head_order
     from headwise.commands._prune_targets import TARGETS
-    from headwise.prune_sweep import output_norms, sweep
+    from headwise.prune_sweep import sweep
 
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 7)
     print(f"# head pruning sweep: torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{rounds}+ interleaved rounds{' (--quick)' if args.quick else ''}\n")
+          f"{rounds}+ interleaved rounds, head order: {args.order}"
+          f"{' (--quick)' if args.quick else ''}\n")
     for name in args.models.split(","):
         t0 = time.perf_counter()
         target = TARGETS[name](quick=args.quick)
-        with torch.inference_mode():
-            scores = output_norms(target.model, target.calibrate)
+        scores = head_order(target, args.order)
         steps = sweep(target.model, scores, FRACTIONS, target.metric, target.runs,
                       rounds=rounds, budget_s=10.0 if args.quick else 40.0)
         rows = rows_of(target, steps)

@@ -16,9 +16,15 @@ from hypothesis import strategies as st
 import headwise as hw
 from headwise import checkpoint
 from headwise.errors import CheckpointError
-from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
+from headwise.models import (
+    LMConfig,
+    Transformer,
+    TransformerConfig,
+    TransformerLM,
+    attention_layers,
+)
 from headwise.models.bert import BertConfig, BertModel
-from headwise.prune import attention_modules, layer_plan, prune_heads
+from headwise.prune import layer_plan, prune_heads
 
 
 def _randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -80,7 +86,7 @@ def gated(model, heads) -> torch.Tensor:
     handles = []
     for kind, layers in heads.items():
         for layer, chosen in layers.items():
-            mha = attention_modules(model)[kind][layer]
+            mha = attention_layers(model)[kind][layer]
             mask = torch.ones(mha.num_heads)
             mask[list(chosen)] = 0.0
 
@@ -99,7 +105,7 @@ def selections(draw, model):
     """A valid selection ``{kind: {layer: [heads]}}``: per layer, whole key/value groups and/or
     the same number of query heads from every other group, never every head."""
     out = {}
-    for kind, mods in attention_modules(model).items():
+    for kind, mods in attention_layers(model).items():
         for layer, mha in enumerate(mods):
             if not draw(st.booleans()):
                 continue
@@ -127,8 +133,8 @@ def test_pruning_equals_gating_to_zero(name, data, seed):
     torch.testing.assert_close(run(pruned), want, atol=1e-6 * max(1.0, want.abs().max().item()),
                                rtol=0)
     removed = sum(len(x) for layers in heads.values() for x in layers.values())
-    before = sum(m.num_heads for mods in attention_modules(model).values() for m in mods)
-    after = sum(m.num_heads for mods in attention_modules(pruned).values() for m in mods)
+    before = sum(m.num_heads for mods in attention_layers(model).values() for m in mods)
+    after = sum(m.num_heads for mods in attention_layers(pruned).values() for m in mods)
     assert after == before - removed
     if removed:  # genuinely smaller: fewer parameters, not masked ones
         assert sum(p.numel() for p in pruned.parameters()) < sum(
@@ -168,11 +174,11 @@ def test_pruning_twice_composes_in_original_indices():
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
 def test_cached_generation_of_a_pruned_model_equals_uncached(make, strategy):
     model = make()
-    kinds = attention_modules(model)
+    kinds = attention_layers(model)
     # layers end with different head counts (and key/value head counts)
     heads = {kind: {0: [0, 1]} for kind in kinds}
     prune_heads(model, heads)
-    counts = [m.num_heads for m in attention_modules(model)[next(iter(kinds))]]
+    counts = [m.num_heads for m in attention_layers(model)[next(iter(kinds))]]
     assert len(set(counts)) > 1
     g = torch.Generator().manual_seed(0)
     kw = dict(max_new_tokens=12, strategy=strategy, beam_size=3 if strategy == "beam" else 1)
@@ -198,8 +204,8 @@ def test_pruned_checkpoint_round_trips(tmp_path, make, heads):
     assert saved["config"]["pruned_heads"] == model.config.pruned_heads
     loaded = checkpoint.load(tmp_path / "ckpt")
     assert loaded.config == model.config
-    assert [m.num_heads for m in attention_modules(loaded.model)["decoder_self"]] == \
-        [m.num_heads for m in attention_modules(model)["decoder_self"]]
+    assert [m.num_heads for m in attention_layers(loaded.model)["decoder_self"]] == \
+        [m.num_heads for m in attention_layers(model)["decoder_self"]]
     torch.testing.assert_close(run(loaded.model), run(model), atol=0, rtol=0)
 
 
@@ -224,9 +230,9 @@ def test_old_configs_without_pruned_heads_still_load():
 
 @pytest.mark.parametrize("heads, match", [
     ({"cross": {0: [0]}}, r"unknown attention kind 'cross'; this model has \['decoder_self'\]"),
-    ({"decoder_self": {3: [0]}}, r"decoder_self layer 3 does not exist \(expected 0..2"),
-    ({"decoder_self": {0: [6]}}, r"head 6 of decoder_self layer 0 does not exist \(expected "
-                                 r"0..5"),
+    ({"decoder_self": {3: [0]}}, r"decoder_self layer 3 does not exist \(there are 3: 0..2"),
+    ({"decoder_self": {0: [6]}}, r"head 6 of decoder_self layer 0 does not exist \(there are "
+                                 r"6: 0..5"),
     ({"decoder_self": {0: [-7]}}, r"head -7 of decoder_self layer 0 does not exist"),
     ({"decoder_self": {1: range(6)}}, r"decoder_self layer 1: pruning heads \[0, 1, 2, 3, 4, 5\]"
                                       r" would remove all 6 heads.*none would remain.*keep at "
@@ -248,7 +254,7 @@ def test_what_remains_is_said_after_earlier_pruning():
     model = prune_heads(lm(12), {"decoder_self": {0: [0, 1, 2, 3]}})
     with pytest.raises(ValueError, match=r"pruning heads \[0, 1, 2, 3, 4, 5\] would remove all"):
         prune_heads(model, {"decoder_self": {0: [0, 1]}})
-    with pytest.raises(TypeError, match="prune_heads expects a headwise model"):
+    with pytest.raises(TypeError, match="expected a headwise model"):
         prune_heads(torch.nn.Linear(2, 2), {})
     with pytest.raises(TypeError, match=r"heads must be a dict \{kind: \{layer: \[heads\]\}\}"):
         prune_heads(model, [0, 1])

@@ -10,8 +10,8 @@ from einops import rearrange
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwise.models import LMConfig, TransformerLM
-from headwise.prune import attention_modules, prune_heads
+from headwise.models import LMConfig, TransformerLM, attention_layers
+from headwise.prune import prune_heads
 from headwise.prune_sweep import output_norms, plan_fraction, sweep
 
 
@@ -49,7 +49,7 @@ def test_the_plan_cuts_whole_groups_and_never_a_whole_layer(fraction, g, seed):
     plan = plan_fraction(model, scores, fraction)
     r = 6 // g
     removed = 0
-    for layer, heads in plan.get("decoder_self", {}).items():
+    for heads in plan.get("decoder_self", {}).values():
         assert len(heads) < 6
         groups = {x // r for x in heads}
         assert sorted(heads) == [x for grp in sorted(groups) for x in range(grp * r, grp * r + r)]
@@ -83,6 +83,6 @@ def test_a_sweep_has_the_anchor_first_and_smaller_models_after():
     assert [(s.fraction, s.pruned, s.heads) for s in steps] == [(0, 0, 18), (0.5, 9, 18)]
     assert steps[0].ratio == {"forward": 1.0} and steps[1].latency_ms["forward"] > 0
     assert params[1] < params[0]
-    assert [m.num_heads for m in attention_modules(model)["decoder_self"]] == [6, 6, 6]
+    assert [m.num_heads for m in attention_layers(model)["decoder_self"]] == [6, 6, 6]
     with pytest.raises(ValueError, match="must start with 0"):
         sweep(model, scores, [0.5], len, {})

@@ -33,7 +33,7 @@ from torch import nn
 
 from headwise.errors import CheckpointError
 
-__all__ = ["attention_modules", "check_pruned", "check_structure", "layer_plan", "prune_heads",
+__all__ = ["check_pruned", "check_structure", "layer_plan", "prune_heads",
            "restructure"]
 
 Plan = tuple[tuple[int, ...], tuple[int, ...]]  # (kept query heads, kept key/value heads)
@@ -104,26 +104,6 @@ def config_plans(config) -> dict[str, list[Plan]]:
             for kind, n in config.attention_kinds().items()}
 
 
-def attention_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
-    """``{kind: [MultiHeadAttention per layer]}`` of a headwise model."""
-    from headwise.models import Decoder, Encoder, Transformer, TransformerLM
-    from headwise.models.bert import BertModel
-
-    if isinstance(model, Transformer):
-        return {**attention_modules(model.encoder), **attention_modules(model.decoder)}
-    if isinstance(model, TransformerLM):
-        return {"decoder_self": [b.self_attn for b in model.blocks]}
-    if isinstance(model, Encoder):
-        return {"encoder_self": [b.self_attn for b in model.blocks]}
-    if isinstance(model, Decoder):
-        return {"decoder_self": [b.self_attn for b in model.blocks],
-                "cross": [b.cross_attn for b in model.blocks]}
-    if isinstance(model, BertModel):
-        return {"encoder_self": [layer.self_attn for layer in model.layers]}
-    raise TypeError(f"prune_heads expects a headwise model (TransformerLM, Transformer, Encoder, "
-                    f"Decoder or BertModel), got {type(model).__name__}")
-
-
 def prune_heads(model: nn.Module, heads: Mapping[str, Mapping[int, Iterable[int]]]) -> nn.Module:
     """Remove heads from ``model`` in place and return it.
 
@@ -139,9 +119,13 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Mapping[int, Iterable[int]
     a kind, layer or head that does not exist, a layer left with no head, or grouped heads
     left unequal raise ``ValueError``. ``model.config.pruned_heads`` records the result.
     """
-    modules = attention_modules(model)
+    from headwise.models._heads import attention_layers, check_heads
+
+    modules = attention_layers(model)
     config = model.config
-    chosen = _normalise(heads, modules)
+    chosen = {kind: {layer: x for layer, x in layers.items() if x}
+              for kind, layers in check_heads(heads, modules, "prune_heads").items()}
+    chosen = {kind: layers for kind, layers in chosen.items() if layers}
     if not chosen:
         return model
     pruned = {kind: [list(x) for x in (config.pruned_heads or {}).get(kind, [[]] * n)]
@@ -171,46 +155,12 @@ def restructure(model: nn.Module) -> None:
         return
     full = (tuple(range(config.num_heads)), tuple(range(config.kv_heads)))
     plans = config_plans(config)
-    for kind, mods in attention_modules(model).items():
+    from headwise.models._heads import attention_layers
+
+    for kind, mods in attention_layers(model).items():
         for module, plan in zip(mods, plans[kind], strict=True):
             if plan != full:
                 _cut(module, full, plan)
-
-
-def _normalise(heads, modules) -> dict[str, dict[int, list[int]]]:
-    """``{kind: {layer: sorted heads}}`` without empty entries; bad kinds/layers/heads refused."""
-    if not isinstance(heads, Mapping):
-        raise TypeError(f"prune_heads: heads must be a dict {{kind: {{layer: [heads]}}}} such as "
-                        f"{{'cross': {{1: [0, 2]}}}}, got {type(heads).__name__}")
-    out: dict[str, dict[int, list[int]]] = {}
-    for kind, layers in heads.items():
-        if kind not in modules:
-            raise ValueError(f"prune_heads: unknown attention kind {kind!r}; this model has "
-                             f"{sorted(modules)}")
-        if not isinstance(layers, Mapping):
-            raise TypeError(f"prune_heads: heads[{kind!r}] must be a dict {{layer: [heads]}}, "
-                            f"got {type(layers).__name__}")
-        for layer, chosen in layers.items():
-            n = len(modules[kind])
-            layer = _index(layer, n, f"{kind} layer", "")
-            h = modules[kind][layer].num_heads
-            if isinstance(chosen, int) and not isinstance(chosen, bool):
-                chosen = [chosen]
-            if not isinstance(chosen, Iterable) or isinstance(chosen, (str, bytes)):
-                raise TypeError(f"prune_heads: heads[{kind!r}][{layer}] must be a list of head "
-                                f"indices, got {chosen!r}")
-            picked = {_index(x, h, "head", f" of {kind} layer {layer}") for x in chosen}
-            if picked:
-                out.setdefault(kind, {}).setdefault(layer, [])
-                out[kind][layer] = sorted(set(out[kind][layer]) | picked)
-    return out
-
-
-def _index(value, size: int, what: str, of: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not -size <= value < size:
-        raise ValueError(f"prune_heads: {what} {value!r}{of} does not exist (expected 0.."
-                         f"{size - 1} or negative from the end, got {value!r})")
-    return value % size
 
 
 def _cut(mha: nn.Module, before: Plan, after: Plan) -> None:
@@ -257,8 +207,10 @@ def check_structure(model: nn.Module, weights: Path, config_json: Path) -> None:
     (a pruned checkpoint into an unpruned model, or the reverse), naming both and the fix."""
     from safetensors import safe_open
 
+    from headwise.models._heads import attention_layers
+
     try:
-        modules = attention_modules(model)
+        modules = attention_layers(model)
     except TypeError:
         return  # not a model with attention kinds: the strict load reports any mismatch
     try:

@@ -28,7 +28,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from headwise.prune import attention_modules, prune_heads
+from headwise.models import attention_layers
+from headwise.prune import prune_heads
 
 __all__ = ["Step", "output_norms", "plan_fraction", "sweep"]
 
@@ -37,7 +38,7 @@ __all__ = ["Step", "output_norms", "plan_fraction", "sweep"]
 def output_norms(model: nn.Module, forward: Callable[[nn.Module], object]) -> dict[str, torch.Tensor]:
     """``{kind: (layers, heads)}``: each head's mean ``||o_h W_out,h^T||`` over every position
     that ``forward(model)`` runs through the model (padding included)."""
-    modules = attention_modules(model)
+    modules = attention_layers(model)
     sums = {kind: torch.zeros(len(mods), max(m.num_heads for m in mods), dtype=torch.float64)
             for kind, mods in modules.items()}
     counts = {kind: [0] * len(mods) for kind, mods in modules.items()}
@@ -66,7 +67,7 @@ def plan_fraction(model: nn.Module, scores: Mapping[str, torch.Tensor],
     model's query heads, as a :func:`~headwise.prune_heads` selection; never a whole layer."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"plan_fraction: fraction must be in [0, 1), got {fraction!r}")
-    modules = attention_modules(model)
+    modules = attention_layers(model)
     units, left = [], {}
     for kind, mods in modules.items():
         if kind not in scores:
@@ -115,7 +116,7 @@ def sweep(model: nn.Module, scores: Mapping[str, torch.Tensor], fractions: Seque
     if not fractions or fractions[0] != 0:
         raise ValueError(f"sweep: fractions must start with 0 (the unpruned anchor), got "
                          f"{list(fractions)}")
-    total = sum(m.num_heads for mods in attention_modules(model).values() for m in mods)
+    total = sum(m.num_heads for mods in attention_layers(model).values() for m in mods)
     copies, pruned = {}, {}
     for f in fractions:
         plan = plan_fraction(model, scores, f)

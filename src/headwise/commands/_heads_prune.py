@@ -1,5 +1,6 @@
-"""``headwise heads prune``: score the heads (the mean norm of each head's write to the residual
-stream, :func:`headwise.prune_sweep.output_norms`), prune the least important at growing
+"""``headwise heads prune``: score the heads (:func:`headwise.importance` as each model's target
+says, or with ``--order norm`` the mean norm of each head's write to the residual stream,
+:func:`headwise.prune_sweep.output_norms`), prune the least important at growing
 fractions without retraining (:func:`headwise.prune_heads`: the matrices really shrink),
 evaluate and time every pruned copy against the unpruned model in the same process, print the
 table and write it (JSON) with a plot of metric and speed against heads pruned into the report
@@ -17,6 +18,7 @@ import json
 from pathlib import Path
 
 MODELS = ("reverse", "minilm", "smollm2")
+ORDERS = ("importance", "norm")
 
 
 HELP = "prune the least important heads step by step: metric and latency table, plot"
@@ -37,6 +39,10 @@ def register(subparsers) -> None:
                                         "headwise-demo/checkpoint, else one is trained here)")
     p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
                    help="fractions of heads to prune, starting at 0 (default 0,0.1,...,0.5)")
+    p.add_argument("--order", default="importance", choices=ORDERS,
+                   help="importance: headwise.importance (gradient; ablation for minilm); "
+                        "norm: the norm of each head's write to the residual stream (one "
+                        "forward pass)")
     p.add_argument("--quick", action="store_true", help="smaller evaluation sets and workloads")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -73,14 +79,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headwise.commands._prune_targets import TARGETS
-    from headwise.prune_sweep import output_norms, sweep
+    from headwise.prune_sweep import sweep
 
     if args.threads:
         torch.set_num_threads(args.threads)
     kwargs = {"checkpoint": args.checkpoint} if args.model == "reverse" else {}
     target = TARGETS[args.model](quick=args.quick, **kwargs)
-    with torch.inference_mode():
-        scores = output_norms(target.model, target.calibrate)
+    scores = head_order(target, args.order)
     steps = sweep(target.model, scores, fractions, target.metric, target.runs,
                   rounds=args.rounds, budget_s=10.0 if args.quick else 30.0)
     print(_table(target, steps))
@@ -89,11 +94,22 @@ def run(args: argparse.Namespace) -> int:
                  latency_ms=s.latency_ms, ratio=s.ratio) for s in steps]
     (folder / "prune.json").write_text(json.dumps(
         {"model": target.name, "metric": target.metric_name, "workloads": target.workloads,
-         "order": "mean norm of each head's write to the residual stream (least first)",
+         "order": args.order,
          "rows": rows}, indent=2) + "\n", encoding="utf-8")
     _plot(target, steps, folder / "prune.png")
     print(f"wrote {folder / 'prune.json'} and {folder / 'prune.png'}")
     return 0
+
+
+def head_order(target, order: str) -> dict:
+    """``{kind: (layers, heads)}`` scores, larger = keep longer."""
+    if order == "importance":
+        return target.importance(target.model)
+    import torch
+
+    from headwise.prune_sweep import output_norms
+    with torch.inference_mode():
+        return output_norms(target.model, target.calibrate)
 
 
 def _table(target, steps) -> str:

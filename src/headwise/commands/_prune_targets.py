@@ -1,16 +1,21 @@
-"""What ``headwise heads prune`` and ``benchmarks/prune.py`` prune: a model, calibration inputs
-for the head order, a metric, and the inference workloads timed (sizes stated in ``workloads``).
+"""What ``headwise heads prune`` and ``benchmarks/prune.py`` prune: a model, its head order
+(:func:`headwise.importance` on calibration inputs), a metric, and the inference workloads timed
+(sizes stated in ``workloads``).
 
 - ``reverse``: the demo's string-reversal Transformer (a ``headwise demo`` checkpoint, or a
-  small one trained on the spot); metric: held-out exact match by greedy decoding; workload:
-  greedy decoding of 256 held-out strings (4-16 letters).
-- ``minilm``: all-MiniLM-L6-v2; metric: Spearman correlation of the pairwise cosine
-  similarities of sentence embeddings with those of the unpruned model, over English sentences
-  of the Ding pairs; workloads: those sentences (batch 64) and 16 Austen passages of 256
-  tokens (the model's ``max_seq_length``).
+  small one trained on the spot); order: gradient importance (Michel et al. 2019) on 256
+  held-out strings; metric: held-out exact match by greedy decoding; workload: greedy decoding
+  of those 256 strings (4-16 letters).
+- ``minilm``: all-MiniLM-L6-v2; order: ablation importance, the loss being the mean squared
+  change of the pairwise cosine similarities (the model has no training loss, and a gradient
+  at the unpruned optimum of that loss is 0); metric: Spearman correlation of the pairwise
+  cosine similarities of sentence embeddings with those of the unpruned model, over English
+  sentences of the Ding pairs; workloads: 64 of those sentences in one batch and 16 Austen
+  passages of 256 tokens (the model's ``max_seq_length``).
 - ``smollm2``: SmolLM2-135M-Instruct (9 query heads sharing 3 key/value heads per layer: cut by
-  whole groups); metric: perplexity on held-out Austen text (the end of *Persuasion*); workload:
-  a forward (prefill) over 4 windows of 256 tokens.
+  whole groups); order: gradient importance on 2 windows of *Emma*; metric: perplexity on
+  held-out Austen text (the end of *Persuasion*); workload: a forward (prefill) over 4 windows
+  of 256 tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Target:
     name: str
     model: nn.Module
     calibrate: Callable[[nn.Module], object]
+    importance: Callable[[nn.Module], dict[str, torch.Tensor]]
     metric: Callable[[nn.Module], float]
     metric_name: str
     higher: bool
@@ -82,7 +88,11 @@ def reverse(checkpoint: str | Path | None = None, *, quick: bool = False, steps:
         greedy_decode(m, timed.src, timed.src_lens, bos_id=tok.bos_id, eos_id=tok.eos_id,
                       pad_id=tok.pad_id, max_new_tokens=timed.tgt_out.shape[1])
 
-    return Target("reverse", model, calibrate,
+    def scores(m):
+        from headwise import importance
+        return importance(m, timed, method="gradient").scores
+
+    return Target("reverse", model, calibrate, scores,
                   lambda m: evaluate(m, task, size=size)["exact_match"], "exact match", True,
                   {"decode 256 strings": decode},
                   "greedy decoding of 256 held-out strings of 4-16 letters (one batch); "
@@ -118,7 +128,18 @@ def minilm(*, quick: bool = False) -> Target:
     def sentences_run(m):
         m(short["input_ids"], short["attention_mask"])
 
-    return Target("minilm", encoder.model, sentences_run,
+    with torch.no_grad():
+        pooled = _pooled(encoder.model, short)
+
+    def similarity_change(m, batch):
+        vectors = _pooled(m, batch)
+        return ((vectors @ vectors.T - pooled @ pooled.T) ** 2).mean()
+
+    def scores(m):
+        from headwise import importance
+        return importance(m, short, method="ablation", loss=similarity_change).scores
+
+    return Target("minilm", encoder.model, sentences_run, scores,
                   lambda m: spearman(similarities(m), reference),
                   "similarity Spearman vs unpruned", True,
                   {"64 sentences": sentences_run,
@@ -148,10 +169,22 @@ def smollm2(*, quick: bool = False) -> Target:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
         return math.exp(float(loss))
 
-    return Target("smollm2", chat.model, lambda m: m(calib), perplexity, "perplexity", False,
+    def scores(m):
+        from headwise import importance
+        return importance(m, calib, method="gradient").scores
+
+    return Target("smollm2", chat.model, lambda m: m(calib), scores, perplexity, "perplexity",
+                  False,
                   {f"prefill {tuple(timed.shape)}": lambda m: m(timed)},
                   f"perplexity on {windows} windows of {n} tokens from the end of Persuasion; "
                   f"latency: one forward over {tuple(timed.shape)} tokens")
+
+
+def _pooled(model, batch) -> torch.Tensor:
+    """Unit-length mean-pooled sentence vectors ``(b, m)`` of a BERT model on ``batch``."""
+    from headwise.pretrained.sentence import mean_pool
+    hidden, _ = model(batch["input_ids"], batch["attention_mask"])
+    return F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1)
 
 
 TARGETS: dict[str, Callable[..., Target]] = {"reverse": reverse, "minilm": minilm,
