@@ -30,6 +30,8 @@ _EXPORTS = {
     "attention_weights": "headwise.attend",
     "register_backend": "headwise.attend",
     "KVCache": "headwise.cache",
+    "Catalogue": "headwise.head_catalogue",
+    "catalogue": "headwise.head_catalogue",
     "generate": "headwise.decoding",
     "merge_heads": "headwise.heads",
     "split_heads": "headwise.heads",

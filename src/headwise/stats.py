@@ -21,7 +21,7 @@ import torch
 
 from headwise import weights as _weights
 
-__all__ = ["HeadStats", "head_stats", "collect"]
+__all__ = ["HeadStats", "head_stats", "collect", "observing"]
 
 
 @dataclass
@@ -179,7 +179,6 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
     Yields a dict module path -> list of HeadStats (one per call). ``token_ids (b, n)`` feed
     the induction score of self-attention calls whose key length is ``n``.
     """
-    global _collector
     paths = {id(m): name for name, m in model.named_modules()}
     found: dict[str, list[HeadStats]] = {}
 
@@ -190,8 +189,20 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
                            top_k=top_k, budget=budget)
         found.setdefault(paths.get(id(module), type(module).__name__), []).append(stats)
 
-    previous, _collector = _collector, add
-    try:
+    with observing(add):
         yield found
+
+
+@contextmanager
+def observing(callback):
+    """Call ``callback(module, q, k, mask, causal, scale, self_attention)`` for every
+    :class:`~headwise.MultiHeadAttention` call inside the block (``q (b, h, i, d)``,
+    ``k (b, g, j, d)`` after the head split and rotary positions; ``mask`` and ``causal`` as the
+    kernel got them). :func:`collect` is one such callback; the head catalogue
+    (:mod:`headwise.head_catalogue`) is another. Blocks nest: the innermost callback is active."""
+    global _collector
+    previous, _collector = _collector, callback
+    try:
+        yield
     finally:
         _collector = previous

@@ -4,6 +4,8 @@
 - :func:`head_view` — one offline HTML file: model view (layers x heads thumbnails, importance
   scores), detail view (BertViz-style token lines, matrix, rollout), kind and example pickers,
   head toggles. Opens from disk with no network; 1024 tokens x 48 heads fit in < 40 MB.
+- :func:`catalogue_page` — the head catalogue (:func:`headwise.catalogue`) as one offline HTML
+  file: every head's dataset-level scores, averaged pattern and top tokens, sortable.
 - :func:`attention_rollout` — Abnar & Zuidema (2020) rollout as a tensor.
 
 Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (b, h, i, j)]}``)::
@@ -15,8 +17,9 @@ Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (
              key_tokens=src_tokens[0], path="cross.png")
 """
 
+from headwise.viz.catalogue import catalogue_page
 from headwise.viz.head_view import head_view
 from headwise.viz.heatmaps import heatmaps
 from headwise.viz.rollout import attention_rollout
 
-__all__ = ["attention_rollout", "head_view", "heatmaps"]
+__all__ = ["attention_rollout", "catalogue_page", "head_view", "heatmaps"]

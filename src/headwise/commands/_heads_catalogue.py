@@ -1,0 +1,139 @@
+"""``headwise heads catalogue``: run a model over a dataset and write the head catalogue (one
+offline HTML page and its JSON).
+
+    headwise heads catalogue --checkpoint headwise-demo/checkpoint
+    headwise heads catalogue --model minilm --examples 512 -o reports/minilm-heads
+    headwise heads catalogue --model minilm --sentences my_sentences.txt -o minilm.html
+
+Data: a checkpoint's own task (its held-out set: ``eval_set``); for ``--model minilm`` the
+English side of the Ding German-English sentence pairs (``make corpora``) or ``--sentences
+FILE`` (one sentence per line). Output: ``headwise-reports/heads-catalogue-<model>/``
+(``catalogue.html`` + ``catalogue.json``), ``-o DIR``, or ``-o FILE.html`` (JSON beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from headwise.commands._common import parse_device, report_paths
+
+HELP = "every head's dataset-level scores, typical pattern and top tokens (HTML + JSON)"
+EXAMPLE = "headwise heads catalogue --checkpoint headwise-demo/checkpoint"
+MODELS = ("minilm",)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "catalogue",
+        description="Run a model over a dataset and describe every head (per attention kind "
+                    "and layer): previous/next-token, mirror, induction, sink, entropy, "
+                    "focus and distance scores, its averaged attention pattern and the tokens "
+                    "it attends to most, in one offline, sortable HTML page and a JSON file.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR", help="a headwise checkpoint folder "
+                        "(its own task's held-out set is the dataset)")
+    source.add_argument("--model", choices=MODELS,
+                        help="minilm = all-MiniLM-L6-v2 (the 'pretrained' extra) on English "
+                             "sentences")
+    p.add_argument("--sentences", metavar="FILE",
+                   help="--model minilm: one sentence per line (default: the English side of "
+                        "the Ding pairs, `make corpora`)")
+    p.add_argument("--examples", type=int, default=256, help="inputs to run (default 256)")
+    p.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass")
+    p.add_argument("--window", type=int, default=8,
+                   help="relative-offset profile covers keys -W..W (default 8)")
+    p.add_argument("--top-tokens", type=int, default=10, help="tokens listed per head")
+    p.add_argument("-o", "--output", metavar="DIR|FILE.html",
+                   help="report folder, or the page's .html (JSON beside it); default "
+                        "headwise-reports/heads-catalogue-MODEL/")
+    p.add_argument("--title", help="page title")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=run, command="heads catalogue")  # errors read "headwise heads catalogue:"
+
+
+def run(args: argparse.Namespace) -> int:
+    from headwise.head_catalogue import catalogue
+
+    for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size),
+                        ("--window", args.window), ("--top-tokens", args.top_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    device = parse_device(args.device)
+    model, batches, names, label, dataset = (_checkpoint(args, device) if args.checkpoint
+                                             else _minilm(args, device))
+    cat = catalogue(model, batches, tokens=names, window=args.window,
+                    top_tokens=args.top_tokens, name=label, dataset=dataset)
+    html, json_path = report_paths(args.output, "heads-catalogue", label,
+                                   files=("catalogue.html", "catalogue.json"))
+    json_path = json_path or html.with_suffix(".json")
+    cat.page(html, title=args.title)
+    cat.to_json(json_path)
+    _summary(cat)
+    print(f"catalogue: {html} (offline, any browser)\njson:      {json_path}")
+    return 0
+
+
+def _summary(cat) -> None:
+    """The heads that stand out most on a few scores, one line each."""
+    print(f"{cat.meta['model']}: {len(cat.heads)} heads over {cat.meta['inputs']} inputs "
+          f"({cat.meta['dataset']})")
+    for score in ("prev_token", "next_token", "mirror", "induction", "sink"):
+        best = cat.ranked(score)
+        if best:
+            e = best[0]
+            print(f"  most {score:<10} {e['kind']} layer {e['layer']} head {e['head']}: "
+                  f"{e['scores'][score]:.3f}")
+
+
+def _chunks(batch, size: int) -> list:
+    from dataclasses import fields
+
+    n = len(batch)
+    return [type(batch)(**{f.name: getattr(batch, f.name)[s:s + size] for f in fields(batch)})
+            for s in range(0, n, size)]
+
+
+def _checkpoint(args, device):
+    from headwise import checkpoint
+    from headwise.recipe import task_for
+    from headwise.train_config import TrainConfig
+
+    loaded = checkpoint.load(args.checkpoint, device=device)
+    cfg = loaded.metadata.get("train_config")
+    if not cfg:
+        raise ValueError(f"checkpoint {args.checkpoint} records no training task, so there is "
+                         "no dataset to run; use a checkpoint written by `headwise train` or "
+                         "`headwise demo`")
+    cfg = TrainConfig.from_dict(cfg).resolved()
+    task = task_for(cfg)
+    batches = _chunks(task.eval_set(args.examples), args.batch_size)
+    tok = loaded.tokenizer
+    names = tok.tokens if tok is not None else None
+    label = Path(args.checkpoint).resolve().name
+    if label == "checkpoint":
+        label = Path(args.checkpoint).resolve().parent.name
+    return loaded.model, batches, names, label, f"task {cfg.task}, held-out set"
+
+
+def _minilm(args, device):
+    from headwise import pretrained
+
+    encoder = pretrained.load_sentence_encoder(pretrained.find_minilm(), device=device)
+    if args.sentences:
+        from headwise.data import read_text
+        texts = [line.strip() for line in read_text(args.sentences).splitlines() if line.strip()]
+        dataset = f"{Path(args.sentences).name}"
+        if not texts:
+            raise ValueError(f"--sentences {args.sentences}: no non-empty lines")
+    else:
+        from headwise.data.corpora import ding_pairs
+        texts, dataset = [en for _, en in ding_pairs()], "English side of the Ding de-en pairs"
+    step = max(1, len(texts) // args.examples)  # spread over the whole file, deterministic
+    texts = texts[::step][:args.examples]
+    tok = encoder.tokenizer
+    batches = [{k: v for k, v in tok.batch(texts[s:s + args.batch_size], device=device).items()
+                if k in ("input_ids", "attention_mask", "token_type_ids")}
+               for s in range(0, len(texts), args.batch_size)]
+    return (encoder.model, batches, tok.tokens, "all-MiniLM-L6-v2",
+            f"{dataset}, {len(texts)} sentences")
