@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print("headwise: interrupted", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
-        print(f"headwise {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        # a nested subcommand (``heads catalogue``) names itself with ``full_command``
+        print(f"headwise {getattr(args, 'full_command', args.command)}: error: "
+              f"{one_line(exc)}", file=sys.stderr)
         return 2
     except Exception:  # a bug in headwise: everything a maintainer needs to act on it
         traceback.print_exc()

@@ -49,7 +49,7 @@ def register(subparsers) -> None:
                         "headwise-reports/heads-catalogue-MODEL/")
     p.add_argument("--title", help="page title")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run, command="heads catalogue")  # errors read "headwise heads catalogue:"
+    p.set_defaults(func=run, full_command="heads catalogue")  # errors: "headwise heads catalogue:"
 
 
 def run(args: argparse.Namespace) -> int:
