@@ -27,9 +27,9 @@ def catalogue_page(catalogue, path: str | os.PathLike | None = None, *,
                    title: str | None = None) -> HeadView:
     """The page of ``catalogue`` (a :class:`~headwise.head_catalogue.Catalogue`); written to
     ``path`` (``.html``, atomically) when given. Displays inline in Jupyter."""
-    from headwise._catalogue_result import Catalogue
-
-    if not isinstance(catalogue, Catalogue):
+    # duck-typed: the Catalogue class imports this module for its .page()
+    if not (isinstance(getattr(catalogue, "meta", None), dict)
+            and isinstance(getattr(catalogue, "heads", None), list)):
         raise TypeError(f"catalogue_page expects a headwise Catalogue (headwise.catalogue(...)),"
                         f" got {type(catalogue).__name__}")
     meta = dict(catalogue.meta)
