@@ -20,21 +20,17 @@ __all__ = ["Prepared", "attention_modules", "prepare"]
 
 
 def attention_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
-    """``{kind: [MultiHeadAttention per layer]}`` of a headwise model."""
-    from headwise.models import Transformer, TransformerLM
+    """``{kind: [MultiHeadAttention per layer]}`` of a model the catalogue can run (the models'
+    own rule: :func:`headwise.models.attention_layers`)."""
+    from headwise.models import Transformer, TransformerLM, attention_layers
     from headwise.models.bert import BertModel
 
-    if isinstance(model, Transformer):
-        return {"encoder_self": [b.self_attn for b in model.encoder.blocks],
-                "decoder_self": [b.self_attn for b in model.decoder.blocks],
-                "cross": [b.cross_attn for b in model.decoder.blocks]}
-    if isinstance(model, TransformerLM):
-        return {"decoder_self": [b.self_attn for b in model.blocks]}
-    if isinstance(model, BertModel):
-        return {"encoder_self": [b.self_attn for b in model.layers]}
-    raise TypeError(f"catalogue: expected a headwise model (Transformer, TransformerLM or "
-                    f"BertModel), got {type(model).__name__}; load a checkpoint with "
-                    "headwise.checkpoint.load or a pretrained one with headwise.pretrained")
+    layers = attention_layers(model)  # TypeError for anything but a headwise model
+    if not isinstance(model, (Transformer, TransformerLM, BertModel)):
+        raise TypeError(f"catalogue: runs a whole Transformer, TransformerLM or BertModel, got "
+                        f"{type(model).__name__} (an Encoder or Decoder alone has no batches "
+                        "of its own; catalogue the model it belongs to)")
+    return layers
 
 
 @dataclass
