@@ -26,11 +26,8 @@ The page and JSON are written by :func:`headwise.viz.catalogue_page` / :meth:`Ca
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
