@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FUSED_KERNEL", "PROJECTION", "SPLIT_HEADS", "Memory", "Role", "StepKind", "WeightsSource", "active",
+__all__ = ["FUSED_KERNEL", "WEIGHTS_AT_V", "PROJECTION", "SPLIT_HEADS", "Memory", "Role", "StepKind", "WeightsSource", "active",
            "describe", "record", "recording"]
 
 
@@ -61,8 +61,10 @@ class WeightsSource:
     """How the attention weights a call returned were produced.
 
     Attributes:
-        method: ``"softmax"`` (softmax of the materialised ``(b, h, i, j)`` scores) or
-            ``"lse"`` (recomputed from the row log-sum-exp a kernel returned).
+        method: ``"softmax"`` (softmax of the materialised ``(b, h, i, j)`` scores),
+            ``"rows"`` (whole rows recomputed as their softmax, chunk by chunk, never holding
+            more than a chunk of scores) or ``"lse"`` (a key range, recomputed from the row
+            log-sum-exp a kernel returned).
         kernel: whose log-sum-exp (``"flash"``, ``"efficient"``, ``"chunked pass"``).
         chunk_rows: query rows recomputed at a time (``None``: all at once).
     """
@@ -75,6 +77,8 @@ class WeightsSource:
         """``"recomputed from the flash LSE, 256-row chunks"``."""
         if self.method == "lse":
             text = f"recomputed from the {self.kernel} LSE".replace("the  LSE", "the LSE")
+        elif self.method == "rows":
+            text = "recomputed exactly as the softmax of whole rows"
         else:
             text = "softmax of the materialised scores"
         return text + (f", {self.chunk_rows}-row chunks" if self.chunk_rows else "")
@@ -178,6 +182,8 @@ SPLIT_HEADS = {"q": StepKind.SPLIT_Q, "k": StepKind.SPLIT_K, "v": StepKind.SPLIT
 
 
 FUSED_KERNEL = "fused kernel"  # the reason a fused path records: nothing fell back
+# the kernel an sdpa call records when its output is the returned weights @ v, block by block
+WEIGHTS_AT_V = "weights @ v"
 
 
 def describe(step: StepKind, facts: dict[str, Any]) -> str:

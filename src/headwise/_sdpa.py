@@ -1,7 +1,7 @@
 """The ``"sdpa"`` backend: the output from ``F.scaled_dot_product_attention``'s fused kernels,
 fed what they are fast on (4-D tensors, masks in their smallest broadcast form, causality as
-``is_causal`` where the kernel accepts it), and per-head weights recomputed exactly from the
-kernel's log-sum-exp (:mod:`headwise.weights`). Registered under its name by
+``is_causal`` where the kernel accepts it), and per-head weights recomputed exactly, in chunks
+(:mod:`headwise.weights`; :func:`_weights_plan` says how). Registered under its name by
 :mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy every backend applies
 (:func:`nan_policy`), kept here because the fused kernel is where it has to be enforced.
 
@@ -11,6 +11,8 @@ key position, ``d`` head dim.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +20,15 @@ from headwise import _flash_cpu
 from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
-from headwise._record import FUSED_KERNEL, Memory, StepKind, WeightsSource, active, record
+from headwise._record import (
+    FUSED_KERNEL,
+    WEIGHTS_AT_V,
+    Memory,
+    StepKind,
+    WeightsSource,
+    active,
+    record,
+)
 from headwise.heads import expand_kv
 
 __all__ = ["sdpa", "sdpa_kernel_name", "nan_policy"]
@@ -27,42 +37,86 @@ __all__ = ["sdpa", "sdpa_kernel_name", "nan_policy"]
 def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
          strict=None):
     """The output from ``F.scaled_dot_product_attention``'s fused kernel; weights, when asked
-    for, recomputed exactly from the kernel's row log-sum-exp (:mod:`headwise.weights`), in
-    chunks, for only the heads/rows/keys asked for."""
+    for, recomputed exactly in chunks for only the heads/rows/keys asked for
+    (:mod:`headwise.weights`): whole rows as their softmax, a key range from the kernel's row
+    log-sum-exp. All weights without autograd take the output from the same chunks instead
+    (``weights @ v``, see :func:`_weights_plan`)."""
     h, g = q.shape[1], k.shape[1]
     mask, is_causal, causal_in_mask = _sdpa_inputs(q, k, v, mask, causal, dropout_p)
     selection = _weights.as_selection(return_weights)
-    if active() or _strict.enabled(strict):
+    strict_on = _strict.enabled(strict)
+    if active() or strict_on:
         kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
         reason = _strict.fallback_reason(q, k, v, mask, dropout_p, kernel)
         _strict.check(strict, reason)
         if selection is not None and selection.everything:
             _check_budget(strict, q, k)
-    lse = None
-    if selection is None:
-        out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
-    else:
+    plan = _weights_plan(selection, q, k, v, dropout_p, strict_on)
+    weights = lse = None
+    if plan == WEIGHTS_AT_V:
+        weights, out = _weights.softmax_rows(q, k, v, mask=mask, causal=is_causal, scale=scale)
+    elif plan == "lse":
         out, lse = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
+    else:
+        out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
     # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
     # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
     out = nan_policy(out, q, k, v)
     if active():
-        source = None if selection is None else WeightsSource(
-            "lse", "flash" if lse is not None else "chunked pass",
-            min(_weights.chunk_rows(_selected(selection.keys, k.shape[2]),
-                                    _weights.BLOCK_ELEMENTS), q.shape[2]))
-        record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
-               fused=kernel != "MATH",
-               memory=Memory.QUADRATIC if kernel == "MATH" else Memory.LINEAR,
-               reason=reason or FUSED_KERNEL, weights_source=source,
-               mask=_mask_kind(mask) if mask is not None else "none",
-               causal="is_causal" if is_causal else ("in mask" if causal_in_mask else "no"))
+        _record_sdpa(out, q, k, selection, plan, lse is not None, kernel, reason, mask,
+                     is_causal, causal_in_mask)
+    if plan == "rows":
+        heads, rows, _ = selection.resolve(h, q.shape[2], k.shape[2], q.device)
+        weights, _ = _weights.softmax_rows(q, k, mask=mask, causal=is_causal, scale=scale,
+                                           heads=heads, rows=rows)
+    elif plan == "lse":
+        if lse is None:
+            lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
+        weights = _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                                    selection=selection)
+    return out, weights
+
+
+def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
+    """How :func:`sdpa` produces its output and weights:
+
+    - ``None``: no weights; the fused kernel.
+    - ``"weights @ v"``: all weights, nothing for autograd to record, no dropout, not strict:
+      every score is computed for the returned weights anyway, so the output is those weights
+      times v, block by block while the block is in cache — one ``q k^T`` instead of two (the
+      fused kernel's and the recompute's). Strict mode keeps the fused kernel for the output.
+    - ``"rows"``: the fused kernel's output; the selected whole rows recomputed as a softmax.
+    - ``"lse"``: a key range: the fused kernel's output and its log-sum-exp, which a part of
+      a row needs (:func:`headwise.weights.from_lse`).
+    """
     if selection is None:
-        return out, None
-    if lse is None:
-        lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
-    return out, _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
-                                  selection=selection)
+        return None
+    if selection.keys is not None:
+        return "lse"
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if selection.everything and not grad and dropout_p == 0.0 and not strict_on:
+        return WEIGHTS_AT_V
+    return "rows"
+
+
+def _record_sdpa(out, q, k, selection, plan, flash_lse, kernel, reason, mask, is_causal,
+                 causal_in_mask) -> None:
+    source = None
+    if selection is not None:
+        rows = _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
+                                   _weights.BLOCK_ELEMENTS)
+        source = (WeightsSource("lse", "flash" if flash_lse else "chunked pass",
+                                min(rows, q.shape[2])) if plan == "lse"
+                  else WeightsSource("rows", "", min(rows, q.shape[2])))
+    quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V
+    if plan == WEIGHTS_AT_V:
+        kernel, reason = WEIGHTS_AT_V, ("all weights asked for, no autograd: one q k^T serves "
+                                         "the weights and the output")
+    record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
+           fused=not quadratic, memory=Memory.QUADRATIC if quadratic else Memory.LINEAR,
+           reason=reason or FUSED_KERNEL, weights_source=source,
+           mask=_mask_kind(mask) if mask is not None else "none",
+           causal="is_causal" if is_causal else ("in mask" if causal_in_mask else "no"))
 
 
 def _selected(index, n: int) -> int:
@@ -151,7 +205,19 @@ def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
 def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
     """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
     head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
-    in one pass without a copy (NaN or inf in, non-finite sum out)."""
+    in one pass without a copy (NaN or inf in, non-finite sum out).
+
+    On the CPU one total over q, k and v comes first: finite (every call but a broken one), and
+    ``out`` is returned as it is, for 3 reductions and one read of a scalar instead of a dozen
+    small ops and a copy of ``out`` (on a GPU that read would be a device sync, so the
+    per-row and per-head masks are always built there, and under torch.compile, which fuses
+    them and cannot branch on a value)."""
+    if out.device.type == "cpu" and not torch.compiler.is_compiling():  # (compiled: fused)
+        total = q.detach().sum(dtype=torch.float32)
+        for t in kv:
+            total = total + t.detach().sum(dtype=torch.float32)
+        if math.isfinite(total.item()):
+            return out
     bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
     for t in kv:
         heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)

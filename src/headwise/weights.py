@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "CHUNK_ELEMENTS"]
+from headwise import _hugepages
+
+__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "softmax_rows", "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -246,6 +248,91 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
             if chunk is not dest:
                 dest.copy_(chunk)
     return w
+
+
+@torch.no_grad()
+def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None, *,
+                 mask: torch.Tensor | None = None, causal: bool = False,
+                 scale: float | None = None, heads=None, rows=None,
+                 budget: int = BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Whole rows of weights, ``softmax(q k^T * scale + bias)`` over every key, block by block;
+    with ``v`` also the output ``weights @ v`` from the same blocks.
+
+    A row that keeps every key needs no log-sum-exp: its softmax is exact on its own. Each
+    block of scores is computed into one reused scratch buffer (no page faults), masked there,
+    and softmaxed straight into the returned tensor; ``weights @ v`` then reads that block while
+    it is still in cache. Fully masked rows get zero weights (and zero output).
+
+    Args:
+        q: ``(b, h, i, d)``; k: ``(b, g, j, d)``; v: ``(b, g, j, e)`` or None.
+        mask, causal, scale: as in :func:`headwise.attention` (``causal`` bottom-right).
+        heads, rows: resolved selections (slices or index tensors; None = all).
+
+    Returns:
+        ``(weights (b, hs, is, j) in q.dtype, output (b, hs, is, e) or None)``; not
+        differentiable.
+    """
+    b, h, nq, d = q.shape
+    g, nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    heads = slice(0, h) if heads is None else heads
+    rows = slice(0, nq) if rows is None else rows
+    work = torch.promote_types(q.dtype, torch.float32)
+    kv_heads = _kv_heads(heads, h, g, q.device)
+    qs = _take(_take(q, 1, heads), 2, rows).to(work) * scale            # (b, hs, is, d)
+    # contiguous once (q, k, v are usually strided views of one projection): every block's
+    # matmul then reads plain row-major matrices
+    kT = _take(k, 1, kv_heads).to(work).contiguous().transpose(-1, -2)  # (b, hs, d, j)
+    vs = None if v is None else _take(v, 1, kv_heads).to(work).contiguous()  # (b, hs, j, e)
+    hs, ns = qs.shape[1], qs.shape[2]
+    w = _hugepages.empty((b, hs, ns, nk), q.dtype, q.device)
+    out = None if v is None else torch.empty(b, hs, ns, v.shape[-1], dtype=q.dtype,
+                                             device=q.device)
+    scratch = torch.empty(min(hs * ns * nk, max(budget, nk)), dtype=work, device=q.device)
+    mask = _mask4(mask)
+    for x in range(b):
+        bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
+        for h0, h1, r0, r1 in _blocks(hs, ns, nk, budget):
+            s = scratch[:(h1 - h0) * (r1 - r0) * nk].view(h1 - h0, r1 - r0, nk)
+            torch.matmul(qs[x, h0:h1, r0:r1], kT[x, h0:h1], out=s)
+            _mask_scores(s[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
+                         slice(0, nk), nq, nk)
+            dest = w[x, h0:h1, r0:r1]
+            _softmax_into(s, dest)
+            if out is not None:
+                o = out[x, h0:h1, r0:r1]
+                if work == q.dtype:
+                    torch.matmul(dest, vs[x, h0:h1], out=o)
+                else:
+                    o.copy_(torch.matmul(dest.to(work), vs[x, h0:h1]))
+    _nan_rows(w, _take(_take(q, 1, heads), 2, rows), _take(k, 1, kv_heads))
+    return w, out
+
+
+def _nan_rows(w: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor) -> None:
+    """The NaN policy on weights ``w (b, hs, is, j)``, in place: NaN in every row whose query
+    ``qs (b, hs, is, d)`` holds NaN or inf, and in every head whose keys ``ks (b, hs, j, d)``
+    do (see :mod:`headwise.attention`)."""
+    if math.isfinite((qs.sum(dtype=torch.float32) + ks.sum(dtype=torch.float32)).item()):
+        return  # the common case: one total instead of a mask
+    bad = ~torch.isfinite(qs.sum(dim=-1, keepdim=True, dtype=torch.float32))
+    bad = bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
+    if bad.any():
+        w.masked_fill_(bad, float("nan"))
+
+
+def _softmax_into(s: torch.Tensor, dest: torch.Tensor) -> None:
+    """``dest = softmax(s, -1)`` with fully masked (all ``-inf``) rows set to 0. A row of
+    softmax is NaN in every entry or in none, so its first entry tells: one strided read per
+    row instead of a pass over the block. (Rows made NaN by NaN inputs are zeroed here too;
+    the caller's NaN policy marks them again.)"""
+    if dest.dtype == s.dtype:
+        torch.ops.aten._softmax.out(s, -1, False, out=dest)
+    else:
+        dest.copy_(torch.softmax(s, dim=-1))
+    dead = torch.isnan(dest[..., :1])
+    if dead.any():
+        dest.masked_fill_(dead, 0.0)
 
 
 def _blocks(hs: int, ns: int, js: int, budget: int) -> Iterator[tuple[int, int, int, int]]:

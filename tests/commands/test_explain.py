@@ -27,7 +27,7 @@ def test_explain_writes_head_view_and_heatmaps_of_real_heads(minilm_folder, tmp_
     # the trace summary: one line per layer's attention call, naming the kernel and why
     assert re.search(r"attention: 6 calls", printed)
     assert printed.count("self_attn") == 6
-    assert "weights recomputed from the flash LSE" in printed
+    assert "weights recomputed exactly as the softmax of whole rows" in printed
     # two texts: their sentence embeddings' cosine similarity, equal to headwise.pretrained.embed
     from headwise.pretrained import embed
     vectors = embed(["The cat sat on the mat.", "Heads disagree."])

@@ -46,7 +46,7 @@ KEY_LINES = [
                        r"merge heads +\(b=1, i=8, \(h d\)=512\)"]),
     ("--out-dim 6", [r"MultiHeadAttention +self +sdpa"]),
     ("--tgt-pad 1", [r"self_attn: .*self-attention, causal, mask bool \(b=1, h=1, i=1, j=4\) = "
-                     r"key padding", r"fused attention +\(b=1, h=2, i=4, d=8\) +sdpa\[FLASH_ATTENTION\].*"
+                     r"key padding", r"fused attention +\(b=1, h=2, i=4, d=8\) +sdpa\[weights @ v\].*"
                      r"mask: bool \(1, 1, 1, 4\); causal: is_causal"]),
     ("--explain", [r"folded == unfolded: yes", r"bit for bit: yes",
                    r"4\. fold \(optional\) +\(3, 2, 2, 3\) +-> \(6, 2, 3\)",

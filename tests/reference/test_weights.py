@@ -15,9 +15,10 @@ def test_weights_from_lse_equal_float64_reference(cfg, budget):
     """Every mask kind, causal with nq != nk, fully masked rows, grouped heads, e != d, b > 1;
     the flash kernel's LSE and the chunked pass (any chunk size) give the same weights."""
     q, k, v, mask = draw_inputs(cfg)
-    _, ref_w = reference_attention(q, k, v, mask, cfg["causal"])
+    ref_out, ref_w = reference_attention(q, k, v, mask, cfg["causal"])
     out, w = hw.attention(q, k, v, mask=mask, causal=cfg["causal"], return_weights=True)
     torch.testing.assert_close(w.double(), ref_w, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.double(), ref_out, rtol=0, atol=1e-6)  # weights @ v
     lse = W.logsumexp(q, k, mask=mask, causal=cfg["causal"], budget=budget)
     w2 = W.from_lse(q, k, lse, mask=mask, causal=cfg["causal"], budget=budget)
     torch.testing.assert_close(w2.double(), ref_w, rtol=0, atol=1e-6)

@@ -107,10 +107,19 @@ def test_fused_kernel_is_reported_and_fallback_reasons_are_given():
     weights = hw.trace(mha, x, return_weights=True)
     [run] = weights.attention
     assert run.fused and run.ran == "sdpa[FLASH_ATTENTION]" and run.memory == "O(n)"
-    assert run.reason == "fused kernel" and run.weights.method == "lse"
-    assert run.weights.kernel == "flash" and run.weights.chunk_rows == 8
+    assert run.reason == "fused kernel" and run.weights.method == "rows"
+    assert run.weights.chunk_rows == 8
     assert not _by_name(weights, "scores").materialised
-    assert "weights recomputed from the flash LSE, 8-row chunks" in str(weights)
+    assert "weights recomputed exactly as the softmax of whole rows, 8-row chunks" \
+        in str(weights)
+    with torch.no_grad():  # nothing for autograd: the output is the returned weights @ v
+        [run] = hw.trace(mha, x, return_weights=True).attention
+    assert not run.fused and run.ran == "sdpa[weights @ v]" and run.memory == "O(n^2)"
+    assert run.verdict.startswith("output = weights @ v: all weights asked for, no autograd")
+    assert run.verdict.endswith("; weights recomputed exactly as the softmax of whole rows, "
+                                "8-row chunks")
+    [run] = hw.trace(mha, x, return_weights=hw.Selection(keys=[0, 1])).attention
+    assert run.fused and run.weights.method == "lse" and run.weights.kernel == "flash"
 
     mha_drop = hw.MultiHeadAttention(32, 4, dropout=0.5, backend="sdpa").train()
     dropped = hw.trace(mha_drop, x)
@@ -179,7 +188,7 @@ def test_markdown_and_json_carry_every_step():
     data = json.loads(t.to_json())
     assert [s["name"] for s in data["steps"]] == [s.name for s in t.steps]
     assert data["steps"][2]["shape"] == list(t.steps[2].shape)
-    assert data["attention"][0]["weights"]["method"] == "lse"
+    assert data["attention"][0]["weights"]["method"] == "rows"
     md = t.to_markdown()
     rows = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == len(t.steps)
@@ -295,9 +304,10 @@ def test_weight_selection_names_the_layers_that_fell_back():
         picked = hw.trace(model, src, tgt, return_weights={"cross": [1]})
     assert all(r.fused for r in fused.attention)
     assert len(fused.attention) == 2 + 2 * 2
-    assert all(r.fused for r in picked.attention)  # weights come from the kernel's LSE
     asked = [(r.path, r.kind) for r in picked.attention if r.weights is not None]
     assert asked == [("decoder.blocks.1.cross_attn", "cross")]
+    # the other layers stay fused; the asked one (all heads, no autograd) reuses its weights
+    assert [r.ran for r in picked.attention if not r.fused] == ["sdpa[weights @ v]"]
 
 def test_identical_blocks_collapse_unless_full():
     torch.manual_seed(0)

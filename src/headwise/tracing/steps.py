@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from headwise._record import WeightsSource
+from headwise._record import WEIGHTS_AT_V, WeightsSource
 
 __all__ = ["AttentionRun", "Step", "fact", "named_shape"]
 
@@ -89,10 +89,12 @@ class AttentionRun:
             text = "fused kernel"
         elif self.ran_backend == "eager" and self.backend == "eager":
             text = f"eager (chosen): {self.reason}"
+        elif self.kernel == WEIGHTS_AT_V:  # not a fallback: the weights asked for, reused
+            text = f"output = {WEIGHTS_AT_V}: {self.reason}"
         else:
             target = "sdpa's math kernel" if self.ran_backend == "sdpa" else self.ran
             text = f"fell back to {target}: {self.reason}"
-        if self.weights is not None and self.fused:
+        if self.weights is not None and (self.fused or self.kernel == WEIGHTS_AT_V):
             text += f"; weights {self.weights.describe()}"
         return text
 
