@@ -8,6 +8,7 @@ Candidates, interleaved in one process (medians of per-round ratios):
   torch+w      torch.nn.MultiheadAttention(need_weights=True) (n <= 2048)
   hw pad       headwise with a key-padding mask (valid_lens)        vs headwise unmasked
   hw causal+pad headwise with causal=True and valid_lens             vs headwise unmasked
+  hw no NaN check  headwise with the NaN policy switched off (what the check costs)
 Peak memory (fresh process per point, n = 1024 and 4096) for raw, headwise and the masks.
 Mask costs of the attention core alone (headwise.attention on (b, h, n, d), no projections),
 the like-for-like comparison with the SDPA anchors (is_causal + a (b, 1, 1, j) padding mask):
@@ -15,6 +16,7 @@ projections are not causal, so at module level they dilute the causal saving.
 
     python benchmarks/attention.py [--seqs 128 256 ...] [--modes fwd fwdbwd] [--no-memory]
                                    [--core-seqs 1024 2048 4096] [--core-only]
+                                   [--threads N] [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,6 +34,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise as hw  # noqa: E402
+from headwise import _sdpa  # noqa: E402
 
 B, H, E = 4, 8, 512
 
@@ -73,6 +77,10 @@ def build(name: str, n: int, mode: str, seed: int = 0):
 
         def call():
             return m(x, **kwargs)[0]
+        if name == "hw no NaN check":  # what the NaN policy costs: the same call without it
+            def call():
+                with _no_nan_policy():
+                    return m(x)[0]
         params = list(m.parameters())
 
     if grad:
@@ -87,8 +95,19 @@ def build(name: str, n: int, mode: str, seed: int = 0):
     return step
 
 
+@contextmanager
+def _no_nan_policy():
+    """The sdpa backend without its NaN policy (benchmark only: it measures the check)."""
+    saved = _sdpa.nan_policy
+    _sdpa.nan_policy = lambda out, *inputs: out
+    try:
+        yield
+    finally:
+        _sdpa.nan_policy = saved
+
+
 def time_point(n: int, mode: str) -> dict:
-    names = ["raw", "headwise", "torch", "hw pad", "hw causal+pad"]
+    names = ["raw", "headwise", "hw no NaN check", "torch", "hw pad", "hw causal+pad"]
     if n <= 2048:
         names.append("torch+w")
     steps = {name: build(name, n, mode) for name in names}
@@ -96,6 +115,7 @@ def time_point(n: int, mode: str) -> dict:
     times = C.interleave(steps, min_rounds=3 if n < 4096 else 2, budget_s=budget)
     row = {"n": n, "mode": mode, "raw ms": C.median_ms(times["raw"])}
     row["headwise/raw"] = C.ratio(times["headwise"], times["raw"])
+    row["NaN check: hw/hw without"] = C.ratio(times["headwise"], times["hw no NaN check"])
     row["torch/raw"] = C.ratio(times["torch"], times["raw"])
     row["headwise/torch"] = C.ratio(times["headwise"], times["torch"])
     row["torch+w/raw"] = C.ratio(times["torch+w"], times["raw"]) if "torch+w" in times else "-"
@@ -135,11 +155,28 @@ def core_point(n: int, mode: str) -> dict:
 
     times = C.interleave({name: stepper(c) for name, c in calls.items()},
                          min_rounds=3, budget_s=6.0 if n <= 1024 else 14.0)
+    # flash attention's matmul flops: forward q k^T and p v; backward recomputes s and adds
+    # dv, dp, dq, dk (5 matmuls)
+    flops = (4 if not grad else 14) * B * H * n * n * (E // H)
+    rate = flops / C.median_ms(times["raw sdpa"]) / 1e6
     return {"n": n, "mode": mode, "raw sdpa ms": C.median_ms(times["raw sdpa"]),
+            "sdpa GFLOP/s (frac of mm)": f"{rate:.0f} ({rate / _ceilings()['gflops']:.2f})",
             "hw/raw": C.ratio(times["hw"], times["raw sdpa"]),
             "hw pad/hw": C.ratio(times["hw pad"], times["hw"]),
             "hw causal+pad/hw": C.ratio(times["hw causal+pad"], times["hw"]),
             "raw is_causal+pad/raw": C.ratio(times["raw is_causal+pad"], times["raw sdpa"])}
+
+
+def _ceilings() -> dict:
+    """The fp32 matmul rate run_all.py measured (or measured here once)."""
+    global _CEIL
+    if _CEIL is None:
+        from weights import ceilings
+        _CEIL = ceilings()
+    return _CEIL
+
+
+_CEIL = None
 
 
 def memory_child(name: str, n: int, mode: str) -> None:
@@ -159,10 +196,16 @@ def main() -> None:
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--core-seqs", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--core-only", action="store_true")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--clock", choices=sorted(C.CLOCKS), default="wall",
+                   help="cpu: this process's CPU time (for 1 thread on a shared machine)")
     p.add_argument("--child", nargs=3, metavar=("NAME", "N", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return memory_child(args.child[0], int(args.child[1]), args.child[2])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    C.set_clock(args.clock)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, b={B}, embed={E}, "
           f"heads={H}, fp32\n")
     core_rows = [core_point(n, mode) for mode in args.modes for n in args.core_seqs]

@@ -36,6 +36,8 @@ BENCHMARKS = {
     "bert": ([], ["--batch", "8", "--budget", "8", "--random-weights"]),
     "head_view": ([], ["--rounds", "1"]),
     "cli_startup": ([], ["--rounds", "3"]),
+    "llama_decode": ([], ["--threads", "2", "--batches", "1", "--new", "16", "--layers", "4",
+                          "--budget", "5"]),
 }
 
 

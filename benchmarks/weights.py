@@ -4,9 +4,14 @@ long context and torch.compile.
 Tables (interleaved rounds in one process, medians of per-round ratios; peak memory in a fresh
 process per point):
   weights    b=4, embed 512, 8 heads, fp32, module forward (no_grad), n = 256 ... 4096:
-             fused (headwise, no weights; the anchor), all weights, one head, 16 query rows of
-             every head, torch.nn.MultiheadAttention(need_weights=True, average_attn_weights=
-             False) (n <= 2048)
+             fused (headwise, no weights; the anchor), all weights (output = weights @ v, the
+             default without autograd), all weights with the output from the fused kernel
+             (strict mode's choice, and autograd's), one head, 16 query rows of every head,
+             torch.nn.MultiheadAttention(need_weights=True, average_attn_weights=False)
+             (n <= 2048)
+  floor      where the time of all weights goes at n = 1024: the attention core's pieces
+             (q k^T into a resident tensor, a softmax pass, writing a fresh 128 MiB tensor with
+             4 KiB and with 2 MiB pages) against the module's fused forward
   memory     peak memory above the fused path's for each selection, against the full weights
              tensor (b, h, n, n)
   stats      headwise.stats.head_stats on (b=1, h=8, n, d=64): time, peak memory, fitted exponent
@@ -14,7 +19,10 @@ process per point):
              time, peak memory, fitted exponent
   compile    TransformerLM forward (no_grad) eager vs torch.compile (inductor), same process
 
-    python benchmarks/weights.py [--quick] [--tables weights memory stats long compile]
+    python benchmarks/weights.py [--quick] [--threads N] [--clock wall|cpu]
+                                 [--tables weights floor memory stats long compile]
+
+On a shared machine, ``--threads 1 --clock cpu`` times this process's own CPU time.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise as hw  # noqa: E402
+from headwise import _hugepages  # noqa: E402
 
 B, H, E = 4, 8, 512
 
@@ -67,6 +77,7 @@ def weights_rows(seqs: list[int], budget: float) -> list[dict]:
                "fused GFLOP/s (frac of mm)": f"{flops / C.median_ms(t['fused']) / 1e6:.0f} "
                f"({flops / C.median_ms(t['fused']) / 1e6 / ceil['gflops']:.2f})",
                "all / fused": C.ratio(t["all"], t["fused"]),
+               "all, fused out / fused": C.ratio(t["all fused out"], t["fused"]),
                "head / fused": C.ratio(t["head"], t["fused"]),
                "16 rows / fused": C.ratio(t["rows16"], t["fused"])}
         # the weights tensor written once: its bytes over the time all weights add
@@ -86,16 +97,50 @@ def _candidates(n: int) -> dict:
     torch.manual_seed(0)
     x = torch.randn(B, n, E)
     mha = hw.MultiHeadAttention(E, H, bias=False).eval()
+    strict = hw.MultiHeadAttention(E, H, bias=False, strict=True).eval()  # output: fused kernel
+    strict.load_state_dict(mha.state_dict())
     tm = nn.MultiheadAttention(E, H, bias=False, batch_first=True).eval()
     cand = {
         "fused": lambda: mha(x),
         "all": lambda: mha(x, return_weights=True),
+        "all fused out": lambda: strict(x, return_weights=True),
         "head": lambda: mha(x, return_weights=hw.Selection(heads=0)),
         "rows16": lambda: mha(x, return_weights=hw.Selection(rows=slice(-16, None))),
     }
     if n <= 2048:
         cand["torch+w"] = lambda: tm(x, x, x, need_weights=True, average_attn_weights=False)
     return cand
+
+
+def floor_rows(n: int, budget: float) -> list[dict]:
+    """The pieces of all weights at size n, each against the module's fused forward."""
+    torch.manual_seed(0)
+    x = torch.randn(B, n, E)
+    mha = hw.MultiHeadAttention(E, H, bias=False).eval()
+    q, k, v = (torch.randn(B, H, n, E // H) for _ in range(3))
+    s, w = torch.randn(B, H, n, n), torch.empty(B, H, n, n)
+    shape = (B, H, n, n)
+    cand = {
+        "module fused forward (anchor)": lambda: mha(x),
+        "module, all weights (weights @ v)": lambda: mha(x, return_weights=True),
+        "core: fused SDPA (flash)": lambda: F.scaled_dot_product_attention(q, k, v),
+        "core: softmax_rows + weights @ v": lambda: hw.weights.softmax_rows(q, k, v),
+        "q k^T into a resident tensor": lambda: torch.matmul(q, k.transpose(-1, -2), out=w),
+        "softmax, resident to resident": lambda: torch.ops.aten._softmax.out(s, -1, False,
+                                                                              out=w),
+        "weights @ v (resident weights)": lambda: torch.matmul(s, v),
+        "write a fresh tensor, 4 KiB pages": lambda: torch.empty(shape).fill_(1.0),
+        "write a fresh tensor, 2 MiB pages": lambda: _hugepages.empty(shape, torch.float32,
+                                                                      "cpu").fill_(1.0),
+        "write a resident tensor": lambda: w.fill_(1.0),
+    }
+    with torch.no_grad():
+        t = C.interleave(cand, budget_s=budget, max_rounds=15)
+    anchor = t["module fused forward (anchor)"]
+    label = f"piece (n={n}, {B * H * n * n * 4 >> 20} MiB of weights)"
+    return [{label: name,
+             "ms": C.median_ms(ts), "/ module fused": C.ratio(ts, anchor)}
+            for name, ts in t.items()]
 
 
 def memory_child(what: str, n: int) -> None:
@@ -189,19 +234,29 @@ def compile_rows(budget: float) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter budgets")
-    p.add_argument("--tables", nargs="+", default=["weights", "memory", "stats", "long",
-                                                    "compile"])
+    p.add_argument("--tables", nargs="+", default=["weights", "floor", "memory", "stats",
+                                                    "long", "compile"])
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--clock", choices=sorted(C.CLOCKS), default="wall")
+    p.add_argument("--seqs", type=int, nargs="+", help="n for the weights table")
     p.add_argument("--child", nargs=2, metavar=("WHAT", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return memory_child(args.child[0], int(args.child[1]))
     q = args.quick
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; b={B}, embed={E}, "
-          f"heads={H}, fp32\n")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    C.set_clock(args.clock)
+    # the strict candidate asks for all weights above the default budget at n >= 2048
+    os.environ.setdefault("HEADWISE_WEIGHTS_BUDGET_MB", str(1 << 20))
+    seqs = args.seqs or ([256, 1024] if q else [256, 512, 1024, 2048, 4096])
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}; "
+          f"b={B}, embed={E}, heads={H}, fp32\n")
     sections = {
         "weights": ("Weights from the LSE vs the fused path without weights (module forward)",
-                    lambda: weights_rows([256, 1024] if q else [256, 512, 1024, 2048, 4096],
-                                         3.0 if q else 8.0)),
+                    lambda: weights_rows(seqs, 3.0 if q else 8.0)),
+        "floor": ("Where the time of all weights goes (same process; < 1 is cheaper)",
+                  lambda: floor_rows(1024, 4.0 if q else 10.0)),
         "memory": ("Peak memory above the fused path, against the full weights tensor",
                    lambda: memory_rows([1024] if q else [1024, 4096])),
         "stats": ("Streaming statistics, b=1, h=8, d=64, causal (fresh process per n)",
