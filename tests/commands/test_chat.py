@@ -3,6 +3,8 @@ and turns bad arguments into one-line errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from headwise.cli import main
@@ -26,3 +28,27 @@ def test_bad_arguments_are_one_line_errors(smollm2_path, capsys, argv, message):
     assert main(["chat", "Hi", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_view_writes_prompt_and_answer_in_one_head_view(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    pytest.importorskip("jinja2")
+    from tests.pretrained import tiny_gguf
+    from tests.viz.test_head_view import read_page
+    path = tiny_gguf.write(tmp_path / "tiny.gguf", heads=4, kv_heads=2)
+    out = tmp_path / "answer.html"
+    assert main(["chat", "hi", "--gguf", str(path), "--max-new-tokens", "4", "--view",
+                 str(out)]) == 0
+    err = capsys.readouterr().err
+    n_prompt, n_answer = map(int, re.search(r"prompt \+ answer \((\d+) \+ (\d+) tokens\)",
+                                            err).groups())
+    meta = read_page(out)[1]
+    assert meta["kinds"]["decoder_self"]["kvHeads"] == 2
+    assert meta["tokens"]["tgt"][0][0] == "<|im_start|>"  # the chat template's prompt
+    assert len(meta["tokens"]["tgt"][0]) == n_prompt + n_answer
+    assert meta["generatedStart"] == ([n_prompt] if n_answer else None)
+
+
+def test_view_must_be_an_html_file(capsys):
+    assert main(["chat", "hi", "--view", "answer.png"]) == 2
+    assert "expected a .html file" in capsys.readouterr().err

@@ -180,3 +180,12 @@ def test_smollm2_head_view_groups_9_query_heads_under_3(smollm2_path, tmp_path, 
     assert meta["generatedStart"] == [2] and len(meta["tokens"]["tgt"][0]) == 4
     assert "30 layers x 9 query heads sharing 3 key/value heads (3 each)" in printed
     assert "attention: 30 calls" in printed
+
+
+def test_missing_gguf_package_is_one_line(tiny_llama, monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as without the 'pretrained' extra
+    assert main(["explain", "--gguf", str(tiny_llama), "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the 'gguf' package: pip install 'headwise[pretrained]'" in err
+    assert "Traceback" not in err
