@@ -145,7 +145,8 @@ def from_gguf(args) -> tuple[torch.nn.Module, tuple, dict]:
     chat.check_length(len(ids))
     c = chat.config
     print(f"{c.name}: {c.num_layers} layers, {c.num_heads} query heads sharing "
-          f"{c.num_kv_heads} key/value heads; text {text!r} -> {len(ids)} tokens "
+          f"{c.num_kv_heads} key/value heads; text {text!r} -> {len(ids)} "
+          f"token{'s' * (len(ids) != 1)} "
           f"{chat.tokenizer.tokens(ids)}")
     args.seq, args.batch = len(ids), 1
     kwargs = {}

@@ -306,7 +306,8 @@
   }
   function sizeThumbs() { // the grid takes about a third of the window, the detail view the rest
     const heads = Math.max(...kindMeta().heads.map((h) => h || 0));
-    const avail = Math.max(200, (window.innerWidth || 1400) * 0.31 - 80);
+    const gaps = Math.max(0, (kindMeta().kvHeads || 1) - 1) * 10; // the key/value groups' gap columns
+    const avail = Math.max(200, (window.innerWidth || 1400) * 0.31 - 80 - gaps);
     const px = Math.max(30, Math.min(64, Math.floor(avail / heads) - 10));
     document.documentElement.style.setProperty("--thumb", px + "px");
   }
