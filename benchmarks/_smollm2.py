@@ -1,22 +1,36 @@
-"""SmolLM2-135M-Instruct (GGUF, dequantized to float32) on headwise vs Hugging Face transformers'
+"""SmolLM2-135M-Instruct (its Q4_1 GGUF) on headwise vs Hugging Face transformers'
 ``LlamaForCausalLM`` loaded from the same file (sdpa attention, its own ``generate``).
 
-Run by ``benchmarks/generate.py --model smollm2``. Interleaved in one process (rotating order,
-medians; ratios are medians of per-round ratios):
+Run by ``benchmarks/generate.py --model smollm2 [--quick]``. Weights, as pairs of the same
+values in the same dtype (the fair "same weights" comparisons):
 
-  decode     greedy, 256 new tokens after a 64-token chat prompt, batch 1 and 4:
-             headwise.generate vs HF generate (min_new_tokens=256 so neither stops early);
-             tok/s = batch * 256 / time of the whole call (the 64-token prefill included)
-  prefill    one forward over 512 tokens (all logits) vs HF's forward
-  bandwidth  bytes of weights one decode step reads (every fp32 parameter once, the tied
-             matrix once) * steps/s / the copy bandwidth (read + write bytes of a 256 MiB
-             tensor copy) measured in the same run
-  memory     in a fresh process (headwise only): resident set after loading and decoding 256
-             tokens at batch 4, minus the process before loading, / the fp32 weight bytes
+  fp32   headwise, dequantized float32          vs HF float32 (the same dequantized values)
+  bf16   headwise, those weights in bfloat16    vs HF in bfloat16 (``.to(torch.bfloat16)``)
+  q4     headwise ``load_gguf(q4=True)``: the decode step multiplies by the file's own 4-bit
+         blocks (torch's int4 kernel; bfloat16 activations into those products, float32
+         elsewhere; the prompt runs in float32): vs HF float32 and vs HF bfloat16. HF has no
+         4-bit CPU path for this file.
+
+All five models run interleaved in one process (rotating order; ratios are medians of per-round
+ratios), at each thread count:
+
+  decode     greedy, 256 new tokens after a 64-token chat prompt (no end-of-sequence token on
+             either side), batch 1 and 4: tok/s =
+             batch * 256 / time of the whole ``generate`` call (the 64-token prefill included:
+             conservative for both); ``agree`` = leading new tokens equal to HF's in that row
+  prefill    one forward over 512 tokens (all logits), time ratio
+  bandwidth  bytes of weights one decode step reads (every parameter once, the tied matrix once;
+             q4: the 4-bit codes + their bfloat16 scales instead of the float32 matrices) x
+             steps/s / the copy bandwidth (read + write bytes of a 256 MiB copy) measured in the
+             same run at the same thread count
+  memory     in a fresh process per variant (headwise only): resident set after loading and
+             decoding 256 tokens at batch 4, minus the process before loading, / the float32
+             weight bytes
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import sys
@@ -30,11 +44,13 @@ NEW, PROMPT, PREFILL = 256, 64, 512
 TEXT = ("Explain, step by step and with examples, how attention heads in a small language "
         "model decide which earlier words matter for the next word, and why grouped-query "
         "attention lets nine query heads share three key/value heads without losing much.")
+# headwise variant -> the HF model(s) it is compared with
+PAIRS = {"fp32": ("fp32",), "bf16": ("bf16",), "q4": ("fp32", "bf16")}
 
 
 def chat_prompt(chat, n: int) -> torch.Tensor:
     """``(1, n)`` ids: the chat template around a long user message, cut to ``n`` tokens."""
-    ids = chat.tokenizer.chat(TEXT * 8)
+    ids = chat.tokenizer.chat(TEXT * 20)
     assert len(ids) >= n
     return torch.tensor([ids[:n]])
 
@@ -51,99 +67,162 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / best
 
 
-def weight_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())  # tied: once
+def step_bytes(model) -> int:
+    """Bytes of weights one decode step reads: each parameter once (tied: once), except the
+    matrices that carry 4-bit codes, read as those codes and scales."""
+    coded = {id(m.weight): m.int4.nbytes() for m in model.modules()
+             if getattr(m, "int4", None) is not None}
+    return sum(coded.get(id(p), p.numel() * p.element_size()) for p in model.parameters())
+
+
+def fp32_bytes(model) -> int:
+    return sum(p.numel() * 4 for p in model.parameters())  # tied: once
 
 
 def load_hf(path):
     import transformers
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     return transformers.LlamaForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="sdpa").eval()
 
 
-def measure(threads: int, rounds: int, batches) -> list[dict]:
-    from headwise import generate
-    from headwise.pretrained import find_smollm2, load_gguf
+def load_all():
+    """``(chat, ours: name -> model, theirs: name -> HF model)``, every weight from one file."""
+    from headwise.pretrained.gguf import build_model, find_smollm2, load_gguf, read_gguf
+    from headwise.pretrained.q4 import attach
 
-    torch.set_num_threads(threads)
     path = find_smollm2()
-    chat, hf = load_gguf(path), load_hf(path)
-    prompt = chat_prompt(chat, PROMPT)
-    rows = []
-    for b in batches:
-        ids = prompt.expand(b, -1).contiguous()
-        mask = torch.ones_like(ids)
-        out = {}
+    file = read_gguf(path)
+    chat = load_gguf(file)
+    q4 = build_model(file)
+    attach(q4, file)
+    ours = {"fp32": chat.model, "bf16": copy.deepcopy(chat.model).to(torch.bfloat16), "q4": q4}
+    hf = load_hf(path)
+    # no end-of-sequence token: both sides decode exactly NEW tokens with nothing suppressed
+    # (min_new_tokens would mask <|im_end|> on HF's side only), so the tokens stay comparable
+    hf.generation_config.eos_token_id = None
+    theirs = {"fp32": hf, "bf16": copy.deepcopy(hf).to(torch.bfloat16)}
+    return chat, ours, theirs
 
-        def ours(ids=ids, out=out):
-            out["ours"] = generate(chat.model, ids, max_new_tokens=NEW)
 
-        def theirs(ids=ids, mask=mask, out=out):
+def decode_rows(threads, b, prompt, ours, theirs, rounds) -> list[dict]:
+    from headwise import generate
+
+    ids = prompt.expand(b, -1).contiguous()
+    mask, out = torch.ones_like(ids), {}
+
+    def hw(name):
+        def run():
+            out["hw " + name] = generate(ours[name], ids, max_new_tokens=NEW)
+        return run
+
+    def hf(name):
+        def run():
             with torch.inference_mode():
-                out["hf"] = hf.generate(ids, attention_mask=mask, do_sample=False,
-                                        max_new_tokens=NEW, min_new_tokens=NEW)
+                out["HF " + name] = theirs[name].generate(
+                    ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW)
+        return run
 
-        times = C.interleave({"headwise": ours, "HF": theirs}, warmup=0, min_rounds=rounds,
-                             max_rounds=rounds)
-        same = out["ours"].shape == out["hf"].shape and bool((out["ours"] == out["hf"]).all())
-        tok_s = {k: b * NEW / min(v) for k, v in times.items()}
-        rows.append(dict(threads=threads, batch=b, what=f"decode {NEW} after {PROMPT}",
-                         headwise=f"{tok_s['headwise']:.1f} tok/s", HF=f"{tok_s['HF']:.1f} tok/s",
-                         ratio=1 / C.ratio(times["headwise"], times["HF"]),
-                         goal=">= 1.5x", same_tokens=same,
-                         _steps_s=NEW / statistics.median(times["headwise"])))
-    ids = _long_ids(chat, PREFILL)
-    with torch.inference_mode():
-        times = C.interleave({"headwise": lambda: chat.model(ids), "HF": lambda: hf(ids)},
-                             warmup=1, min_rounds=rounds, max_rounds=rounds + 2)
-    rows.append(dict(threads=threads, batch=1, what=f"prefill {PREFILL}",
-                     headwise=f"{C.median_ms(times['headwise']):.0f} ms",
-                     HF=f"{C.median_ms(times['HF']):.0f} ms",
-                     ratio=C.ratio(times["headwise"], times["HF"]), goal="<= 1.0x (time)"))
-    bw, wb = copy_bandwidth(), weight_bytes(chat.model)
-    for row in rows:
-        if "_steps_s" in row:
-            row["bandwidth"] = f"{wb * row.pop('_steps_s') / bw:.0%} of {bw / 1e9:.1f} GB/s"
+    fns = {f"hw {n}": hw(n) for n in ours} | {f"HF {n}": hf(n) for n in theirs}
+    times = C.interleave(fns, warmup=0, min_rounds=rounds, max_rounds=rounds)
+    rows = []
+    for name, anchors in PAIRS.items():
+        for anchor in anchors:
+            mine, ref = times[f"hw {name}"], times[f"HF {anchor}"]
+            rows.append(dict(
+                threads=threads, batch=b, what=f"decode {NEW} after {PROMPT}",
+                headwise=name, HF=anchor,
+                **{"headwise tok/s": b * NEW / statistics.median(mine),
+                   "HF tok/s": b * NEW / statistics.median(ref)},
+                ratio=1 / C.ratio(mine, ref), goal=">= 1.5x",
+                agree=f"{_agree(out[f'hw {name}'], out[f'HF {anchor}'], PROMPT)}/{NEW}",
+                _steps_s=NEW / statistics.median(mine), _model=name))
     return rows
 
 
-def _long_ids(chat, n: int) -> torch.Tensor:
-    ids = chat.tokenizer.chat(TEXT * 20)
-    return torch.tensor([ids[:n]])
+def _agree(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
+    """New tokens equal in every row before the first difference."""
+    same = (a[:, start:] == b[:, start:]).all(0)
+    return int(same.long().cumprod(0).sum())
 
 
-def memory_child(batch: int) -> dict:
+def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
+    fns = {}
+    for name in ("fp32", "bf16"):
+        fns[f"hw {name}"] = lambda m=ours[name]: m(ids)
+        fns[f"HF {name}"] = lambda m=theirs[name]: m(ids)
+    with torch.inference_mode():
+        times = C.interleave(fns, warmup=1, min_rounds=rounds, max_rounds=rounds)
+    return [dict(threads=threads, batch=1, what=f"prefill {PREFILL}", headwise=n, HF=n,
+                 **{"headwise tok/s": PREFILL / statistics.median(times[f"hw {n}"]),
+                    "HF tok/s": PREFILL / statistics.median(times[f"HF {n}"])},
+                 ratio=C.ratio(times[f"hw {n}"], times[f"HF {n}"]), goal="<= 1.0x (time)")
+            for n in ("fp32", "bf16")]
+
+
+def measure(threads: int, rounds: int, batches, chat, ours, theirs) -> list[dict]:
+    torch.set_num_threads(threads)
+    prompt = chat_prompt(chat, PROMPT)
+    rows = []
+    for b in batches:
+        rows += decode_rows(threads, b, prompt, ours, theirs, rounds)
+        print(C.table(rows[-5:], COLS), flush=True)  # partial results survive an interruption
+    rows += prefill_rows(threads, chat_prompt(chat, PREFILL), ours, theirs, rounds)
+    bw = copy_bandwidth()
+    for row in rows:
+        if "_steps_s" in row:
+            read = step_bytes(ours[row.pop("_model")])
+            frac = read * row.pop("_steps_s") / bw
+            row["bandwidth"] = f"{frac:.0%} ({read / 2**20:.0f} MiB/step, {bw / 1e9:.1f} GB/s)"
+    return rows
+
+
+COLS = ["threads", "batch", "what", "headwise", "HF", "headwise tok/s", "HF tok/s", "ratio",
+        "goal", "agree", "bandwidth"]
+
+
+def memory_child(batch: int, variant: str) -> dict:
     """In a fresh process: RSS growth from loading + decoding, over the fp32 weight bytes."""
     from headwise import generate
     from headwise.pretrained import load_smollm2
 
     torch.set_num_threads(1)
     before = C.rss_mb()
-    chat = load_smollm2()
+    chat = load_smollm2(dtype=torch.bfloat16 if variant == "bf16" else torch.float32,
+                        q4=variant == "q4")
     ids = chat_prompt(chat, PROMPT).expand(batch, -1).contiguous()
     generate(chat.model, ids, max_new_tokens=NEW)
-    weights_mb = weight_bytes(chat.model) / 2**20
     return dict(rss_mb=C.rss_mb() - before, peak_mb=C.rss_mb("VmHWM") - before,
-                weights_mb=weights_mb)
+                weights_mb=fp32_bytes(chat.model) / 2**20)
 
 
 def run(threads_list, rounds: int, batches) -> None:
-    rows, cols = [], ["threads", "batch", "what", "headwise", "HF", "ratio", "goal",
-                      "same_tokens", "bandwidth"]
+    t0 = time.perf_counter()
+    chat, ours, theirs = load_all()
+    print(f"# torch {torch.__version__}, loaded in {time.perf_counter() - t0:.0f} s; "
+          f"{rounds} interleaved round(s); tok/s and ms are medians", flush=True)
+    rows = []
     for threads in threads_list:
-        rows += measure(threads, rounds, batches)
-        print(C.table(rows, cols), flush=True)  # partial results survive an interrupted run
-    print("\n## SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32): headwise vs HF LlamaForCausalLM\n")
-    print(C.table(rows, cols))
-    mem = C.peak_in_subprocess(__file__, "--memory-child", str(max(batches)))
-    print(f"\nresident memory (fresh process, batch {max(batches)}, {NEW} tokens decoded): "
-          f"{mem['rss_mb']:.0f} MiB after, {mem['peak_mb']:.0f} MiB peak, over fp32 weights "
-          f"{mem['weights_mb']:.0f} MiB: {mem['rss_mb'] / mem['weights_mb']:.2f}x after, "
-          f"{mem['peak_mb'] / mem['weights_mb']:.2f}x peak (goal <= 1.25x)")
+        rows += measure(threads, rounds, batches, chat, ours, theirs)
+    print("\n## SmolLM2-135M-Instruct (Q4_1 GGUF): headwise vs HF LlamaForCausalLM\n")
+    print(C.table(rows, COLS))
+    print("\nratio: decode = headwise tok/s over HF's (median of per-round ratios); prefill = "
+          "headwise time over HF's. agree: leading new tokens equal to HF's in every row.")
+    del chat, ours, theirs
+    print(f"\n## Resident memory (fresh process, batch {max(batches)}, {NEW} tokens decoded; "
+          "goal <= 1.25x the fp32 weights)\n")
+    mem = []
+    for variant in PAIRS:
+        m = C.peak_in_subprocess(__file__, "--memory-child", str(max(batches)), variant)
+        mem.append({"headwise": variant, "after MiB": m["rss_mb"], "peak MiB": m["peak_mb"],
+                    "fp32 weights MiB": m["weights_mb"],
+                    "after / fp32 weights": m["rss_mb"] / m["weights_mb"],
+                    "peak / fp32 weights": m["peak_mb"] / m["weights_mb"]})
+    print(C.table(mem, list(mem[0])))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--memory-child"]:
     import json
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    print(json.dumps(memory_child(int(sys.argv[2]))))
+    print(json.dumps(memory_child(int(sys.argv[2]), sys.argv[3])))

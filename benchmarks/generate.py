@@ -17,11 +17,13 @@ vs the end of a 1024-token run comes from timing every step of one cached run (m
 first and last 64 steps).
 
     python benchmarks/generate.py [--new 64 512 1024] [--batches 1 8] [--budget 6]
-    python benchmarks/generate.py --model smollm2 [--threads 1 2] [--rounds 2]
+    python benchmarks/generate.py --model smollm2 [--threads 1 2] [--rounds 3] [--quick]
 
 ``--model smollm2``: the real SmolLM2-135M-Instruct from its GGUF against Hugging Face's
-``generate`` with the same weights (decode at batch 1 and 4, prefill of 512 tokens, fraction of
-the memory-bandwidth limit, resident memory; see ``benchmarks/_smollm2.py``).
+``generate`` with the same weights, as same-dtype pairs (fp32, bf16) plus headwise's 4-bit
+decode step on the file's own blocks (decode at batch 1 and 4, prefill of 512 tokens, fraction
+of the memory-bandwidth limit, resident memory; see ``benchmarks/_smollm2.py``). ``--quick``:
+one interleaved round (about 10 minutes on 2 idle cores).
 """
 
 from __future__ import annotations
@@ -157,12 +159,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=None,
                     help="torch threads (default: torch's; smollm2: 1 2)")
     ap.add_argument("--model", choices=("toy", "smollm2"), default="toy")
-    ap.add_argument("--rounds", type=int, default=2, help="smollm2: interleaved rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="smollm2: interleaved rounds")
+    ap.add_argument("--quick", action="store_true", help="smollm2: one round")
     args = ap.parse_args()
     if args.model == "smollm2":
         import _smollm2
         batches = args.batches if args.batches != [1, 8] else [1, 4]
-        _smollm2.run(args.threads or [1, 2], args.rounds, batches)
+        _smollm2.run(args.threads or [1, 2], 1 if args.quick else args.rounds, batches)
         return
     if args.threads:
         args.threads = args.threads[0]

@@ -1,4 +1,5 @@
-"""The decoding step's weight layouts: both give nn.Linear's result."""
+"""The decoding step's weight layouts: both float layouts give nn.Linear's result; the 4-bit
+:class:`~headwise._rows.Int4` multiplies by its codes."""
 
 import torch
 from hypothesis import given, settings
@@ -28,3 +29,53 @@ def test_the_untransposed_weight_is_the_modules_own_tensor():
     layer = nn.Linear(3, 2)
     assert _rows.of_linear(layer, False)[0].data_ptr() == layer.weight.data_ptr()
     assert _rows.of_linear(layer, True)[0].data_ptr() != layer.weight.data_ptr()
+
+
+def _random_int4(out, groups, seed):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out, groups * 32), generator=g)
+    scales = torch.rand(out, groups, generator=g) * 0.1 + 0.01
+    zeros = torch.randn(out, groups, generator=g) * 0.3
+    return codes, scales, zeros
+
+
+def _reference(codes, scales, zeros):
+    """``(q - 8) * scale + zero`` in float64, with scale and zero rounded to bfloat16 as the
+    kernel holds them."""
+    s, z = (t.to(torch.bfloat16).double().repeat_interleave(32, 1) for t in (scales, zeros))
+    return (codes.double() - 8) * s + z
+
+
+@settings(deadline=None, max_examples=20)
+@given(out=st.sampled_from([16, 64, 96]), groups=st.integers(1, 4), rows=st.integers(1, 4),
+       seed=st.integers(0, 2**31 - 1))
+def test_int4_multiplies_by_its_codes(out, groups, rows, seed):
+    codes, scales, zeros = _random_int4(out, groups, seed)
+    w = _rows.Int4(codes, scales, zeros, 32)
+    want_w = _reference(codes, scales, zeros)
+    assert (w.dequantize().double() - want_w).abs().max() < 1e-6 * want_w.abs().max()
+    x = torch.randn(rows, groups * 32, generator=torch.Generator().manual_seed(seed + 1))
+    # the kernel rounds x to bfloat16, accumulates in float32, returns bfloat16 -> x's dtype
+    want = x.to(torch.bfloat16).double() @ want_w.t()
+    got = w(x)
+    assert got.dtype == x.dtype and got.shape == (rows, out)
+    assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 1e-4 * want.abs().max()).all()
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+@settings(deadline=None, max_examples=10)
+@given(seed=st.integers(0, 2**31 - 1), bias=st.booleans())
+def test_linear_and_residual_take_int4_from_the_layer(seed, bias):
+    torch.manual_seed(seed)
+    layer = torch.nn.Linear(64, 32, bias=bias)
+    codes, scales, zeros = _random_int4(32, 2, seed)
+    layer.int4 = _rows.Int4(codes, scales, zeros, 32)
+    w = _rows.of_linear(layer, transpose=True)  # codes win over any float layout
+    assert w[2] is _rows.INT4 and _rows.quantized(torch.nn.Sequential(layer))
+    x, res = torch.randn(3, 64), torch.randn(3, 32)
+    plain = layer.int4(x) + (layer.bias if bias else 0)
+    torch.testing.assert_close(_rows.linear(x, w), plain, rtol=0, atol=0)
+    torch.testing.assert_close(_rows.residual(res, x, w), res + plain, rtol=1e-6, atol=1e-6)
+    del layer.int4
+    assert _rows.of_linear(layer, transpose=False)[2] is False
+    assert not _rows.quantized(torch.nn.Sequential(layer))

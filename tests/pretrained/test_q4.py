@@ -1,0 +1,101 @@
+"""A GGUF's own 4-bit blocks as the decoding step's weights: the blocks are read as llama.cpp
+wrote them, q/k rows come back in rotate-half order, and the step on the codes stays close to
+the step on the dequantized float32 weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.pretrained import tiny_gguf
+
+
+@settings(deadline=None, max_examples=25)
+@given(kind=st.sampled_from(["Q4_0", "Q4_1"]), rows=st.integers(1, 5), blocks=st.integers(1, 4),
+       scale=st.floats(0.01, 10), seed=st.integers(0, 2**31 - 1))
+def test_fields_reproduce_ggufs_dequantization(kind, rows, blocks, scale, seed):
+    import gguf
+
+    from headwise.pretrained.q4 import fields
+
+    x = (np.random.default_rng(seed).standard_normal((rows, blocks * 32)) * scale).astype(
+        np.float32)
+    t = gguf.GGMLQuantizationType[kind]
+    raw = gguf.quants.quantize(x, t)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, t).copy()).double()
+    codes, scales, zeros = fields(raw, kind)
+    assert codes.shape == x.shape and int(codes.min()) >= 0 and int(codes.max()) <= 15
+    s, z = (v.double().repeat_interleave(32, 1) for v in (scales, zeros))
+    got = (codes.double() - 8) * s + z
+    # zero = m + 8 d is formed in float32: exact up to one float32 rounding of it
+    assert ((got - want).abs() <= 2**-23 * (z.abs() + 8 * s.abs())).all()
+    assert (got - torch.from_numpy(x).double()).abs().max() > 0  # really quantized
+
+
+def _q4_gguf(path, seed=0):
+    import gguf
+
+    weights = tiny_gguf.random_weights(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=96,
+                                       seed=seed)
+    kinds = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+    types = {tiny_gguf.gguf_name(k): kinds[i % 2]
+             for i, k in enumerate(weights) if k.endswith("proj.weight")}
+    return tiny_gguf.write(path, weights, heads=4, kv_heads=2, types=types), types
+
+
+def test_every_4bit_matrix_gets_its_codes_in_rotate_half_order(tmp_path):
+    from headwise.pretrained.gguf import headwise_name, load_gguf, read_gguf
+
+    path, types = _q4_gguf(tmp_path / "q4.gguf")
+    file = read_gguf(path)
+    model = load_gguf(file, q4=True).model
+    dequantized = file.tensors()
+    assert len(types) == 14
+    for name in types:
+        layer = model.get_submodule(headwise_name(name).removesuffix(".weight"))
+        want = dequantized[name]  # the file's weights, q/k unpermuted by the float path
+        got = layer.int4.dequantize()
+        # scale and zero held in bfloat16 (8 significant bits): |q - 8| <= 8 steps of a scale
+        # rounded by <= 2**-9 relative, plus the zero's rounding
+        bound = 2**-9 * (8 * want.abs().amax() + want.abs().amax())
+        assert (got - want).abs().max() <= bound, name
+        assert torch.equal(layer.weight, want)  # the float weights are untouched
+    assert getattr(model.embed.tokens, "int4", None) is None
+    assert getattr(load_gguf(file).model.blocks[0].ff.up, "int4", None) is None  # opt-in
+
+
+def _step_logits(model, ids, feed):
+    """Logits of the cached decoding step fed ``feed (b, t)`` after the prompt ``ids``."""
+    from headwise.step import DecodeStep
+
+    cache = model.new_cache(ids.shape[0], ids.shape[1] + feed.shape[1])
+    with torch.inference_mode():
+        model._forward(ids, cache, model._no_weights, last_only=True)
+        step = DecodeStep(model, cache)
+        return torch.stack([step(feed[:, t]) for t in range(feed.shape[1])], 1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_step_on_codes_stays_close_to_the_float32_step(tmp_path, batch):
+    """The same tokens fed to both steps. Measured here: max |logit difference| ~1% of the
+    largest logit (bfloat16 activations into the products, bfloat16 scales)."""
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    file = read_gguf(_q4_gguf(tmp_path / "q4.gguf", seed=batch)[0])
+    full, codes = load_gguf(file).model, load_gguf(file, q4=True).model
+    g = torch.Generator().manual_seed(batch)
+    ids, feed = torch.randint(3, 261, (batch, 6), generator=g), torch.randint(3, 261, (batch, 16),
+                                                                              generator=g)
+    want, got = _step_logits(full, ids, feed), _step_logits(codes, ids, feed)
+    diff = (want - got).abs().max() / want.abs().max()
+    assert 0 < diff < 0.03, diff
+
+
+def test_q4_needs_the_cpu(tmp_path):
+    from headwise.pretrained.gguf import load_gguf
+
+    with pytest.raises(ValueError, match="device='cpu'"):
+        load_gguf(tmp_path / "never-read.gguf", q4=True, device="meta")
