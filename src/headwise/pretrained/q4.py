@@ -1,4 +1,5 @@
-"""A GGUF's own 4-bit blocks as the weights of the cached decoding step (``load_gguf(q4=True)``).
+"""A GGUF's own 4-bit blocks as the weights of the cached decoding step (``load_gguf(q4=True)``;
+:func:`headwise.pretrained.gguf.attach_q4` gives each layer its codes).
 
 After the prompt, decoding one token per row is a matrix-vector product per weight matrix: its
 speed is the bytes of weights read per token. llama.cpp's 4-bit block formats keep 32 weights in
@@ -22,9 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headwise._rows import Int4
-
-__all__ = ["BLOCK", "KINDS", "attach", "fields"]
+__all__ = ["BLOCK", "KINDS", "fields"]
 
 BLOCK = 32
 KINDS = ("Q4_0", "Q4_1")  # the block formats that map onto the int4 kernel as they are
@@ -52,27 +51,3 @@ def fields(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torc
         zeros = np.zeros_like(d)
     return (torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
             torch.from_numpy(zeros))
-
-
-def attach(model: torch.nn.Module, file) -> int:
-    """Give every ``nn.Linear`` of ``model`` whose GGUF tensor in ``file`` is Q4_0 / Q4_1 its
-    :class:`~headwise._rows.Int4` form (``layer.int4``); returns how many got one. q and k rows
-    go back to rotate-half order as the dequantized weights do."""
-    from headwise.pretrained.gguf import headwise_name, unpermute_rows
-
-    c, done = file.config, 0
-    for t in file.reader.tensors:
-        target = headwise_name(t.name)
-        if t.tensor_type.name not in KINDS or target is None or t.data.shape[-1] == 0:
-            continue
-        layer = model.get_submodule(target.removesuffix(".weight"))
-        if not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK:
-            continue  # the token embedding (a lookup) keeps its dequantized table
-        codes, scales, zeros = fields(np.asarray(t.data), t.tensor_type.name)
-        heads = (c.num_heads if t.name.endswith(".attn_q.weight") else
-                 c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
-        if heads is not None:
-            codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
-        layer.int4 = Int4(codes, scales, zeros, BLOCK)
-        done += 1
-    return done

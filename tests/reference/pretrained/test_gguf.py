@@ -128,10 +128,10 @@ def smollm2_q4(smollm2, smollm2_file):
     """The same model whose decode step multiplies by the file's own Q4_1 blocks."""
     import copy
 
-    from headwise.pretrained.q4 import attach
+    from headwise.pretrained.gguf import attach_q4
 
     model = copy.deepcopy(smollm2.model)
-    assert attach(model, smollm2_file) == 7 * 30  # every block matrix; the Q8_0 table is not
+    assert attach_q4(model, smollm2_file) == 7 * 30  # every block matrix; the Q8_0 table is not
     return model
 
 
