@@ -23,6 +23,11 @@ from headwise import limits
 
 __all__ = ["FAMILY", "PRESETS", "TrainConfig", "estimate_seconds", "model_fields"]
 
+# The Austen "small" run's training settings, shared by its Llama-style variant so the two
+# differ only in the model.
+_TEXT_SMALL_RUN = dict(batch_size=16, lr=2e-3, steps=500, warmup=50, eval_every=250,
+                       label_smoothing=0.0, context=128)
+
 # Per task family, named sizes; "small" (the default) finishes in minutes on a 2-core CPU,
 # the larger ones are what the models need to be good (a GPU, or hours). A TrainConfig field
 # left at None (or a model field not in TrainConfig.model) takes these.
@@ -39,8 +44,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "text": {
         "small": dict(model=dict(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.1),
-                      batch_size=16, lr=2e-3, steps=500, warmup=50, eval_every=250,
-                      label_smoothing=0.0, context=128),
+                      **_TEXT_SMALL_RUN),
         "large": dict(model=dict(d_model=384, num_heads=6, num_layers=6, d_ff=1536, dropout=0.1),
                       batch_size=8, lr=6e-4, steps=5000, warmup=200, eval_every=500,
                       label_smoothing=0.0, context=256),
@@ -50,8 +54,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "llama": dict(model=dict(d_model=128, num_heads=4, num_kv_heads=2, num_layers=3, d_ff=344,
                                  dropout=0.1, positional="rope", norm="rms", ffn="glu",
                                  activation="silu", bias=False, tie_embeddings=True),
-                      batch_size=16, lr=2e-3, steps=500, warmup=50, eval_every=250,
-                      label_smoothing=0.0, context=128),
+                      **_TEXT_SMALL_RUN),
     },
     "pairs": {
         "small": dict(model=dict(d_model=128, num_heads=4, num_layers=2, d_ff=512, dropout=0.1),
