@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headwise.commands._prune_targets import TARGETS
+    from headwise.head_scores import HeadScores
     from headwise.prune_sweep import sweep
 
     if args.threads:
@@ -97,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
          "order": args.order,
          "rows": rows}, indent=2) + "\n", encoding="utf-8")
     _plot(target, steps, folder / "prune.png")
-    print(f"wrote {folder / 'prune.json'} and {folder / 'prune.png'}")
+    grid = HeadScores("output norm" if args.order == "norm" else "importance", scores,
+                      {"model": target.name, "used for": "the pruning order (lowest first)"})
+    grid.to_json(folder / "importance.json")
+    grid.plot(folder / "importance.png", title=f"{target.name}: head scores ({args.order})")
+    print(f"wrote {folder / 'prune.json'}, {folder / 'prune.png'} and the importance grid "
+          f"{folder / 'importance.png'} (.json)")
     return 0
 
 
