@@ -38,6 +38,7 @@ BENCHMARKS = {
     "cli_startup": ([], ["--rounds", "3"]),
     "llama_decode": ([], ["--threads", "2", "--batches", "1", "--new", "16", "--layers", "4",
                           "--budget", "5"]),
+    "prune": ([], ["--quick"]),
 }
 
 
