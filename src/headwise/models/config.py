@@ -47,7 +47,8 @@ class ModelConfig:
         activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
         layer_norm_eps: every LayerNorm's epsilon.
         pad_id: the padding id, or None where the family allows it.
-        backend: attention backend of every block (``"auto"``: fused unless weights wanted).
+        backend: attention backend of every block (``"auto"``: always the fused kernel; weights,
+            when asked for, are recomputed beside it).
         pruned_heads: ``{kind: [pruned query heads per layer]}`` (original indices), written by
             :func:`headwise.prune_heads`; None for an unpruned model.
 
