@@ -43,7 +43,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise as hw  # noqa: E402
-from headwise import _hugepages  # noqa: E402
+from headwise import _large  # noqa: E402
 
 B, H, E = 4, 8, 512
 
@@ -130,8 +130,10 @@ def floor_rows(n: int, budget: float) -> list[dict]:
                                                                               out=w),
         "weights @ v (resident weights)": lambda: torch.matmul(s, v),
         "write a fresh tensor, 4 KiB pages": lambda: torch.empty(shape).fill_(1.0),
-        "write a fresh tensor, 2 MiB pages": lambda: _hugepages.empty(shape, torch.float32,
-                                                                      "cpu").fill_(1.0),
+        "write a fresh tensor, 2 MiB pages": lambda: _large._fresh(shape, torch.float32,
+                                                                       w.nbytes).fill_(1.0),
+        "write a recycled tensor (headwise's)": lambda: _large.empty(shape, torch.float32,
+                                                                     "cpu").fill_(1.0),
         "write a resident tensor": lambda: w.fill_(1.0),
     }
     with torch.no_grad():
@@ -168,6 +170,7 @@ def memory_child(what: str, n: int) -> None:
         ctx = torch.enable_grad()
     with ctx:
         call()  # warm-up: allocator pools, kernels
+        _large.release()  # the next call's weights are new memory, counted in its peak
         gc.collect()
         base = C.rss_mb()
         C.reset_peak()

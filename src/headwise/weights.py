@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headwise import _hugepages
+from headwise import _large
 
 __all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "softmax_rows", "CHUNK_ELEMENTS"]
 
@@ -279,13 +279,13 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     rows = slice(0, nq) if rows is None else rows
     work = torch.promote_types(q.dtype, torch.float32)
     kv_heads = _kv_heads(heads, h, g, q.device)
-    qs = _take(_take(q, 1, heads), 2, rows).to(work) * scale            # (b, hs, is, d)
+    qs = _take(_take(q, 1, heads), 2, rows).to(work)                    # (b, hs, is, d)
     # contiguous once (q, k, v are usually strided views of one projection): every block's
     # matmul then reads plain row-major matrices
     kT = _take(k, 1, kv_heads).to(work).contiguous().transpose(-1, -2)  # (b, hs, d, j)
     vs = None if v is None else _take(v, 1, kv_heads).to(work).contiguous()  # (b, hs, j, e)
     hs, ns = qs.shape[1], qs.shape[2]
-    w = _hugepages.empty((b, hs, ns, nk), q.dtype, q.device)
+    w = _large.empty((b, hs, ns, nk), q.dtype, q.device)
     out = None if v is None else torch.empty(b, hs, ns, v.shape[-1], dtype=q.dtype,
                                              device=q.device)
     scratch = torch.empty(min(hs * ns * nk, max(budget, nk)), dtype=work, device=q.device)
@@ -294,7 +294,7 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
         bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
         for h0, h1, r0, r1 in _blocks(hs, ns, nk, budget):
             s = scratch[:(h1 - h0) * (r1 - r0) * nk].view(h1 - h0, r1 - r0, nk)
-            torch.matmul(qs[x, h0:h1, r0:r1], kT[x, h0:h1], out=s)
+            torch.baddbmm(s, qs[x, h0:h1, r0:r1], kT[x, h0:h1], beta=0, alpha=scale, out=s)
             _mask_scores(s[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
                          slice(0, nk), nq, nk)
             dest = w[x, h0:h1, r0:r1]

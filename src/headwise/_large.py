@@ -1,0 +1,114 @@
+"""Large CPU tensors for the weights we return: the last one's memory is recycled once its
+caller has let go of it, and fresh memory is advised to transparent huge pages.
+
+A fresh ``(b, h, i, j)`` weights tensor is a new ``mmap`` of glibc's malloc (anything over
+32 MiB is), and its first write takes one page fault per 4 KiB page: for the 128 MiB of
+``(4, 8, 1024, 1024)`` float32 weights that is 32768 faults, 70-80 ms here against 10 ms for
+writing the same bytes once they are resident (``benchmarks/weights.py --tables floor``), a
+third of the fused forward the weights are measured against. Two remedies, in order:
+
+- **Recycling.** :func:`empty` keeps the storage of the last large tensor it handed out (one
+  storage, at most :data:`KEEP_MAX` bytes). When the next request has the same size and nothing
+  outside this module still uses that storage (no tensor, view, NumPy array, autograd graph or
+  storage object), the request gets that memory back: resident, no
+  faults. This is what CUDA's caching allocator does for every tensor; here it is done for one
+  tensor kind only, so a loop that asks for weights batch after batch (and drops them) pays
+  the faults once. The memory is held until a request of another size replaces it or
+  :func:`release` is called.
+- **Huge pages.** Otherwise the untouched range is advised to 2 MiB pages
+  (``madvise(MADV_HUGEPAGE)``, what Linux's default ``transparent_hugepage=madvise`` waits for):
+  64 faults instead of 32768, 16 ms instead of 75 here.
+
+Both are invisible to the caller: the tensor is ``torch.empty``'s, with contents undefined.
+Where neither applies (another OS, another device, ``transparent_hugepage=never``, a torch
+without the storage use count, a small tensor) :func:`empty` is ``torch.empty``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+import threading
+
+import torch
+
+from headwise import limits
+
+__all__ = ["empty", "release", "KEEP_MAX"]
+
+_HUGE = 2 << 20  # bytes of one x86-64/arm64 transparent huge page
+_MADV_HUGEPAGE = 14
+_MIN_BYTES = 8 * _HUGE  # below this the faults cost little and the region may be heap memory
+#: Largest storage kept for recycling: 1/16 of physical memory (1.5 GiB on a 24 GiB machine).
+KEEP_MAX = limits.machine_memory() // 16
+
+
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # absent: no recycling
+_lock = threading.Lock()
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``; on a CPU and for at least 16 MiB,
+    the kept storage when it is free and of this size, else fresh memory advised to huge pages
+    (on Linux) and kept for the next request."""
+    global _kept
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < _MIN_BYTES:
+        return torch.empty(shape, dtype=dtype, device=device)
+    with _lock:
+        if _kept is not None and _kept.nbytes() == nbytes and _unused():
+            return torch.empty(0, dtype=dtype).set_(_kept, 0, shape)
+        t = _fresh(shape, dtype, nbytes)
+        if _USE_COUNT is not None and nbytes <= KEEP_MAX:
+            _kept = t.untyped_storage()
+        return t
+
+
+def _python_refs() -> int:
+    return sys.getrefcount(_kept)
+
+
+def _unused() -> bool:
+    """Nothing but this module uses the kept storage: no tensor, view or NumPy array (each
+    holds the storage: torch's use count is 1), and nobody holds the storage object itself
+    (torch hands every caller of ``.untyped_storage()`` this same object: its Python reference
+    count is what it is when only this module holds it, measured once at import)."""
+    return _USE_COUNT(_kept._cdata) == 1 and _python_refs() == _ALONE
+
+
+_kept = torch.empty(1).untyped_storage()
+_ALONE = _python_refs()
+_kept = None
+
+
+def release() -> None:
+    """Let go of the kept storage (its memory returns to the system once no tensor uses it)."""
+    global _kept
+    with _lock:
+        _kept = None
+
+
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """New CPU memory, its whole 2 MiB-aligned interior advised to huge pages before anything
+    touches it."""
+    t = torch.empty(shape, dtype=dtype)
+    if _MADVISE is not None:
+        start = -(-t.data_ptr() // _HUGE) * _HUGE
+        stop = (t.data_ptr() + nbytes) // _HUGE * _HUGE
+        if stop > start:
+            _MADVISE(start, stop - start, _MADV_HUGEPAGE)  # advice: a failure changes nothing
+    return t

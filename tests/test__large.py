@@ -1,0 +1,98 @@
+"""headwise._large: large CPU tensors advised to transparent huge pages."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise import _large
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def test_empty_is_torch_empty_in_shape_dtype_and_device():
+    for shape, dtype in (((3, 5), torch.float32), ((2, 4, 1024, 1024), torch.float32),
+                         ((1, 1 << 22), torch.bfloat16)):
+        t = _large.empty(shape, dtype, "cpu")
+        assert t.shape == shape and t.dtype == dtype and t.device.type == "cpu"
+        t.fill_(1.5)  # writable to the last element
+        assert float(t[(-1,) * len(shape)]) == 1.5
+
+
+def _huge_kib(t: torch.Tensor) -> int:
+    """AnonHugePages of the mappings that hold ``t`` (from /proc/self/smaps; the advice splits
+    the mapping at the 2 MiB boundaries)."""
+    lo, total, inside = t.data_ptr(), 0, False
+    hi = lo + t.numel() * t.element_size()
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, stop = (int(x, 16) for x in head.split("-"))
+            inside = start < hi and lo < stop
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(),
+                    reason="no transparent huge pages on this machine")
+def test_a_large_tensor_is_backed_by_huge_pages_once_written():
+    t = _large.empty((64, 1 << 18), torch.float32, "cpu")  # 64 MiB
+    t.fill_(2.0)
+    # the advice is a hint: the kernel may be out of free 2 MiB blocks, so ask for some, not all
+    assert _huge_kib(t) >= 2048, "no huge page backs the advised range"
+
+
+
+def _address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+needs_use_count = pytest.mark.skipif(_large._USE_COUNT is None,
+                                     reason="this torch has no storage use count")
+
+
+@needs_use_count
+def test_a_dropped_tensor_is_recycled_and_one_still_in_use_never_is():
+    _large.release()
+    shape = (2, 3, 1024, 1024)  # 24 MiB of float32: over the 16 MiB floor
+    a = _large.empty(shape, torch.float32, "cpu")
+    a.copy_(torch.randn(shape))
+    address, before = _address(a), a.clone()
+    del a
+    b = _large.empty(shape, torch.float32, "cpu")
+    assert _address(b) == address, "a dropped tensor's memory was not recycled"
+    for holder in (lambda t: t[1], lambda t: t.numpy(), lambda t: t.untyped_storage(),
+                   lambda t: (t * 1).requires_grad_() * t):  # a view, NumPy, storage, autograd
+        b.copy_(before)
+        kept = holder(b)
+        del b
+        c = _large.empty(shape, torch.float32, "cpu")
+        assert _address(c) != address, "memory still in use was handed out again"
+        c.fill_(7.0)
+        del c, kept
+        b = _large.empty(shape, torch.float32, "cpu")  # whichever is free now
+        address = _address(b)
+    other = _large.empty((2, 3, 512, 2048), torch.float32, "cpu")  # b holds the kept one
+    assert other.shape == (2, 3, 512, 2048) and other.is_contiguous()
+    _large.release()
+
+
+@needs_use_count
+def test_only_same_size_cpu_tensors_over_the_floor_are_recycled():
+    _large.release()
+    small = _large.empty((4, 1024), torch.float32, "cpu")
+    assert _large._kept is None, "16 KiB should be plain torch.empty"
+    del small
+    a = _large.empty((5, 1 << 20), torch.float32, "cpu")  # 20 MiB
+    address = _address(a)
+    del a
+    b = _large.empty((6, 1 << 20), torch.float32, "cpu")  # another size: fresh, kept instead
+    assert _large._kept is not None and _large._kept.nbytes() == b.nbytes
+    assert torch.equal(b[0, :3], b[0, :3])  # readable
+    del b
+    c = _large.empty((3, 2 << 20), torch.bfloat16, "cpu")  # same bytes, other dtype and shape
+    assert c.dtype == torch.bfloat16 and c.shape == (3, 2 << 20)
+    _large.release()
+    assert _large._kept is None
+    assert address
