@@ -3,9 +3,14 @@ weights, and the model-level collector."""
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import headwise as hw
+from headwise import weights as W
 from headwise.models import LMConfig, TransformerLM
+from tests.reference import reference_attention
+from tests.test_attend import configs, draw_inputs
 
 
 def stats_from_full_weights(w, nq, nk, token_ids=None, top_k=5):
@@ -24,7 +29,8 @@ def stats_from_full_weights(w, nq, nk, token_ids=None, top_k=5):
     }
     if token_ids is not None:
         # key j is a target of query i when token j-1 is query i's token, earlier than i
-        current = token_ids[:, pos[:, 0]]                              # (b, i)
+        # (a query before the first key, nq > nk, has no earlier key: any token will do)
+        current = token_ids[:, pos[:, 0].clamp(0, nk - 1)]             # (b, i)
         target = torch.zeros(w.shape[0], nq, nk, dtype=torch.bool)
         target[..., 1:] = (token_ids[:, None, :-1] == current[..., None]) & (keys[:, 1:] - 1
                                                                            < pos)
@@ -49,6 +55,29 @@ def test_streaming_stats_equal_the_stats_of_full_eager_weights_at_512(causal, ma
     picked = w.gather(-1, got.top_keys)  # the keys named hold the values named
     torch.testing.assert_close(picked, got.top_values.double(), rtol=1e-5, atol=1e-5)
     assert got.live.all()
+
+
+@given(cfg=configs, budget=st.sampled_from([1, 7, W.CHUNK_ELEMENTS]),
+       shift=st.sampled_from(["max", "lse"]), top_k=st.integers(1, 12))
+def test_streaming_stats_equal_float64_reference_over_drawn_configurations(cfg, budget, shift,
+                                                                            top_k):
+    """Every mask kind, causal with nq != nk (rows that see no key), grouped heads, b > 1, any
+    chunk size (causal chunks stop at their last row's key), each row shifted by its max or by
+    the LSE, top_k above the keys some rows can reach."""
+    q, k, v, mask = draw_inputs(cfg)
+    b, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    _, w = reference_attention(q, k, v, mask, cfg["causal"])
+    ids = torch.randint(0, 3, (b, nk), generator=torch.Generator().manual_seed(cfg["seed"]))
+    want = stats_from_full_weights(w, nq, nk, ids, top_k)
+    lse = (W.logsumexp(q, k, mask=mask, causal=cfg["causal"]) if shift == "lse" else None)
+    got = hw.stats.head_stats(q, k, mask=mask, causal=cfg["causal"], lse=lse, token_ids=ids,
+                              top_k=top_k, budget=budget)
+    for name, ref in want.items():
+        torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(w.gather(-1, got.top_keys), got.top_values.double(), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.equal(got.live, w.sum(-1) > 0.5)
 
 
 def test_fully_masked_rows_are_not_live_and_per_head_means_skip_them():

@@ -3,10 +3,13 @@
 Axis legend: ``b`` batch, ``h`` heads, ``i`` query position, ``j`` key position, ``k`` top-k.
 
 :func:`head_stats` takes ``q``, ``k`` and (optionally) the fused kernel's log-sum-exp, and
-recomputes the weights of ``chunk`` query rows at a time (:func:`headwise.weights.from_lse`),
-reducing each chunk to per-row and per-key numbers before the next: working memory is a few
-chunks of ``(b, h, chunk, j)``, whatever ``n`` is. :func:`collect` does it for every
-:class:`~headwise.MultiHeadAttention` in a model during a forward pass.
+recomputes the weights of a chunk of query rows at a time, whole rows (so the softmax is exact on
+its own), reducing each chunk to per-row and per-key numbers before the next. The scores and the
+weights of a chunk live in two buffers of at most ``budget`` elements, reused for every chunk;
+a causal chunk computes only the keys up to its last row (the rest are masked), which halves the
+work. Working memory is those two buffers plus the ``(b, h, i)`` results: linear in ``n``.
+:func:`collect` does it for every :class:`~headwise.MultiHeadAttention` in a model during a
+forward pass.
 
 Positions are bottom-right aligned as in causal attention: query ``i`` sits at key position
 ``i + j_len - i_len`` (self-attention: the same position).
@@ -14,6 +17,8 @@ Positions are bottom-right aligned as in causal attention: query ``i`` sits at k
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
@@ -74,28 +79,104 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
 
     Args:
         mask, causal, scale: as in :func:`headwise.attention`.
-        lse: ``(b, h, i)`` the row log-sum-exp from the fused kernel (computed in a chunked pass
-            when not given).
+        lse: ``(b, h, i)`` the row log-sum-exp from the fused kernel, used as each row's shift
+            (without it, the row's largest score; the weights are the same, exact either way).
         token_ids: ``(b, j)`` ids of the key sequence (self-attention) for the induction score.
         top_k: keys kept per query row (at most ``j``).
-        budget: elements of one chunk of weights.
+        budget: elements of one chunk of weights (``b x h x rows x keys``); working memory is
+            two such chunks plus the ``(b, h, i)`` results, so it grows linearly in ``n``.
     """
+    _check(q, k, token_ids, top_k)
     b, h, nq, _ = q.shape
     nk = k.shape[2]
-    _check(q, k, token_ids, top_k)
-    if lse is None:
-        lse = _weights.logsumexp(q, k, mask=mask, causal=causal, scale=scale, budget=budget)
-    top_k = min(top_k, nk)
-    acc = _Accumulator(b, h, nq, nk, top_k, q.device, token_ids)
-    for r0, r1 in _weights._chunks(nq, b * h * nk, budget):
-        w = _weights.from_lse(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget,
-                              selection=_weights.Selection(rows=slice(r0, r1)))
-        acc.add(w.float(), r0, r1)
+    acc = _Accumulator(b, h, nq, nk, min(top_k, nk), q.device, token_ids)
+    for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
+        acc.add(chunk)
     return acc.result()
 
 
+@dataclass
+class _Chunk:
+    """Rows ``r0:r1`` of one call: ``w (b, h, c, kj)`` their weights over keys ``0:kj`` (a
+    causal chunk stops at its last row's position: every later key is masked for all its rows),
+    the per-row statistics that fall out of the softmax, and ``spare``, a free buffer the size
+    of ``w`` for products."""
+
+    r0: int
+    r1: int
+    w: torch.Tensor
+    entropy: torch.Tensor     # (b, h, c)
+    max_weight: torch.Tensor  # (b, h, c)
+    live: torch.Tensor        # (b, h, c)
+    spare: torch.Tensor
+
+
+def _chunks(q, k, lse, *, mask, causal, scale, budget) -> Iterator[_Chunk]:
+    """The weights of ``q``'s rows, a chunk at a time, through two reused buffers of at most
+    ``budget`` elements (scores, then weights): no page faults, no (i, j) tensor."""
+    b, h, nq, d = q.shape
+    g, nk = k.shape[1], k.shape[2]
+    work = torch.promote_types(q.dtype, torch.float32)
+    qs = q.to(work) * (1.0 / math.sqrt(d) if scale is None else scale)
+    # contiguous once (q, k are usually strided views of one projection)
+    kT = (k if g == h else k.repeat_interleave(h // g, dim=1)).to(work).contiguous()
+    kT = kT.transpose(-1, -2)                                           # (b, h, d, j)
+    mask = _weights._mask4(mask)
+    step = _weights.chunk_rows(b * h * nk, budget)
+    size = b * h * min(step, nq) * nk
+    buf = torch.empty(2, size, dtype=work, device=q.device)
+    for r0 in range(0, nq, step):
+        r1 = min(nq, r0 + step)
+        # a causal chunk reads keys up to its last row's position (bottom-right aligned)
+        kj = min(nk, r1 + nk - nq) if causal else nk
+        if kj <= 0:  # causal with more queries than keys: these rows see no key (not live)
+            continue
+        shape = (b, h, r1 - r0, kj)
+        s = buf[0, :math.prod(shape)].view(shape)
+        torch.matmul(qs[:, :, r0:r1], kT[..., :kj], out=s)
+        masked = _mask(s, mask, causal, r0, r1, nq, nk)
+        shift = None if lse is None else lse[:, :, r0:r1, None].to(work)
+        yield _softmax(s, buf[1, :s.numel()].view(shape), shift, masked, r0, r1)
+
+
+def _mask(s, mask, causal, r0, r1, nq, nk) -> tuple[int, int] | None:
+    """Mask the scores ``s (b, h, c, kj)`` of rows ``r0:r1`` in place; return the key range
+    that may hold masked (``-inf``) scores, or None."""
+    h, kj = s.shape[1], s.shape[-1]
+    rows = slice(r0, r1)
+    first = max(0, r0 + nk - nq + 1)  # causal: keys before it are allowed for every row
+    if causal and first < kj:
+        _weights._mask_scores(s[..., first:], None, True, slice(0, h), rows,
+                              slice(first, kj), nq, nk)
+    if mask is not None:
+        _weights._mask_scores(s, mask, False, slice(0, h), rows, slice(0, kj), nq, nk)
+        return 0, kj
+    return (first, kj) if causal and first < kj else None
+
+
+def _softmax(s, w, shift, masked, r0, r1) -> _Chunk:
+    """``w = softmax(s)`` row by row (fully masked rows 0), with each row's entropy and max
+    weight from the same passes: for any shift ``m`` and ``z = sum_j exp(s_j - m)``,
+    ``w_j = exp(s_j - m) / z``, ``entropy = log z - sum_j w_j (s_j - m)`` (no log per
+    weight), and with ``m = max_j s_j`` the max weight is ``1 / z``."""
+    top = shift is None
+    shift = s.amax(-1, keepdim=True) if top else shift
+    shift = shift.masked_fill(torch.isneginf(shift), 0.0)  # fully masked: -inf - 0 = -inf
+    s.sub_(shift)
+    torch.exp(s, out=w)
+    z = w.sum(-1, keepdim=True)
+    w.div_(z.clamp(min=torch.finfo(w.dtype).tiny))
+    if masked is not None:  # 0 x -inf would be NaN in the entropy's sum
+        s[..., masked[0]:masked[1]].clamp_(min=torch.finfo(s.dtype).min)
+    z = z[..., 0]
+    live = z > 0
+    entropy = (z.log() - torch.mul(w, s, out=s).sum(-1)).masked_fill_(~live, 0.0)
+    biggest = (1.0 / z).masked_fill_(~live, 0.0) if top else w.amax(-1)
+    return _Chunk(r0, r1, w, entropy, biggest, live, spare=s)
+
+
 class _Accumulator:
-    """Reduces chunks of weights ``(b, h, c, j)`` to the rows and keys of :class:`HeadStats`."""
+    """Reduces chunks of weights ``(b, h, c, kj)`` to the rows and keys of :class:`HeadStats`."""
 
     def __init__(self, b, h, nq, nk, top_k, device, token_ids):
         rows = lambda: torch.zeros(b, h, nq, device=device)  # noqa: E731
@@ -105,36 +186,40 @@ class _Accumulator:
         self.induction = rows() if token_ids is not None else None
         self.received = torch.zeros(b, h, nk, device=device)
         self.top_values = torch.zeros(b, h, nq, top_k, device=device)
-        self.top_keys = torch.zeros(b, h, nq, top_k, dtype=torch.long, device=device)
+        # a causal chunk with kj < top_k keys fills top_keys[..., :kj]; the rest name keys
+        # kj.. (past its reach: weight 0), as do rows of no chunk (no key in reach)
+        self.top_keys = torch.arange(top_k, device=device).expand(b, h, nq, -1).clone()
         self.nq, self.nk, self.top_k, self.ids = nq, nk, top_k, token_ids
         self.keys = torch.arange(nk, device=device)
 
-    def add(self, w: torch.Tensor, r0: int, r1: int) -> None:
-        pos = torch.arange(r0, r1, device=w.device) + (self.nk - self.nq)  # (c,) key positions
-        self.live[:, :, r0:r1] = w.sum(-1) > 0.5  # a live row sums to 1, a dead one to 0
-        self.entropy[:, :, r0:r1] = torch.special.entr(w).sum(-1)
-        self.max_weight[:, :, r0:r1] = w.amax(-1)
-        self.received += w.sum(2)
-        self.sink[:, :, r0:r1] = w[..., 0]
+    def add(self, c: _Chunk) -> None:
+        w, rows, kj = c.w, slice(c.r0, c.r1), c.w.shape[-1]
+        pos = torch.arange(c.r0, c.r1, device=w.device) + (self.nk - self.nq)  # key positions
+        self.live[:, :, rows], self.entropy[:, :, rows] = c.live, c.entropy
+        self.max_weight[:, :, rows] = c.max_weight
+        self.received[..., :kj] += w.sum(2)
+        self.sink[:, :, rows] = w[..., 0]
         prev = (pos - 1).clamp(min=0)
-        self.prev_token[:, :, r0:r1] = (w.gather(-1, prev.expand(*w.shape[:2], -1)[..., None])
-                                        [..., 0] * (pos >= 1))
-        gap = (pos[:, None] - self.keys[None, :]).abs().to(w.dtype)  # (c, j)
-        self.distance[:, :, r0:r1] = (w * gap).sum(-1)
-        values, keys = w.topk(self.top_k, dim=-1)
-        self.top_values[:, :, r0:r1], self.top_keys[:, :, r0:r1] = values, keys
+        self.prev_token[:, :, rows] = (w.gather(-1, prev.expand(*w.shape[:2], -1)[..., None])
+                                       [..., 0] * (pos >= 1))
+        gap = (pos[:, None] - self.keys[None, :kj]).abs().to(w.dtype)  # (c, kj)
+        self.distance[:, :, rows] = torch.mul(w, gap, out=c.spare).sum(-1)
+        top = min(self.top_k, kj)
+        values, keys = w.topk(top, dim=-1)
+        self.top_values[:, :, rows, :top], self.top_keys[:, :, rows, :top] = values, keys
         if self.induction is not None:
-            self.induction[:, :, r0:r1] = (w * self._induction_targets(pos)[:, None]).sum(-1)
+            targets = self._induction_targets(pos, kj)[:, None]  # (b, 1, c, kj)
+            self.induction[:, :, rows] = torch.mul(w, targets, out=c.spare).sum(-1)
 
-    def _induction_targets(self, pos: torch.Tensor) -> torch.Tensor:
-        """``(b, c, j)`` 1.0 at key ``j`` when token ``j - 1`` equals the query's token and
+    def _induction_targets(self, pos: torch.Tensor, kj: int) -> torch.Tensor:
+        """``(b, c, kj)`` 1.0 at key ``j`` when token ``j - 1`` equals the query's token and
         ``j - 1 < `` the query's position (Olsson et al. 2022, induction heads)."""
-        ids = self.ids
-        current = ids.gather(1, pos.clamp(max=self.nk - 1).expand(ids.shape[0], -1))  # (b, c)
-        before = torch.cat([ids.new_full((ids.shape[0], 1), -1), ids[:, :-1]], dim=1)  # (b, j)
+        ids, keys = self.ids, self.keys[:kj]
+        current = ids.gather(1, pos.clamp(0, self.nk - 1).expand(ids.shape[0], -1))  # (b, c)
+        before = torch.cat([ids.new_full((ids.shape[0], 1), -1), ids[:, :kj - 1]], dim=1)
         same = before[:, None, :] == current[:, :, None]
-        earlier = self.keys[None, :] - 1 < pos[:, None]
-        return (same & earlier[None] & (self.keys >= 1)).to(torch.float32)
+        earlier = keys[None, :] - 1 < pos[:, None]
+        return (same & earlier[None] & (keys >= 1)).to(torch.float32)
 
     def result(self) -> HeadStats:
         return HeadStats(self.entropy, self.max_weight, self.received, self.sink,
