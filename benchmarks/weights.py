@@ -14,7 +14,9 @@ process per point):
              4 KiB and with 2 MiB pages) against the module's fused forward
   memory     peak memory above the fused path's for each selection, against the full weights
              tensor (b, h, n, n)
-  stats      headwise.stats.head_stats on (b=1, h=8, n, d=64): time, peak memory, fitted exponent
+  stats      headwise.stats.head_stats on (b=1, h=8, n, d=64), causal, with token ids: time,
+             peak memory, fitted exponents, and its time over causal SDPA on the same q, k, v
+             (same process, interleaved)
   long       MultiHeadAttention forward+backward without weights, b=1, embed 512, 8 heads:
              time, peak memory, fitted exponent
   compile    TransformerLM forward (no_grad) eager vs torch.compile (inductor), same process
@@ -46,6 +48,7 @@ import headwise as hw  # noqa: E402
 from headwise import _large  # noqa: E402
 
 B, H, E = 4, 8, 512
+CHILD_FLAGS: list[str] = []  # --threads/--clock of this run, passed to each fresh process
 
 
 def ceilings() -> dict:
@@ -156,7 +159,7 @@ def memory_child(what: str, n: int) -> None:
         call = lambda: mha(x, return_weights=want)  # noqa: E731
         ctx = torch.no_grad()
     elif what == "stats":
-        q, k = torch.randn(1, 8, n, 64), torch.randn(1, 8, n, 64)
+        q, k, v = (torch.randn(1, 8, n, 64) for _ in range(3))
         ids = torch.randint(0, 100, (1, n))
         call = lambda: hw.stats.head_stats(q, k, causal=True, token_ids=ids)  # noqa: E731
         ctx = torch.no_grad()
@@ -174,16 +177,26 @@ def memory_child(what: str, n: int) -> None:
         gc.collect()
         base = C.rss_mb()
         C.reset_peak()
-        t0 = time.perf_counter()
+        t0 = C.CLOCK()
         call()
-        seconds = time.perf_counter() - t0
-    print(json.dumps({"peak_mb": C.rss_mb("VmHWM") - base, "s": seconds}))
+        seconds = C.CLOCK() - t0
+        point = {"peak_mb": C.rss_mb("VmHWM") - base, "s": seconds}
+        if what == "stats":  # against the attention itself: causal SDPA on the same q, k, v
+            t = C.interleave({"stats": call, "sdpa": lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True)}, warmup=0, min_rounds=2, max_rounds=2)
+            point["stats / sdpa"] = C.ratio(t["stats"], t["sdpa"])
+    print(json.dumps(point))
+
+
+def child(what: str, n: int) -> dict:
+    """One point of :func:`memory_child` in a fresh process, with this run's threads and clock."""
+    return C.peak_in_subprocess(__file__, "--child", what, str(n), *CHILD_FLAGS)
 
 
 def memory_rows(seqs: list[int]) -> list[dict]:
     rows = []
     for n in seqs:
-        peak = {w: C.peak_in_subprocess(__file__, "--child", w, str(n))["peak_mb"]
+        peak = {w: child(w, n)["peak_mb"]
                 for w in ("fused", "all", "head", "rows16")}
         full = B * H * n * n * 4 / 2**20
         row = {"n": n, "full weights MB": full, "fused MB": peak["fused"],
@@ -198,14 +211,16 @@ def memory_rows(seqs: list[int]) -> list[dict]:
 
 
 def scaling_rows(kind: str, seqs: list[int]) -> list[dict]:
-    rows = [dict(n=n, **C.peak_in_subprocess(__file__, "--child", kind, str(n))) for n in seqs]
-    for r in rows:
-        print(C.table([r], list(r)), flush=True)
+    rows = []
+    for n in seqs:
+        rows.append(dict(n=n, **child(kind, n)))
+        print(C.table(rows[-1:], list(rows[-1])), flush=True)
     logs = [(math.log(r["n"]), math.log(max(r["peak_mb"], 1e-3))) for r in rows]
     slope = _fit(logs)
     time_slope = _fit([(math.log(r["n"]), math.log(r["s"])) for r in rows])
-    return [{"n": r["n"], "seconds": r["s"], "peak MB": r["peak_mb"]} for r in rows] + [
-        {"n": "fitted exponent", "seconds": time_slope, "peak MB": slope}]
+    return [{"n": r["n"], "seconds": r["s"], "peak MB": r["peak_mb"],
+             **({"stats / causal sdpa": r["stats / sdpa"]} if "stats / sdpa" in r else {})}
+            for r in rows] + [{"n": "fitted exponent", "seconds": time_slope, "peak MB": slope}]
 
 
 def _fit(points: list[tuple[float, float]]) -> float:
@@ -244,12 +259,14 @@ def main() -> None:
     p.add_argument("--seqs", type=int, nargs="+", help="n for the weights table")
     p.add_argument("--child", nargs=2, metavar=("WHAT", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        CHILD_FLAGS.extend(["--threads", str(args.threads)])
+    C.set_clock(args.clock)
+    CHILD_FLAGS.extend(["--clock", args.clock])
     if args.child:
         return memory_child(args.child[0], int(args.child[1]))
     q = args.quick
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    C.set_clock(args.clock)
     # the strict candidate asks for all weights above the default budget at n >= 2048
     os.environ.setdefault("HEADWISE_WEIGHTS_BUDGET_MB", str(1 << 20))
     seqs = args.seqs or ([256, 1024] if q else [256, 512, 1024, 2048, 4096])
