@@ -19,3 +19,25 @@ def test_kv_cache_reorder_and_overflow():
         cache.layers[0].self_attn.update(torch.randn(3, 1, 4, 4), torch.randn(3, 1, 4, 4))
     with pytest.raises(ValueError, match="batch must be a positive int"):
         KVCache(2, 0, 1, 4, 5)
+
+
+def test_the_buffers_are_freed_without_the_garbage_collector():
+    """No reference cycle: the last reference gone, the buffers go at once (gc switched off),
+    and the layers' views follow the cache's length."""
+    import gc
+    import weakref
+
+    cache = KVCache(3, 2, 2, 4, 6)
+    k = torch.randn(2, 2, 3, 4)
+    cache.layers[2].self_attn.update(k, -k)
+    cache.advance(3)
+    assert cache.length == 3 and all(layer.self_attn.offset == 3 for layer in cache.layers)
+    buffer = weakref.ref(cache.k)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del cache
+        assert buffer() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -51,3 +51,41 @@ def test_pickle_files_are_never_loaded_and_bad_files_are_named(tmp_path):
         read_weights(tmp_path, "cpu")
     with pytest.raises(CheckpointError, match="neither a checkpoint folder nor a .safetensors"):
         read_weights(tmp_path / "pytorch_model.bin", "cpu")
+
+
+def test_skeleton_builds_meta_modules_without_importing_dynamo():
+    """A fresh process builds a Llama-style LM and a BERT inside skeleton(): every tensor is meta
+    and torch._dynamo (imported by torch's meta normal_, ~70 MB resident) stays out."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from headwise.models import LMConfig, TransformerLM
+from headwise.models.bert import BertConfig, BertModel
+from headwise.pretrained.files import skeleton
+with skeleton():
+    lm = TransformerLM(LMConfig(vocab_size=97, d_model=32, num_heads=4, num_kv_heads=2,
+                                num_layers=2, d_ff=48, max_len=64, positional="rope",
+                                norm="rms", ffn="glu", bias=False))
+    bert = BertModel(BertConfig(97, d_model=32, num_heads=4, num_layers=1, d_ff=48,
+                                max_len=16))
+tensors = [*lm.state_dict().values(), *bert.state_dict().values()]
+print(all(t.is_meta for t in tensors), "torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
+def test_outside_skeleton_weights_are_drawn_again():
+    from headwise.models import LMConfig, TransformerLM
+    from headwise.pretrained.files import skeleton
+
+    config = LMConfig(vocab_size=97, d_model=32, num_heads=4, num_layers=1, d_ff=48, max_len=16)
+    with skeleton():
+        TransformerLM(config)
+    real = TransformerLM(config)
+    w = real.embed.tokens.weight
+    assert not w.is_meta and 0.01 < w.std().item() < 0.03  # init_weights' N(0, 0.02)

@@ -15,7 +15,7 @@ import torch
 
 from headwise.errors import CheckpointError
 from headwise.models.bert import BertConfig, BertModel
-from headwise.pretrained.files import read_config, read_weights
+from headwise.pretrained.files import read_config, read_weights, skeleton
 
 __all__ = ["HF_TO_HEADWISE", "bert_config_from_hf", "from_hf_state_dict", "hf_name", "load_bert",
            "to_hf_state_dict"]
@@ -259,7 +259,7 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
     if backend is not None:
         config = config.replace(backend=backend)
     renamed = from_hf_state_dict(state, config)
-    with torch.device("meta"):
+    with skeleton():
         model = BertModel(config)
     _check_shapes(model, renamed)
     model.load_state_dict(renamed, strict=True, assign=True)

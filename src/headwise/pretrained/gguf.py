@@ -256,6 +256,7 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu"):
     """A :class:`~headwise.models.TransformerLM` carrying the file's dequantized weights."""
     from headwise.models.lm import TransformerLM
+    from headwise.pretrained.files import skeleton
 
     config = lm_config(file.config, file.metadata)
     state, unknown = {}, []
@@ -271,7 +272,7 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
                               f"blk.N.{{{', '.join(_LAYER_NAMES)}}})")
     if config.tie_embeddings:
         state["lm_head.weight"] = state["embed.tokens.weight"]
-    with torch.device("meta"):
+    with skeleton():
         model = TransformerLM(config)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
