@@ -68,15 +68,20 @@ def copy_bandwidth() -> float:
 
 
 def step_bytes(model) -> int:
-    """Bytes of weights one decode step reads: each parameter once (tied: once), except the
-    matrices that carry 4-bit codes, read as those codes and scales."""
-    coded = {id(m.weight): m.int4.nbytes() for m in model.modules()
-             if getattr(m, "int4", None) is not None}
-    return sum(coded.get(id(p), p.numel() * p.element_size()) for p in model.parameters())
+    """Bytes of weights one decode step reads: each parameter once (tied: once), plus the
+    4-bit codes and scales of the matrices held as codes (``Int4Linear``: no float copy)."""
+    return (sum(p.numel() * p.element_size() for p in model.parameters())
+            + sum(m.int4.nbytes() for m in _coded(model)))
 
 
 def fp32_bytes(model) -> int:
-    return sum(p.numel() * 4 for p in model.parameters())  # tied: once
+    """The model's weights in float32 (tied: once; 4-bit matrices counted at 4 bytes each)."""
+    return (sum(p.numel() * 4 for p in model.parameters())
+            + sum(m.in_features * m.out_features * 4 for m in _coded(model)))
+
+
+def _coded(model) -> list:
+    return [m for m in model.modules() if getattr(m, "int4", None) is not None]
 
 
 def load_hf(path):

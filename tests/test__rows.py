@@ -79,3 +79,29 @@ def test_linear_and_residual_take_int4_from_the_layer(seed, bias):
     del layer.int4
     assert _rows.of_linear(layer, transpose=False)[2] is False
     assert not _rows.quantized(torch.nn.Sequential(layer))
+
+
+@settings(deadline=None, max_examples=10)
+@given(seed=st.integers(0, 2**31 - 1), bias=st.booleans(), lead=st.sampled_from([(2,), (2, 3)]))
+def test_int4_linear_is_a_linear_layer_on_its_codes(seed, bias, lead):
+    torch.manual_seed(seed)
+    codes, scales, zeros = _random_int4(32, 2, seed)
+    b = torch.randn(32) if bias else None
+    layer = _rows.Int4Linear(_rows.Int4(codes, scales, zeros, 32), b, torch.float32)
+    assert (layer.in_features, layer.out_features) == (64, 32)
+    assert [n for n, _ in layer.named_parameters()] == (["bias"] if bias else [])  # no weight
+    w = layer.weight  # dequantized on demand, the matrix the kernel multiplies by
+    assert w.shape == (32, 64) and torch.equal(w, layer.int4.dequantize())
+    x = torch.randn(*lead, 64)
+    want = layer.int4(x.reshape(-1, 64)).view(*lead, 32) + (b if bias else 0)
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    # near F.linear with the dequantized weight (x rounded to bfloat16 inside the kernel)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w, b), rtol=2e-2,
+                               atol=2e-2 * float(w.abs().max()))
+    assert _rows.dtype_of(layer) == torch.float32
+    layer.to(torch.bfloat16)  # the model's dtype moves; the codes stay
+    assert _rows.dtype_of(layer) == layer.weight.dtype == torch.bfloat16
+    assert layer.int4.packed.dtype == torch.uint8
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    plain = torch.nn.Linear(3, 2).double()
+    assert _rows.dtype_of(plain) == torch.float64

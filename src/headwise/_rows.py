@@ -11,9 +11,10 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   two rows on, and the one that costs no memory);
 - ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams 1.3-1.5x
   faster on this CPU, at the price of a second copy of the weights while a generation runs;
-- :class:`Int4`: when a loader attached 4-bit codes to the ``nn.Linear`` (``layer.int4``, e.g.
-  a GGUF's own Q4_1 blocks: :func:`headwise.pretrained.load_gguf` with ``q4=True``), the
-  product reads those, about 1/7 of the float32 bytes, whatever ``transpose`` says.
+- :class:`Int4`: when a layer carries 4-bit codes (``layer.int4``; an :class:`Int4Linear`, which
+  :func:`headwise.pretrained.load_gguf` with ``q4=True`` puts in place of an ``nn.Linear`` to
+  hold a GGUF's own Q4_1 blocks and no float32 copy), the product reads those, about 1/7 of the
+  float32 bytes, whatever ``transpose`` says.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["INT4", "Int4", "Weight", "linear", "of_linear", "quantized", "residual", "weight"]
+__all__ = ["INT4", "Int4", "Int4Linear", "Weight", "dtype_of", "linear", "of_linear", "quantized",
+           "residual", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: a copy of
 #                 W^T (in, out); INT4: an Int4
@@ -55,14 +57,71 @@ class Int4:
             x.to(torch.bfloat16), self.packed, self.group, self.scales_zeros)
         return y.to(x.dtype)
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(out, in)``, as ``nn.Linear.weight``."""
+        return self.packed.shape[0], self.packed.shape[1] * 2
+
     def dequantize(self) -> torch.Tensor:
-        """The float32 ``W (out, in)`` this form multiplies by (for tests and inspection)."""
-        eye = torch.eye(self.packed.shape[1] * 2)  # float32 rows: no rounding of the result
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            eye, self.packed, self.group, self.scales_zeros.float()).t()
+        """The float32 ``W (out, in)`` this form multiplies by (for inspection and tests).
+
+        The codes come back through the kernel itself (whose packed layout depends on the CPU's
+        vector width): identity rows with unit scales and zero offsets give ``q - 8``, small
+        integers that bfloat16 holds exactly; then ``(q - 8) * scale + zero`` in float32, where
+        the product is exact (8 + 4 significant bits), so the one rounding is the kernel's."""
+        k = self.shape[1]
+        unit = torch.zeros_like(self.scales_zeros)
+        unit[..., 0] = 1
+        q = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            torch.eye(k, dtype=torch.bfloat16), self.packed, self.group, unit).t().float()
+        scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(self.group, 1)
+                       for i in (0, 1))
+        return q.mul_(scale).add_(zero)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_zeros))
+
+
+class Int4Linear(nn.Module):
+    """An ``nn.Linear`` whose weight exists only as :class:`Int4` codes: the module path
+    multiplies by them as the decoding step does (bfloat16 activations into the products), so a
+    model keeps one copy of each matrix, 1/7 of its float32 bytes.
+
+    ``weight`` is not a parameter: reading it dequantizes the codes afresh (``(out, in)`` in
+    :attr:`dtype`; for inspection, e.g. per-head views). ``dtype`` is the float dtype of the
+    model it sits in: the outputs take their input's dtype, and ``model.to(dtype)`` moves it
+    (the codes and their bfloat16 scales stay as they are). No gradients: inference only.
+
+    ``forward(x (..., in)) -> (..., out)``.
+    """
+
+    def __init__(self, int4: Int4, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.int4, self.dtype = int4, dtype
+        self.out_features, self.in_features = int4.shape
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.int4.dequantize().to(self.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.int4(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def _apply(self, fn, recurse=True):
+        self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype  # .to(dtype), .half(), ...
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, int4 group={self.int4.group}")
+
+
+def dtype_of(layer: nn.Module) -> torch.dtype:
+    """The float dtype a linear layer computes in (an :class:`Int4Linear` without reading its
+    weight)."""
+    return layer.dtype if isinstance(layer, Int4Linear) else layer.weight.dtype
 
 
 def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weight:

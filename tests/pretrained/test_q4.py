@@ -47,6 +47,7 @@ def _q4_gguf(path, seed=0):
 
 
 def test_every_4bit_matrix_gets_its_codes_in_rotate_half_order(tmp_path):
+    from headwise._rows import Int4Linear
     from headwise.pretrained.gguf import headwise_name, load_gguf, read_gguf
 
     path, types = _q4_gguf(tmp_path / "q4.gguf")
@@ -62,7 +63,13 @@ def test_every_4bit_matrix_gets_its_codes_in_rotate_half_order(tmp_path):
         # rounded by <= 2**-9 relative, plus the zero's rounding
         bound = 2**-9 * (8 * want.abs().amax() + want.abs().amax())
         assert (got - want).abs().max() <= bound, name
-        assert torch.equal(layer.weight, want)  # the float weights are untouched
+        # no float copy is kept: the codes are the layer's only weights
+        assert isinstance(layer, Int4Linear) and not list(layer.parameters())
+        assert torch.equal(layer.weight, got) and layer.weight.dtype == torch.float32
+    kept = {n for n, _ in model.named_parameters()}  # tied lm_head: named once
+    assert kept == {n for n, _ in load_gguf(file).model.named_parameters()
+                    if not n.endswith(("proj.weight", "ff.gate.weight", "ff.up.weight",
+                                       "ff.down.weight"))}, kept
     assert getattr(model.embed.tokens, "int4", None) is None
     assert getattr(load_gguf(file).model.blocks[0].ff.up, "int4", None) is None  # opt-in
 
@@ -99,3 +106,39 @@ def test_q4_needs_the_cpu(tmp_path):
 
     with pytest.raises(ValueError, match="device='cpu'"):
         load_gguf(tmp_path / "never-read.gguf", q4=True, device="meta")
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_q4_module_path_agrees_with_its_own_decode_step(tmp_path, batch):
+    """Both paths multiply by the same codes (bfloat16 activations into the products); they
+    differ only by float32 rounding in a different order, which a bfloat16 rounding of an
+    activation can grow to ~2**-8 of that activation. Measured: 3-4e-7 of the largest logit."""
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    file = read_gguf(_q4_gguf(tmp_path / "q4.gguf", seed=7 + batch)[0])
+    model = load_gguf(file, q4=True).model
+    g = torch.Generator().manual_seed(batch)
+    ids, feed = (torch.randint(3, 261, (batch, n), generator=g) for n in (5, 12))
+    with torch.inference_mode():
+        whole, _ = model(torch.cat((ids, feed), 1))
+    want, got = whole[:, ids.shape[1]:], _step_logits(model, ids, feed)
+    diff = (want - got).abs().max() / want.abs().max()
+    assert diff < 1e-3, diff
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+
+
+def test_q4_model_still_returns_its_attention_weights(tmp_path):
+    """explain / trace run the module path with weights: on the codes they stay close to the
+    float32 model's (bfloat16 activations into the projections)."""
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    file = read_gguf(_q4_gguf(tmp_path / "q4.gguf", seed=3)[0])
+    ids = torch.randint(3, 261, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        _, full = load_gguf(file).model(ids, return_weights=True)
+        _, codes = load_gguf(file, q4=True).model(ids, return_weights=True)
+    for a, b in zip(full["decoder_self"], codes["decoder_self"], strict=True):
+        assert a.shape == b.shape == (2, 4, 9, 9)
+        torch.testing.assert_close(b.sum(-1), torch.ones(2, 4, 9))
+        assert torch.equal(b.triu(1), torch.zeros_like(b))  # causal
+        assert 0 < (a - b).abs().max() < 0.05

@@ -291,10 +291,11 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
 
 def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
-    """Give every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 its
-    :class:`~headwise._rows.Int4` form (``layer.int4``: :mod:`headwise.pretrained.q4`); returns
-    how many got one. q and k rows go back to rotate-half order as the dequantized ones do."""
-    from headwise._rows import Int4
+    """Replace every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 by an
+    :class:`~headwise._rows.Int4Linear` holding the file's own codes (:mod:`headwise.pretrained.q4`)
+    and no float copy; returns how many. q and k rows go back to rotate-half order as the
+    dequantized ones do."""
+    from headwise._rows import Int4, Int4Linear
     from headwise.pretrained.q4 import BLOCK, KINDS, fields
 
     c, done = file.config, 0
@@ -302,7 +303,8 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
         target = headwise_name(t.name)
         if t.tensor_type.name not in KINDS or target is None:
             continue
-        layer = model.get_submodule(target.removesuffix(".weight"))
+        parent, _, name = target.removesuffix(".weight").rpartition(".")
+        layer = model.get_submodule(parent).get_submodule(name)
         if (not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK
                 or layer.out_features % 16):  # the kernel's packing needs rows in 16s
             continue  # (the token embedding is a lookup: it keeps its dequantized table)
@@ -311,7 +313,8 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
                  c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
         if heads is not None:
             codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
-        layer.int4 = Int4(codes, scales, zeros, BLOCK)
+        setattr(model.get_submodule(parent), name,
+                Int4Linear(Int4(codes, scales, zeros, BLOCK), layer.bias, layer.weight.dtype))
         done += 1
     return done
 
@@ -324,10 +327,10 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
     chat template, and its config. Raises :class:`~headwise.errors.CheckpointError` naming what
     was found for a missing, truncated or foreign file.
 
-    ``q4=True`` (CPU only) also keeps the file's own Q4_0 / Q4_1 matrices as 4-bit codes, which
-    the cached decoding step multiplies by instead of the dequantized copies (about 1/7 of the
-    float32 bytes per token; bfloat16 activations into those products: see
-    :mod:`headwise.pretrained.q4`). The modules (the prompt, traces, hooks) are unchanged."""
+    ``q4=True`` (CPU only) keeps the file's own Q4_0 / Q4_1 matrices as 4-bit codes instead of
+    dequantized copies (:func:`attach_q4`): the modules (the prompt, traces, hooks) and the
+    cached decoding step both multiply by them (about 1/7 of the float32 bytes; bfloat16
+    activations into those products: see :mod:`headwise.pretrained.q4`)."""
     from headwise.pretrained.chat import ChatModel, ChatTokenizer
 
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):

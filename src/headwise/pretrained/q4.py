@@ -13,9 +13,10 @@ features, so both map onto it without re-quantizing: the file's own codes, with
 What is not exact: the kernel holds ``scale`` and ``zero`` in bfloat16 (8 significant bits; the
 file's float16 has 11) and rounds the activations to bfloat16 before each product (it accumulates
 in float32). ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
-measure both. Everything else in the step (norms, RoPE, attention, the cache, the residual
-stream, the lm_head) stays in the model's dtype. The prompt runs through the modules with the
-dequantized weights, unchanged.
+measure both. Everything else (norms, RoPE, attention, the cache, the residual stream, the
+lm_head) stays in the model's dtype. The matrices exist only as codes
+(:class:`~headwise._rows.Int4Linear`): the prompt through the modules multiplies by them too, so
+the model's resident memory is the codes plus the float32 embedding, not the float32 matrices.
 """
 
 from __future__ import annotations
