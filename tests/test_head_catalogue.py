@@ -237,7 +237,7 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match="grid must be an int >= 2"):
         catalogue(model, task.eval_set(2), grid=1)
     with pytest.raises(ValueError, match=r"importance\['cross'\] must be \(layers, heads\) = "
-                                         r"\(2, 2\), got \(3,\)"):
+                                         r"\(2, 2\), got shape \(3,\)"):
         catalogue(model, task.eval_set(2), importance={"cross": torch.ones(3)})
     with pytest.raises(ValueError, match="importance has kind 'nope'"):
         catalogue(model, task.eval_set(2), importance={"nope": torch.ones(2, 2)})

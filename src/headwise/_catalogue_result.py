@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from headwise.head_scores import as_tables
+
 __all__ = ["Catalogue", "SCORES"]
 
 # The per-head scores, in table order: (name, what it is). Streamed from headwise.stats unless
@@ -164,24 +166,12 @@ def _tokens(a, h: int, names, k: int) -> list[dict]:
 
 
 def _importance(importance, modules) -> dict | None:
-    """``{kind: (layers, heads)}`` (a tensor/array per kind, or an object with ``.scores``) as
+    """``{kind: (layers, heads)}`` (a HeadScores or a tensor/array per kind) as
     ``{kind: {(layer, head): float | None}}``."""
     if importance is None:
         return None
-    table = getattr(importance, "scores", importance)
-    if not hasattr(table, "items"):
-        raise TypeError(f"catalogue: importance must be a dict kind -> (layers, heads) or a "
-                        f"HeadScores, got {type(importance).__name__}")
-    out = {}
-    for kind, scores in table.items():
-        if kind not in modules:
-            raise ValueError(f"catalogue: importance has kind {kind!r}; this model has "
-                             f"{sorted(modules)}")
-        t = torch.as_tensor(scores, dtype=torch.float64)
-        heads = [m.num_heads for m in modules[kind]]
-        if t.dim() != 2 or t.shape[0] != len(heads) or t.shape[1] < max(heads):
-            raise ValueError(f"catalogue: importance[{kind!r}] must be (layers, heads) = "
-                             f"({len(heads)}, {max(heads)}), got {tuple(t.shape)}")
-        out[kind] = {(l, h): (None if math.isnan(float(t[l, h])) else float(t[l, h]))
-                     for l, n in enumerate(heads) for h in range(n)}
-    return out
+    heads = {kind: [m.num_heads for m in ms] for kind, ms in modules.items()}
+    shapes = {kind: (len(n), max(n)) for kind, n in heads.items()}
+    return {kind: {(l, h): (None if math.isnan(t[l, h]) else float(t[l, h]))
+                   for l, n in enumerate(heads[kind]) for h in range(n)}
+            for kind, t in as_tables(importance, shapes, "catalogue").items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise.head_scores import HeadScores
+from headwise.head_scores import as_tables
 from headwise.viz import _blocks
 from headwise.viz.display import HeadView
 from headwise.viz.rollout import attention_rollout
@@ -301,24 +302,10 @@ def _check_initial(kinds: dict, kind: str | None, layer: int | None, head: int |
 def _check_importance(importance, kinds: dict) -> dict:
     if importance is None:
         return {}
-    if isinstance(importance, HeadScores):
-        importance = importance.scores
-    if not isinstance(importance, Mapping):
-        raise TypeError(f"importance must be a dict kind -> (layers, heads) array, got "
-                        f"{type(importance).__name__}")
-    out = {}
-    for kind, scores in importance.items():
-        if kind not in kinds:
-            raise ValueError(f"importance has kind {kind!r} but attentions has only "
-                             f"{list(kinds)}")
-        a = torch.as_tensor(scores).detach().to("cpu", torch.float64).numpy()
-        n_layers = len(kinds[kind]["layers"])
-        n_heads = max(w.shape[1] for w in kinds[kind]["layers"] if w is not None)
-        if a.ndim != 2 or a.shape != (n_layers, n_heads):
-            raise ValueError(f"importance[{kind!r}] must be (layers, heads) = ({n_layers}, "
-                             f"{n_heads}), got shape {a.shape}")
-        out[kind] = [[None if not np.isfinite(x) else float(x) for x in row] for row in a]
-    return out
+    shapes = {kind: (len(info["layers"]), max(w.shape[1] for w in info["layers"] if w is not None))
+              for kind, info in kinds.items()}
+    return {kind: [[x if math.isfinite(x) else None for x in row] for row in t.tolist()]
+            for kind, t in as_tables(importance, shapes, "head_view").items()}
 
 
 def _check_kv_heads(kv_heads, kind: str, info: dict) -> int | None:
