@@ -82,17 +82,35 @@ def test_a_dropped_tensor_is_recycled_and_one_still_in_use_never_is():
 def test_only_same_size_cpu_tensors_over_the_floor_are_recycled():
     _large.release()
     small = _large.empty((4, 1024), torch.float32, "cpu")
-    assert _large._kept is None, "16 KiB should be plain torch.empty"
+    assert _large._kept == [], "16 KiB should be plain torch.empty"
     del small
     a = _large.empty((5, 1 << 20), torch.float32, "cpu")  # 20 MiB
     address = _address(a)
     del a
     b = _large.empty((6, 1 << 20), torch.float32, "cpu")  # another size: fresh, kept instead
-    assert _large._kept is not None and _large._kept.nbytes() == b.nbytes
+    assert _large._kept[-1].nbytes() == b.nbytes
     assert torch.equal(b[0, :3], b[0, :3])  # readable
     del b
     c = _large.empty((3, 2 << 20), torch.bfloat16, "cpu")  # same bytes, other dtype and shape
     assert c.dtype == torch.bfloat16 and c.shape == (3, 2 << 20)
     _large.release()
-    assert _large._kept is None
+    assert _large._kept == []
     assert address
+
+
+@needs_use_count
+def test_a_loop_alternating_sizes_recycles_each_and_keeps_at_most_keep_count():
+    _large.release()
+    shapes = [(4 + x, 1 << 20) for x in range(_large.KEEP_COUNT + 2)]  # 16, 20, ... MiB
+    first = {}
+    for _ in range(3):
+        for shape in shapes[:2]:  # two sizes, as "all weights" and "one head" in one loop
+            t = _large.empty(shape, torch.float32, "cpu")
+            first.setdefault(shape, _address(t))
+            assert _address(t) == first[shape], "an alternating size was not recycled"
+            del t
+    for shape in shapes:
+        _large.empty(shape, torch.float32, "cpu")
+    assert len(_large._kept) == _large.KEEP_COUNT
+    assert sum(s.nbytes() for s in _large._kept) <= _large.KEEP_MAX
+    _large.release()

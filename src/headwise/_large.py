@@ -7,14 +7,14 @@ A fresh ``(b, h, i, j)`` weights tensor is a new ``mmap`` of glibc's malloc (any
 writing the same bytes once they are resident (``benchmarks/weights.py --tables floor``), a
 third of the fused forward the weights are measured against. Two remedies, in order:
 
-- **Recycling.** :func:`empty` keeps the storage of the last large tensor it handed out (one
-  storage, at most :data:`KEEP_MAX` bytes). When the next request has the same size and nothing
-  outside this module still uses that storage (no tensor, view, NumPy array, autograd graph or
-  storage object), the request gets that memory back: resident, no
-  faults. This is what CUDA's caching allocator does for every tensor; here it is done for one
+- **Recycling.** :func:`empty` keeps the storages of the last large tensors it handed out (at
+  most :data:`KEEP_COUNT` of them, :data:`KEEP_MAX` bytes in all). When a request has the size
+  of one of them and nothing outside this module still uses that storage (no tensor, view,
+  NumPy array, autograd graph or storage object), the request gets that memory back: resident,
+  no faults. This is what CUDA's caching allocator does for every tensor; here it is done for one
   tensor kind only, so a loop that asks for weights batch after batch (and drops them) pays
-  the faults once. The memory is held until a request of another size replaces it or
-  :func:`release` is called.
+  the faults once. The memory is held until newer sizes push it out or :func:`release` is
+  called.
 - **Huge pages.** Otherwise the untouched range is advised to 2 MiB pages
   (``madvise(MADV_HUGEPAGE)``, what Linux's default ``transparent_hugepage=madvise`` waits for):
   64 faults instead of 32768, 16 ms instead of 75 here.
@@ -35,13 +35,15 @@ import torch
 
 from headwise import limits
 
-__all__ = ["empty", "release", "KEEP_MAX"]
+__all__ = ["empty", "release", "KEEP_MAX", "KEEP_COUNT"]
 
 _HUGE = 2 << 20  # bytes of one x86-64/arm64 transparent huge page
 _MADV_HUGEPAGE = 14
 _MIN_BYTES = 8 * _HUGE  # below this the faults cost little and the region may be heap memory
-#: Largest storage kept for recycling: 1/16 of physical memory (1.5 GiB on a 24 GiB machine).
+#: Most bytes kept for recycling: 1/16 of physical memory (1.5 GiB on a 24 GiB machine)...
 KEEP_MAX = limits.machine_memory() // 16
+#: ...in at most this many storages (sizes a loop alternates between: all weights, one head).
+KEEP_COUNT = 4
 
 
 def _madvise():
@@ -63,43 +65,46 @@ _lock = threading.Lock()
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)``; on a CPU and for at least 16 MiB,
-    the kept storage when it is free and of this size, else fresh memory advised to huge pages
-    (on Linux) and kept for the next request."""
-    global _kept
+    a kept storage of this size that nobody uses any more, else fresh memory advised to huge
+    pages (on Linux) and kept for later requests."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if torch.device(device).type != "cpu" or nbytes < _MIN_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)
     with _lock:
-        if _kept is not None and _kept.nbytes() == nbytes and _unused():
-            return torch.empty(0, dtype=dtype).set_(_kept, 0, shape)
+        for i in range(len(_kept) if _USE_COUNT is not None else 0):
+            if _kept[i].nbytes() == nbytes and _unused(i):
+                _kept.append(_kept.pop(i))  # most recently used last
+                return torch.empty(0, dtype=dtype).set_(_kept[-1], 0, shape)
         t = _fresh(shape, dtype, nbytes)
         if _USE_COUNT is not None and nbytes <= KEEP_MAX:
-            _kept = t.untyped_storage()
+            _kept.append(t.untyped_storage())
+            while len(_kept) > KEEP_COUNT or sum(s.nbytes() for s in _kept) > KEEP_MAX:
+                del _kept[0]  # the least recently used
         return t
 
 
-def _python_refs() -> int:
-    return sys.getrefcount(_kept)
+def _python_refs(i: int) -> int:
+    return sys.getrefcount(_kept[i])
 
 
-def _unused() -> bool:
-    """Nothing but this module uses the kept storage: no tensor, view or NumPy array (each
+def _unused(i: int) -> bool:
+    """Nothing but this module uses kept storage ``i``: no tensor, view or NumPy array (each
     holds the storage: torch's use count is 1), and nobody holds the storage object itself
     (torch hands every caller of ``.untyped_storage()`` this same object: its Python reference
     count is what it is when only this module holds it, measured once at import)."""
-    return _USE_COUNT(_kept._cdata) == 1 and _python_refs() == _ALONE
+    return _USE_COUNT(_kept[i]._cdata) == 1 and _python_refs(i) == _ALONE
 
 
-_kept = torch.empty(1).untyped_storage()
-_ALONE = _python_refs()
-_kept = None
+_kept: list[torch.UntypedStorage] = [torch.empty(1).untyped_storage()]
+_ALONE = _python_refs(0)
+_kept.clear()
 
 
 def release() -> None:
-    """Let go of the kept storage (its memory returns to the system once no tensor uses it)."""
-    global _kept
+    """Let go of the kept storages (their memory returns to the system once no tensor uses
+    it)."""
     with _lock:
-        _kept = None
+        _kept.clear()
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
