@@ -114,3 +114,30 @@ def test_a_loop_alternating_sizes_recycles_each_and_keeps_at_most_keep_count():
     assert len(_large._kept) == _large.KEEP_COUNT
     assert sum(s.nbytes() for s in _large._kept) <= _large.KEEP_MAX
     _large.release()
+
+
+@needs_use_count
+def test_release_memory_is_public_and_empties_the_kept_storages():
+    import headwise as hw
+
+    t = _large.empty((5, 1 << 20), torch.float32, "cpu")
+    del t
+    assert _large._kept, "a 20 MiB tensor should be kept for recycling"
+    hw.release_memory()
+    assert _large._kept == []
+
+
+@needs_use_count
+@pytest.mark.skipif(_large.limits.machine_memory() < 16 * 2**30, reason="needs >= 16 GiB RAM")
+def test_the_2_gib_weights_of_n_4096_are_kept_and_recycled():
+    # (4, 8, 4096, 4096) float32: 2 GiB, over the former cap of 1/16 of a 24 GiB machine; never
+    # written here, so no page is touched
+    _large.release()
+    shape = (4, 8, 4096, 4096)
+    a = _large.empty(shape, torch.float32, "cpu")
+    first = _address(a)
+    del a
+    b = _large.empty(shape, torch.float32, "cpu")
+    assert _address(b) == first, "the 2 GiB weights were not recycled"
+    del b
+    _large.release()

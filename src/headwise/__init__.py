@@ -43,6 +43,7 @@ _EXPORTS = {
     "Trace": "headwise.tracing",
     "trace": "headwise.tracing",
     "Selection": "headwise.weights",
+    "release_memory": "headwise.weights",
     "masks": None,
     "models": None,
     "stats": None,

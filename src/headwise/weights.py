@@ -29,7 +29,8 @@ import torch
 
 from headwise import _large
 
-__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "softmax_rows", "CHUNK_ELEMENTS"]
+__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "release_memory", "softmax_rows",
+           "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -198,6 +199,16 @@ def _causal_part(rows, keys, nq, nk, device) -> torch.Tensor:
     """``(c, js)`` bool, bottom-right causal: key ``j`` allowed for query ``i`` iff
     ``j <= i + nk - nq`` (see :func:`headwise.masks.causal`)."""
     return _positions(keys, device)[None, :] <= _positions(rows, device)[:, None] + (nk - nq)
+
+
+def release_memory() -> None:
+    """Give back the memory kept for recycling large weights tensors.
+
+    A weights tensor of 16 MiB or more returned on the CPU is made in memory that headwise keeps
+    once the caller drops the tensor (at most 4 sizes, 1/8 of physical memory in all), so the
+    next call of the same size writes resident pages instead of faulting fresh ones. Call this
+    when no more weights of those sizes will be asked for; nothing else changes."""
+    _large.release()
 
 
 @torch.no_grad()
