@@ -18,7 +18,7 @@ ratios), at each thread count:
              either side), batch 1 and 4: tok/s =
              batch * 256 / time of the whole ``generate`` call (the 64-token prefill included:
              conservative for both); ``agree`` = leading new tokens equal to HF's in that row
-  prefill    one forward over 512 tokens (all logits), time ratio
+  prefill    one forward over 512 tokens (all logits), time ratio (>= 5 rounds)
   bandwidth  bytes of weights one decode step reads (every parameter once, the tied matrix once;
              q4: the 4-bit codes + their bfloat16 scales instead of the float32 matrices) x
              steps/s / the copy bandwidth (read + write bytes of a 256 MiB copy) measured in the
@@ -41,6 +41,7 @@ import torch
 import _common as C
 
 NEW, PROMPT, PREFILL = 256, 64, 512
+PREFILL_ROUNDS = 5
 TEXT = ("Explain, step by step and with examples, how attention heads in a small language "
         "model decide which earlier words matter for the next word, and why grouped-query "
         "attention lets nine query heads share three key/value heads without losing much.")
@@ -156,6 +157,9 @@ def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
     for name in ("fp32", "bf16"):
         fns[f"hw {name}"] = lambda m=ours[name]: m(ids)
         fns[f"HF {name}"] = lambda m=theirs[name]: m(ids)
+    # a forward takes seconds, not minutes: at least PREFILL_ROUNDS rounds even with --quick (one
+    # round put fp32 at 2 threads at 1.09 where five give 0.96)
+    rounds = max(rounds, PREFILL_ROUNDS)
     with torch.inference_mode():
         times = C.interleave(fns, warmup=1, min_rounds=rounds, max_rounds=rounds)
     return [dict(threads=threads, batch=1, what=f"prefill {PREFILL}", headwise=n, HF=n,

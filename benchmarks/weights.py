@@ -89,6 +89,8 @@ def weights_rows(seqs: list[int], budget: float) -> list[dict]:
             f"{B * H * n * n * 4 / extra / 1e9:.1f} "
             f"({B * H * n * n * 4 / extra / 1e9 / ceil['gbps']:.2f})" if extra > 0 else "-")
         row["all / torch+w"] = C.ratio(t["all"], t["torch+w"]) if "torch+w" in t else "-"
+        # the floor under that ratio: the fused path without any weights, against torch with them
+        row["fused / torch+w"] = C.ratio(t["fused"], t["torch+w"]) if "torch+w" in t else "-"
         rows.append(row)
         print(C.table(rows[-1:], list(row)), flush=True)
         del cand
