@@ -17,7 +17,8 @@ ratios), at each thread count:
   decode     greedy, 256 new tokens after a 64-token chat prompt (no end-of-sequence token on
              either side), batch 1 and 4: tok/s =
              batch * 256 / time of the whole ``generate`` call (the 64-token prefill included:
-             conservative for both); ``agree`` = leading new tokens equal to HF's in that row
+             conservative for both); ``agree`` = leading new tokens equal to HF's in that row;
+             ``ms/step`` = the same medians / 256 (per new token, the prefill included)
   prefill    one forward over 512 tokens (all logits), time ratio (>= 5 rounds)
   bandwidth  bytes of weights one decode step reads (every parameter once, the tied matrix once;
              q4: the 4-bit codes + their bfloat16 scales instead of the float32 matrices) x
@@ -41,6 +42,7 @@ import torch
 import _common as C
 
 NEW, PROMPT, PREFILL = 256, 64, 512
+WARM = 8  # new tokens of the untimed call each decode candidate makes first
 PREFILL_ROUNDS = 5
 TEXT = ("Explain, step by step and with examples, how attention heads in a small language "
         "model decide which earlier words matter for the next word, and why grouped-query "
@@ -93,21 +95,28 @@ def load_hf(path):
         path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="sdpa").eval()
 
 
-def load_all():
-    """``(chat, ours: name -> model, theirs: name -> HF model)``, every weight from one file."""
+def load_all(variants=tuple(PAIRS)):
+    """``(chat, ours: name -> model, theirs: name -> HF model)``, every weight from one file:
+    the headwise ``variants`` (keys of :data:`PAIRS`) and the HF models they are compared with."""
     from headwise.pretrained.gguf import attach_q4, build_model, find_smollm2, load_gguf, read_gguf
 
     path = find_smollm2()
     file = read_gguf(path)
     chat = load_gguf(file)
-    q4 = build_model(file)
-    attach_q4(q4, file)
-    ours = {"fp32": chat.model, "bf16": copy.deepcopy(chat.model).to(torch.bfloat16), "q4": q4}
+    ours = {"fp32": chat.model}
+    if "bf16" in variants:
+        ours["bf16"] = copy.deepcopy(chat.model).to(torch.bfloat16)
+    if "q4" in variants:
+        ours["q4"] = build_model(file)
+        attach_q4(ours["q4"], file)
+    ours = {name: ours[name] for name in variants}
     hf = load_hf(path)
     # no end-of-sequence token: both sides decode exactly NEW tokens with nothing suppressed
     # (min_new_tokens would mask <|im_end|> on HF's side only), so the tokens stay comparable
     hf.generation_config.eos_token_id = None
-    theirs = {"fp32": hf, "bf16": copy.deepcopy(hf).to(torch.bfloat16)}
+    theirs = {"fp32": hf}
+    if any("bf16" in PAIRS[name] for name in variants):
+        theirs["bf16"] = copy.deepcopy(hf).to(torch.bfloat16)
     return chat, ours, theirs
 
 
@@ -117,29 +126,35 @@ def decode_rows(threads, b, prompt, ours, theirs, rounds) -> list[dict]:
     ids = prompt.expand(b, -1).contiguous()
     mask, out = torch.ones_like(ids), {}
 
-    def hw(name):
+    def hw(name, new=NEW):
         def run():
-            out["hw " + name] = generate(ours[name], ids, max_new_tokens=NEW)
+            out["hw " + name] = generate(ours[name], ids, max_new_tokens=new)
         return run
 
-    def hf(name):
+    def hf(name, new=NEW):
         def run():
             with torch.inference_mode():
                 out["HF " + name] = theirs[name].generate(
-                    ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW)
+                    ids, attention_mask=mask, do_sample=False, max_new_tokens=new)
         return run
 
+    # a few tokens each first, so that the first timed call (with --quick: the only one) pays
+    # no first-call costs (thread pool, allocator) that the others do not
+    for warm in [hw(n, WARM) for n in ours] + [hf(n, WARM) for n in theirs]:
+        warm()
     fns = {f"hw {n}": hw(n) for n in ours} | {f"HF {n}": hf(n) for n in theirs}
     times = C.interleave(fns, warmup=0, min_rounds=rounds, max_rounds=rounds)
     rows = []
-    for name, anchors in PAIRS.items():
-        for anchor in anchors:
+    for name in ours:
+        for anchor in PAIRS[name]:
             mine, ref = times[f"hw {name}"], times[f"HF {anchor}"]
             rows.append(dict(
                 threads=threads, batch=b, what=f"decode {NEW} after {PROMPT}",
                 headwise=name, HF=anchor,
                 **{"headwise tok/s": b * NEW / statistics.median(mine),
                    "HF tok/s": b * NEW / statistics.median(ref)},
+                **{"ms/step headwise / HF": f"{1e3 * statistics.median(mine) / NEW:.1f} / "
+                                            f"{1e3 * statistics.median(ref) / NEW:.1f}"},
                 ratio=1 / C.ratio(mine, ref), goal=">= 1.5x",
                 agree=f"{_agree(out[f'hw {name}'], out[f'HF {anchor}'], PROMPT)}/{NEW}",
                 _steps_s=NEW / statistics.median(mine), _model=name))
@@ -153,8 +168,10 @@ def _agree(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
 
 
 def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
-    fns = {}
-    for name in ("fp32", "bf16"):
+    fns, names = {}, [n for n in ("fp32", "bf16") if n in ours]
+    if not names:
+        return []
+    for name in names:
         fns[f"hw {name}"] = lambda m=ours[name]: m(ids)
         fns[f"HF {name}"] = lambda m=theirs[name]: m(ids)
     # a forward takes seconds, not minutes: at least PREFILL_ROUNDS rounds even with --quick (one
@@ -166,7 +183,7 @@ def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
                  **{"headwise tok/s": PREFILL / statistics.median(times[f"hw {n}"]),
                     "HF tok/s": PREFILL / statistics.median(times[f"HF {n}"])},
                  ratio=C.ratio(times[f"hw {n}"], times[f"HF {n}"]), goal="<= 1.0x (time)")
-            for n in ("fp32", "bf16")]
+            for n in names]
 
 
 def measure(threads: int, rounds: int, batches, chat, ours, theirs) -> list[dict]:
@@ -186,7 +203,8 @@ def measure(threads: int, rounds: int, batches, chat, ours, theirs) -> list[dict
     return rows
 
 
-COLS = ["threads", "batch", "what", "headwise", "HF", "headwise tok/s", "HF tok/s", "ratio",
+COLS = ["threads", "batch", "what", "headwise", "HF", "headwise tok/s", "HF tok/s",
+        "ms/step headwise / HF", "ratio",
         "goal", "agree", "bandwidth"]
 
 
@@ -205,9 +223,9 @@ def memory_child(batch: int, variant: str) -> dict:
                 weights_mb=fp32_bytes(chat.model) / 2**20)
 
 
-def run(threads_list, rounds: int, batches) -> None:
+def run(threads_list, rounds: int, batches, variants=tuple(PAIRS)) -> None:
     t0 = time.perf_counter()
-    chat, ours, theirs = load_all()
+    chat, ours, theirs = load_all(variants)
     print(f"# torch {torch.__version__}, loaded in {time.perf_counter() - t0:.0f} s; "
           f"{rounds} interleaved round(s); tok/s and ms are medians", flush=True)
     rows = []
@@ -221,7 +239,7 @@ def run(threads_list, rounds: int, batches) -> None:
     print(f"\n## Resident memory (fresh process, batch {max(batches)}, {NEW} tokens decoded; "
           "goal <= 1.25x the fp32 weights)\n")
     mem = []
-    for variant in PAIRS:
+    for variant in variants:
         m = C.peak_in_subprocess(__file__, "--memory-child", str(max(batches)), variant)
         mem.append({"headwise": variant, "after MiB": m["rss_mb"], "peak MiB": m["peak_mb"],
                     "fp32 weights MiB": m["weights_mb"],

@@ -18,6 +18,7 @@ first and last 64 steps).
 
     python benchmarks/generate.py [--new 64 512 1024] [--batches 1 8] [--budget 6]
     python benchmarks/generate.py --model smollm2 [--threads 1 2] [--rounds 3] [--quick]
+        [--variants fp32 bf16 q4]
 
 ``--model smollm2``: the real SmolLM2-135M-Instruct from its GGUF against Hugging Face's
 ``generate`` with the same weights, as same-dtype pairs (fp32, bf16) plus headwise's 4-bit
@@ -161,11 +162,15 @@ def main() -> None:
     ap.add_argument("--model", choices=("toy", "smollm2"), default="toy")
     ap.add_argument("--rounds", type=int, default=3, help="smollm2: interleaved rounds")
     ap.add_argument("--quick", action="store_true", help="smollm2: one round")
+    ap.add_argument("--variants", nargs="+", choices=("fp32", "bf16", "q4"),
+                    default=["fp32", "bf16", "q4"],
+                    help="smollm2: headwise weights to run (each with its HF pair)")
     args = ap.parse_args()
     if args.model == "smollm2":
         import _smollm2
         batches = args.batches if args.batches != [1, 8] else [1, 4]
-        _smollm2.run(args.threads or [1, 2], 1 if args.quick else args.rounds, batches)
+        _smollm2.run(args.threads or [1, 2], 1 if args.quick else args.rounds, batches,
+                     tuple(args.variants))
         return
     if args.threads:
         args.threads = args.threads[0]
