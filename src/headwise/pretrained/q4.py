@@ -13,7 +13,13 @@ features, so both map onto it without re-quantizing: the file's own codes, with
 What is not exact: the kernel holds ``scale`` and ``zero`` in bfloat16 (8 significant bits; the
 file's float16 has 11) and rounds the activations to bfloat16 before each product (it accumulates
 in float32). ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
-measure both. Everything else (norms, RoPE, attention, the cache, the residual stream, the
+measure both. Measured on SmolLM2-135M-Instruct against HF's float32 model of the same file
+(four chat prompts, teacher-forced on HF's 48 greedy tokens; logits up to ~43): q4's max
+|logit difference| is 0.66-0.77 on the new tokens (1.12 over the whole sequence), of which the
+bfloat16 scales and zeros alone (those weights with float32 activations) give 0.31-0.40 and
+the bfloat16 activations the rest; float32 headwise differs by 5e-5 to 9e-5. The top token
+agreed at every position and the greedy answers for all 48 tokens; over a 256-token answer
+such perturbations flip a near-tie now and then, and the continuations part from there. Everything else (norms, RoPE, attention, the cache, the residual stream, the
 lm_head) stays in the model's dtype. The matrices exist only as codes
 (:class:`~headwise._rows.Int4Linear`): the prompt through the modules multiplies by them too, so
 the model's resident memory is the codes plus the float32 embedding, not the float32 matrices.
