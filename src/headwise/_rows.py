@@ -13,7 +13,8 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   calls) runs at ~25 GFLOP/s here, so four rows cost twice one row's time although the
   weights are read once; ``W @ x^T`` (the rows as ``b`` columns) is the kernel it is fast on
   (a SmolLM2-135M step at batch 4, one thread: 125 -> 88 ms; the ``(out, b)`` result is copied
-  back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as fast;
+  back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as fast; float32 only
+  (bfloat16 products run oneDNN's kernels, where the column form measured no faster);
 - ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams 1.3-1.5x
   faster on this CPU, at the price of a second copy of the weights while a generation runs;
 - :class:`Int4`: when a layer carries 4-bit codes (``layer.int4``; an :class:`Int4Linear`, which
@@ -156,7 +157,7 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x (b, in) @ W^T + bias -> (b, out)``."""
     m, bias, layout = w
     if not layout:
-        if 1 < x.shape[0] <= COLUMN_ROWS:  # (W @ x^T)^T, see the module docstring
+        if 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32:  # (W @ x^T)^T
             y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
             return y.t().contiguous()
         return F.linear(x, m, bias)
@@ -171,7 +172,8 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         out = m(y).add_(x)
-    elif not layout and 1 < y.shape[0] <= COLUMN_ROWS:  # (x^T + W @ y^T)^T
+    elif not layout and 1 < y.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32:
+        # (x^T + W @ y^T)^T, see the module docstring
         out = torch.addmm(x.t(), m, y.t()).t().contiguous()
     else:
         out = torch.addmm(x, y, m if layout else m.t())
