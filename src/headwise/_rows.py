@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["COLUMN_ROWS", "INT4", "Int4", "Int4Linear", "Weight", "dtype_of", "linear", "of_linear", "quantized",
-           "residual", "weight"]
+__all__ = ["COLUMN_ROWS", "INT4", "Int4", "Int4Linear", "Weight", "dtype_of", "linear", "of_linear",
+           "quantized", "residual", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: a copy of
 #                 W^T (in, out); INT4: an Int4
@@ -153,11 +153,17 @@ def quantized(module: nn.Module) -> bool:
     return any(getattr(m, "int4", None) is not None for m in module.modules())
 
 
+def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
+    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go as ``W @ x^T``: 2 to
+    :data:`COLUMN_ROWS` rows of a float32 weight (the module docstring says why)."""
+    return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
+
+
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x (b, in) @ W^T + bias -> (b, out)``."""
     m, bias, layout = w
     if not layout:
-        if 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32:  # (W @ x^T)^T
+        if _as_columns(x, m):  # (W @ x^T)^T
             y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
             return y.t().contiguous()
         return F.linear(x, m, bias)
@@ -172,8 +178,7 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         out = m(y).add_(x)
-    elif not layout and 1 < y.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32:
-        # (x^T + W @ y^T)^T, see the module docstring
+    elif not layout and _as_columns(y, m):  # (x^T + W @ y^T)^T
         out = torch.addmm(x.t(), m, y.t()).t().contiguous()
     else:
         out = torch.addmm(x, y, m if layout else m.t())

@@ -19,8 +19,9 @@ measure both. Measured on SmolLM2-135M-Instruct against HF's float32 model of th
 bfloat16 scales and zeros alone (those weights with float32 activations) give 0.31-0.40 and
 the bfloat16 activations the rest; float32 headwise differs by 5e-5 to 9e-5. The top token
 agreed at every position and the greedy answers for all 48 tokens; over a 256-token answer
-such perturbations flip a near-tie now and then, and the continuations part from there. Everything else (norms, RoPE, attention, the cache, the residual stream, the
-lm_head) stays in the model's dtype. The matrices exist only as codes
+such perturbations flip a near-tie now and then, and the continuations part from there.
+Everything else (norms, RoPE, attention, the cache, the residual stream, the lm_head) stays in
+the model's dtype. The matrices exist only as codes
 (:class:`~headwise._rows.Int4Linear`): the prompt through the modules multiplies by them too, so
 the model's resident memory is the codes plus the float32 embedding, not the float32 matrices.
 """
