@@ -119,3 +119,55 @@ def test_int4_linear_is_a_linear_layer_on_its_codes(seed, bias, lead):
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
     plain = torch.nn.Linear(3, 2).double()
     assert _rows.dtype_of(plain) == torch.float64
+
+
+def _wide_and_tall(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 15), nn.Linear(15, 6, bias=False), nn.Linear(6, 6),
+                          nn.Linear(6, 15, bias=False))
+    model[3].weight = model[0].weight  # tied: one parameter, laid out once
+    return model
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_lay_out_moves_only_the_storage(seed):
+    """One row: wide matrices stored (in, out), the rest (out, in); 2..COLUMN_ROWS rows: all
+    (out, in); more rows: untouched. Same Parameter objects, shapes, values and outputs."""
+    model = _wide_and_tall(seed)
+    params = list(model.parameters())
+    values = [p.detach().clone() for p in params]
+    x = torch.randn(3, 6)
+    want = model(x).detach()
+    with torch.inference_mode():  # as in generate: the copies must still be ordinary tensors
+        assert _rows.lay_out(model, 1) == 1  # the tied wide matrix, once
+    wide, tall = model[0].weight, model[1].weight
+    assert _rows.stored_transposed(wide) and wide is model[3].weight
+    assert tall.is_contiguous() and model[2].weight.is_contiguous()
+    assert list(model.parameters()) == params
+    assert all(torch.equal(p, v) for p, v in zip(params, values, strict=True))
+    assert not any(p.is_inference() for p in params)
+    torch.testing.assert_close(model(x), want)
+    assert _rows.lay_out(model, 1) == 0  # already laid out: nothing copied
+    assert _rows.lay_out(model, _rows.COLUMN_ROWS + 1) == 0  # many rows: left as they are
+    assert _rows.stored_transposed(wide)
+    assert _rows.lay_out(model, 2) == 1 and wide.is_contiguous()
+    assert all(torch.equal(p, v) for p, v in zip(params, values, strict=True))
+
+
+def test_a_laid_out_model_trains_and_its_row_forms_match():
+    model = _wide_and_tall(0)
+    _rows.lay_out(model, 1)
+    with torch.no_grad():
+        for layer in model:  # one row through either storage equals nn.Linear's result
+            x, res = torch.randn(1, layer.in_features), torch.randn(1, layer.out_features)
+            w = _rows.of_linear(layer, False)
+            torch.testing.assert_close(_rows.linear(x, w), layer(x))
+            torch.testing.assert_close(_rows.residual(res, x, w), res + layer(x))
+    x = torch.randn(4, 6)
+    model(x).square().sum().backward()
+    assert model[0].weight.grad.shape == (15, 6)
+    before = model[0].weight.detach().clone()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert not torch.equal(model[0].weight, before)
+    assert _rows.stored_transposed(model[0].weight)  # an optimizer step keeps the storage

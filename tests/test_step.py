@@ -195,3 +195,31 @@ def test_long_single_row_generation_takes_the_transposed_path_and_matches_recomp
     assert layouts == [True, False]  # 130 steps: transposed copies; 20 steps: none
     assert torch.equal(a, b) and torch.equal(short, a[:, :25])
     torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ffn", ["mlp", "glu"])
+def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path, ffn):
+    """Over COPY_BUDGET no copies: one row stores the wide matrices (up/gate, the vocabulary
+    head) as W^T, 2-4 rows as (out, in); tokens and logits equal the recomputed module path;
+    a checkpoint of the laid-out model loads back equal."""
+    from headwise import _rows, checkpoint, step
+    monkeypatch.setattr(step, "COPY_BUDGET", 0)
+    model = _lm(max_len=60, activation="silu", ffn=ffn, norm="rms", positional="rope",
+                tie_embeddings=True, num_kv_heads=2)
+    params = list(model.parameters())
+    wide = [m.weight for m in model.modules()
+            if isinstance(m, torch.nn.Linear) and m.out_features > m.in_features]
+    assert len(wide) >= 3 and model.lm_head.weight is model.embed.tokens.weight
+    for rows, transposed in ((1, True), (3, False), (1, True)):
+        prompt = torch.randint(0, 37, (rows, 5))
+        a, la = generate_with_logits(model, prompt, max_new_tokens=40)
+        assert all(_rows.stored_transposed(w) is transposed for w in wide)
+        b, lb = generate_with_logits(model, prompt, max_new_tokens=40, use_cache=False)
+        assert torch.equal(a, b)
+        torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+    assert list(model.parameters()) == params
+    assert model.lm_head.weight is model.embed.tokens.weight
+    checkpoint.save(tmp_path / "ck", model, model.config)
+    loaded = checkpoint.load(tmp_path / "ck").model
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(p, q), name

@@ -115,9 +115,8 @@ def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = Non
 def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, train_state,
                  metadata) -> None:
     """Fill ``tmp``, fsync it, swap it in for ``folder`` (two renames)."""
-    from safetensors.torch import save_model
     try:
-        save_model(_unwrap(model), str(tmp / _MODEL))
+        _save_model(_unwrap(model), tmp / _MODEL)
         files = [_MODEL]
         if optimizer is not None or train_state is not None:
             from safetensors.torch import save_file
@@ -137,6 +136,24 @@ def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, t
         _swap.swap_in(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_model(model: nn.Module, path: Path) -> None:
+    """safetensors' ``save_model`` (tied weights written once) for weights in any storage
+    layout: a decoding step may store a matrix transposed (:func:`headwise._rows.lay_out`),
+    which ``save_model`` cannot take. Each such storage is made contiguous once, so tensors
+    that share it still share the copy and stay tied in the file."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_model
+    state, copies = model.state_dict(), {}
+    for name, t in state.items():
+        if not t.is_contiguous():
+            key = (t.data_ptr(), tuple(t.shape), t.stride())
+            if key not in copies:
+                copies[key] = t.contiguous()
+            state[name] = copies[key]
+    save_model(SimpleNamespace(state_dict=lambda: state), str(path))
 
 
 def _resolve(folder: str | Path) -> Path:
