@@ -19,6 +19,9 @@ class _Cache:
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
+    def all_finite(self, end):
+        return False  # vouches for nothing: the NaN policy reads k and v as usual
+
 
 @settings(max_examples=20, deadline=None)
 @given(g=st.integers(1, 2), r=st.integers(1, 3), n=st.integers(1, 6), transpose=st.booleans(),

@@ -41,3 +41,23 @@ def test_the_buffers_are_freed_without_the_garbage_collector():
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_all_finite_reads_each_position_once_and_rechecks_rewritten_ones(bad):
+    cache = KVCache(1, 2, 2, 3, 8)
+    layer = cache.layers[0].self_attn
+    k, v = torch.randn(2, 2, 3, 3), torch.randn(2, 2, 3, 3)
+    layer.update(k, v)
+    assert layer.all_finite(3) and layer.checked == 3
+    cache.advance(3)
+    k1 = torch.randn(2, 2, 1, 3)
+    k1[1, 0, 0, 2] = bad  # a new position holding a non-finite key: found, never vouched for
+    layer.update(k1, torch.randn(2, 2, 1, 3))
+    assert not layer.all_finite(4) and layer.checked == 3
+    assert not layer.all_finite(4)  # and again on the next call
+    cache.filled.n = 1  # the caller rewinds: positions from 1 on are written afresh
+    layer.update(torch.randn(2, 2, 2, 3), torch.randn(2, 2, 2, 3))
+    assert layer.checked == 1 and layer.all_finite(3) and layer.checked == 3
+    layer.v[0, 1, 2, 0] = bad  # written behind the cache's back, at a position already checked:
+    assert layer.all_finite(3)  # the documented limit (only update() writes positions)

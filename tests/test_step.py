@@ -223,3 +223,31 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
     loaded = checkpoint.load(tmp_path / "ck").model
     for (name, p), q in zip(model.named_parameters(), loaded.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("where", ["prompt", "step"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_cached_key_gives_nan_in_the_step_as_in_the_module_path(where, bad):
+    """The step's NaN policy reads only the new cache positions (SelfAttentionCache.all_finite),
+    yet a NaN or inf key in the cache still gives NaN where the module path does: one planted in
+    the prompt's keys (that row only), or keys a step itself computes as non-finite. (A -inf
+    key feature can give a -inf score, which the kernel alone would just skip.)"""
+    torch.manual_seed(3)
+    model = _lm(num_kv_heads=2, positional="rope", norm="rms", ffn="glu", activation="silu")
+    prompt, nxt = torch.randint(0, 37, (2, 6)), torch.randint(0, 37, (2, 3))
+    with torch.inference_mode():
+        ref_cache, step_cache = model.new_cache(2, 16), model.new_cache(2, 16)
+        model(prompt, cache=ref_cache)
+        model(prompt, cache=step_cache)
+        if where == "prompt":
+            for cache in (ref_cache, step_cache):  # layer 1, row 1, kv head 0, position 2
+                cache.k[1, 1, 0, 2, 0] = bad
+        else:  # layer 1's first key feature is non-finite from the first step on
+            model.blocks[1].self_attn.k_proj.weight[0] = bad
+        step = DecodeStep(model, step_cache)
+        for t in range(nxt.shape[1]):
+            want, _ = model(nxt[:, t:t + 1], cache=ref_cache)
+            got = step(nxt[:, t])
+            assert torch.isnan(got[1]).all()
+            assert torch.isfinite(got[0]).all() == (where == "prompt")
+            torch.testing.assert_close(got, want[:, 0], atol=1e-5, rtol=0, equal_nan=True)

@@ -120,9 +120,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
-             return_weights=False, backend="auto", softcap=None, sinks=None, strict=None):
+             return_weights=False, backend="auto", softcap=None, sinks=None, strict=None,
+             kv_finite=False):
     """:func:`attention` without the input checks, for callers that validated their inputs at
     their own boundary (MultiHeadAttention): a decoding step pays for no check twice.
+
+    ``kv_finite=True``: the caller knows ``k`` and ``v`` hold no NaN or inf (a decoding step
+    whose cache checked its positions as they came: :meth:`~headwise.cache.SelfAttentionCache.
+    all_finite`); the ``"sdpa"`` backend's NaN policy then reads only ``q``.
 
     ``softcap`` (a float) and ``sinks`` (``(h,)`` logits) change the softmax itself: no fused
     kernel takes a function of the scores or an extra softmax column, so either one runs the
@@ -131,9 +136,12 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         _strict.check(strict, _eager_reason(return_weights, softcap, sinks))
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
-    core = BACKENDS[resolve_backend(backend)]
-    return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                return_weights=return_weights, strict=strict)
+    name = resolve_backend(backend)
+    if kv_finite and name == "sdpa":
+        return sdpa(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                    return_weights=return_weights, strict=strict, kv_finite=True)
+    return BACKENDS[name](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                          return_weights=return_weights, strict=strict)
 
 
 def check_selection(return_weights, backend: str, h: int, nq: int, nk: int) -> None:

@@ -55,10 +55,11 @@ class AttentionRow:
         if self.rope is not None:
             q, k = self.rope.rotate(q, *rot), self.rope.rotate(k, *rot)
         k, v = cache.update(k, v.view(b, g, 1, d))
+        finite = cache.all_finite(k.shape[2])  # reads the new position, not the whole cache
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)
-        out, _ = dispatch(q, k, v, **self.kw)
+        out, _ = dispatch(q, k, v, kv_finite=finite, **self.kw)
         return out.view(b, -1)
 
     def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:

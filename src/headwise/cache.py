@@ -48,11 +48,12 @@ class SelfAttentionCache:
     step, after all layers.
     """
 
-    __slots__ = ("filled", "k", "v")
+    __slots__ = ("filled", "k", "v", "checked")
     ready = False  # self-attention always projects the new positions
 
     def __init__(self, filled: Filled, k: torch.Tensor, v: torch.Tensor):
         self.filled, self.k, self.v = filled, k, v
+        self.checked = 0  # positions before this one are known finite (see all_finite)
 
     @property
     def offset(self) -> int:
@@ -67,7 +68,24 @@ class SelfAttentionCache:
                              f"{self.k.shape[2]}; create the cache with a larger max_len")
         self.k.narrow(2, start, end - start).copy_(k)  # narrow + copy_: cheaper than k[..] = ..
         self.v.narrow(2, start, end - start).copy_(v)
+        self.checked = min(self.checked, start)  # rewritten positions are unchecked again
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+
+    def all_finite(self, end: int) -> bool:
+        """Whether the keys/values of positions ``0 .. end - 1`` hold no NaN or inf, reading only
+        the positions not found finite before (the decoding step: the prompt's once, then one
+        new position per step, instead of the whole cache every step). CPU only: elsewhere the
+        answer would cost a device sync, and this says False (the caller checks as usual)."""
+        if self.k.device.type != "cpu":
+            return False
+        if self.checked < end:
+            new = (slice(None), slice(None), slice(self.checked, end))
+            total = (self.k[new].sum(dtype=torch.float32)
+                     + self.v[new].sum(dtype=torch.float32))
+            if not torch.isfinite(total):
+                return False
+            self.checked = end
+        return True
 
 
 class CrossAttentionCache:
