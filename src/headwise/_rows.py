@@ -171,19 +171,21 @@ def lay_out(module: nn.Module, rows: int) -> int:
     """Store the float32 CPU ``nn.Linear`` weights of ``module`` the way a decoding step over
     ``rows`` rows reads them fastest (module docstring), in place; returns how many moved.
 
-    One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``; 2 to
-    :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are (``F.linear`` measures
-    the same on either). Only the storage changes: the same ``Parameter`` objects (tied weights
-    stay tied, an optimizer keeps its references), their shapes and values; one matrix is copied
-    at a time (the extra memory is the largest matrix, briefly). The copies are ordinary
-    tensors even inside ``torch.inference_mode``, so the model still trains afterwards."""
+    One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``;
+    2 to :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are
+    (``F.linear`` measures the same on either). Only the storage changes: the same
+    ``Parameter`` objects (tied weights stay tied, an optimizer keeps its references), their
+    shapes and values; one matrix is copied at a time (the extra memory is the largest matrix,
+    briefly). The copies are ordinary tensors even inside ``torch.inference_mode``, so the
+    model still trains afterwards."""
     if rows > COLUMN_ROWS:
         return 0
     moved, seen = 0, set()
     for layer in module.modules():
-        w = getattr(layer, "weight", None) if isinstance(layer, nn.Linear) else None
-        if (w is None or id(w) in seen or w.dtype != torch.float32 or w.device.type != "cpu"
-                or w.dim() != 2):
+        if not isinstance(layer, nn.Linear):
+            continue
+        w = layer.weight
+        if id(w) in seen or w.dtype != torch.float32 or w.device.type != "cpu":
             continue
         seen.add(id(w))
         want = rows == 1 and layer.out_features > layer.in_features
