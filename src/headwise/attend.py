@@ -136,12 +136,10 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         _strict.check(strict, _eager_reason(return_weights, softcap, sinks))
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
-    name = resolve_backend(backend)
-    if kv_finite and name == "sdpa":
-        return sdpa(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                    return_weights=return_weights, strict=strict, kv_finite=True)
-    return BACKENDS[name](q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                          return_weights=return_weights, strict=strict)
+    core = BACKENDS[resolve_backend(backend)]
+    extra = {"kv_finite": True} if kv_finite and core is sdpa else {}  # sdpa's own keyword
+    return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                return_weights=return_weights, strict=strict, **extra)
 
 
 def check_selection(return_weights, backend: str, h: int, nq: int, nk: int) -> None:
