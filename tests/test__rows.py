@@ -28,6 +28,62 @@ def test_linear_and_residual_match_the_module_in_either_layout(b, n_in, n_out, b
     assert out.is_contiguous() and summed.is_contiguous()
 
 
+@settings(max_examples=20, deadline=None)
+@given(threads=st.integers(2, 4), n_in=st.integers(1, 64), per_part=st.integers(1, 48),
+       layout=st.sampled_from(["rows", "stored W^T", "W^T copy"]), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_one_row_split_across_threads_matches_float64(threads, n_in, per_part, layout, bias,
+                                                      seed):
+    """From two threads on, one row times a large enough matrix is one batched product over
+    a block of output features per thread (views of the weight's storage, no copy): the same
+    values as the float64 product, in every storage the step can hand it."""
+    torch.manual_seed(seed)
+    n_out = threads * per_part
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    if layout == "stored W^T":
+        layer.weight.data = layer.weight.data.t().contiguous().t()
+    w = _rows.of_linear(layer, layout == "W^T copy")
+    x, res = torch.randn(1, n_in), torch.randn(1, n_out)
+    ref = x.double() @ layer.weight.double().t()
+    if bias:
+        ref = ref + layer.bias.double()
+    before, split_min = torch.get_num_threads(), _rows.SPLIT_MIN
+    torch.set_num_threads(threads)
+    _rows.SPLIT_MIN = 1  # the split, whatever the matrix's size
+    try:
+        with torch.no_grad():
+            assert _rows._split_product(x, w[0], w[2], None) is not None
+            out, summed = _rows.linear(x, w), _rows.residual(res, x, w)
+    finally:
+        torch.set_num_threads(before)
+        _rows.SPLIT_MIN = split_min
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(summed.double(), res.double() + ref, rtol=1e-5, atol=1e-5)
+    assert out.shape == summed.shape == (1, n_out)
+
+
+def test_the_split_leaves_other_products_alone(monkeypatch):
+    """Not split: one thread, two rows, a small matrix, a thread count not dividing the
+    output features, a strided weight, bfloat16."""
+    monkeypatch.setattr(_rows, "SPLIT_MIN", 64)
+    w, x = torch.randn(12, 8), torch.randn(1, 8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _rows._split_product(x, w, False, None) is not None
+        assert _rows._split_product(torch.randn(2, 8), w, False, None) is None
+        assert _rows._split_product(x, w[:6], False, None) is None  # 48 elements
+        assert _rows._split_product(x, w[:, ::2].repeat(1, 2)[:, ::2], False, None) is None
+        assert _rows._split_product(x, w.bfloat16(), False, None) is None
+        torch.set_num_threads(1)
+        assert _rows._split_product(x, w, False, None) is None
+        if before >= 5:  # 12 output features do not split 5 ways
+            torch.set_num_threads(5)
+            assert _rows._split_product(x, w, False, None) is None
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_column_form_is_float32_only():
     """bfloat16 rows keep F.linear (oneDNN's kernels: the column form measured no faster)."""
     layer = nn.Linear(16, 8).to(torch.bfloat16)

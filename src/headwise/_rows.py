@@ -26,6 +26,13 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   measure the same either way or better untransposed); ``F.linear`` takes such a weight as it
   is. Larger models are laid out this way for a one-row generation and back for 2 to
   :data:`COLUMN_ROWS` rows, whose column form needs ``(out, in)``;
+- one row, two or more threads: a float32 product of at least :data:`SPLIT_MIN` elements is one
+  ``torch.bmm`` over one block of output features per intra-op thread (views of whichever
+  storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
+  setting: a SmolLM2-135M matrix streams at 7-12 GB/s with one thread or two, split in two
+  blocks at 13-20 GB/s with two (the machine reads 15-16 GB/s with one thread, 20-24 with two);
+  a SmolLM2 step at two threads: ~60 -> ~50 ms. Smaller matrices sit in cache, where the split
+  costs more than it gains, and with one thread it gains nothing;
 - :class:`Int4`: when a layer carries 4-bit codes (``layer.int4``; an :class:`Int4Linear`, which
   :func:`headwise.pretrained.load_gguf` with ``q4=True`` puts in place of an ``nn.Linear`` to
   hold a GGUF's own Q4_1 blocks and no float32 copy), the product reads those, about 1/7 of the
@@ -38,14 +45,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["COLUMN_ROWS", "INT4", "Int4", "Int4Linear", "Weight", "dtype_of", "lay_out", "linear",
-           "of_linear", "quantized", "residual", "stored_transposed", "weight"]
+__all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "dtype_of",
+           "lay_out", "linear", "of_linear", "quantized", "residual", "stored_transposed",
+           "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: a copy of
 #                 W^T (in, out); INT4: an Int4
 INT4 = "int4"
 # Up to this many rows an untransposed weight multiplies the rows as columns (module docstring).
 COLUMN_ROWS = 4
+# From this many elements a one-row product is split across the intra-op threads (the module
+# docstring says why; smaller matrices sit in cache, where one thread's kernel is faster).
+SPLIT_MIN = 1 << 17
 
 
 class Int4:
@@ -203,9 +214,37 @@ def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
     return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
 
 
+def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor | None):
+    """One row ``x (1, in)`` times a float32 matrix split into ``k`` blocks of output features,
+    one per intra-op thread, as one batched product (plus ``res (1, out)`` when given) ->
+    ``(1, out)``; None when the product is not split: one thread, another row count, a matrix
+    under :data:`SPLIT_MIN` elements, ``k`` not dividing ``out``, a strided storage. The blocks
+    are views: rows ``(k, out / k, in)`` of an ``(out, in)`` storage, columns
+    ``(k, in, out / k)`` of an ``(in, out)`` one (a ``transpose`` copy or :func:`lay_out`)."""
+    if x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
+        return None
+    k = torch.get_num_threads()
+    if layout:  # a copy of W^T
+        cols, m = True, m.t()
+    else:
+        cols = stored_transposed(m)
+    if k < 2 or m.shape[0] % k or m.device.type != "cpu" or not (cols or m.is_contiguous()):
+        return None
+    if cols:  # the row times each (in, out / k) block
+        a = x.expand(k, 1, -1)
+        b = m.t().view(m.shape[1], k, -1).permute(1, 0, 2)
+        res = None if res is None else res.reshape(k, 1, -1)
+    else:  # each (out / k, in) block times the row as a column
+        a, b = m.view(k, -1, m.shape[1]), x.t().expand(k, -1, 1)
+        res = None if res is None else res.reshape(k, -1, 1)
+    return (torch.bmm(a, b) if res is None else torch.baddbmm(res, a, b)).view(1, -1)
+
+
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x (b, in) @ W^T + bias -> (b, out)``."""
     m, bias, layout = w
+    if layout is not INT4 and (y := _split_product(x, m, layout, None)) is not None:
+        return y if bias is None else y.add_(bias)
     if not layout:
         if _as_columns(x, m):  # (W @ x^T)^T
             y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
@@ -222,6 +261,8 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         out = m(y).add_(x)
+    elif (split := _split_product(y, m, layout, x)) is not None:
+        out = split
     elif not layout and _as_columns(y, m):  # (x^T + W @ y^T)^T
         out = torch.addmm(x.t(), m, y.t()).t().contiguous()
     else:
