@@ -227,3 +227,52 @@ def test_a_laid_out_model_trains_and_its_row_forms_match():
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert not torch.equal(model[0].weight, before)
     assert _rows.stored_transposed(model[0].weight)  # an optimizer step keeps the storage
+
+
+class _Siblings(nn.Module):
+    """Three projections of one input (as self-attention's q, k, v), listed for lay_out."""
+
+    def __init__(self, n_in: int, outs: tuple[int, ...], bias: bool):
+        super().__init__()
+        self.parts = nn.ModuleList(nn.Linear(n_in, n, bias=bias) for n in outs)
+
+    def joint_linears(self):
+        return (tuple(self.parts),)
+
+    def forward(self, x):
+        return torch.cat([p(x) for p in self.parts], -1)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n_in=st.integers(2, 12), outs=st.lists(st.integers(1, 12), min_size=2, max_size=3),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bias, seed):
+    """lay_out stores a component's joint linears as blocks of one buffer, laid out as their
+    joined matrix (one row, wider than tall: W^T; 2-4 rows: (out, in)); joined() hands that
+    matrix (and bias) out as views of the very storage the parameters use: equal to the
+    concatenation, writes to one show in the other. Unrelated layers are not joined."""
+    torch.manual_seed(seed)
+    model = _Siblings(n_in, tuple(outs), bias)
+    params = list(model.parameters())
+    x = torch.randn(3, n_in)
+    want = model(x).detach()
+    assert _rows.joined(model.parts) is None  # separate tensors
+    for rows in (1, 2, 1):
+        _rows.lay_out(model, rows)
+        w, b = _rows.joined(model.parts)
+        torch.testing.assert_close(w, torch.cat([p.weight for p in model.parts]), rtol=0,
+                                   atol=0)
+        assert (b is None) is not bias
+        if bias:
+            assert torch.equal(b, torch.cat([p.bias for p in model.parts]))
+        wide = rows == 1 and sum(outs) > n_in
+        assert _rows.stored_transposed(w) is wide and w.is_contiguous() is not wide
+        assert list(model.parameters()) == params
+        torch.testing.assert_close(model(x), want)
+        with torch.no_grad():  # one storage: a write through a parameter shows in the view
+            model.parts[-1].weight[0, 0] += 1.0
+            assert w[sum(outs[:-1]), 0] == model.parts[-1].weight[0, 0]
+            model.parts[-1].weight[0, 0] -= 1.0
+    other = nn.Linear(n_in, 4)
+    assert _rows.joined((model.parts[0], other)) is None
+    assert _rows.joined(tuple(reversed(model.parts))) is None  # not in storage order

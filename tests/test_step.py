@@ -199,21 +199,30 @@ def test_long_single_row_generation_takes_the_transposed_path_and_matches_recomp
 
 @pytest.mark.parametrize("ffn", ["mlp", "glu"])
 def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path, ffn):
-    """Over COPY_BUDGET no copies: one row stores the wide matrices (up/gate, the vocabulary
-    head) as W^T, 2-4 rows as (out, in); tokens and logits equal the recomputed module path;
-    a checkpoint of the laid-out model loads back equal."""
+    """Over COPY_BUDGET no copies: one row stores the wide matrices (q/k/v and gate/up each
+    joined into one, up, the vocabulary head) as W^T, 2-4 rows as (out, in); tokens and logits
+    equal the recomputed module path; a checkpoint of the laid-out model loads back equal."""
     from headwise import _rows, checkpoint, step
     monkeypatch.setattr(step, "COPY_BUDGET", 0)
     model = _lm(max_len=60, activation="silu", ffn=ffn, norm="rms", positional="rope",
-                tie_embeddings=True, num_kv_heads=2)
+                tie_embeddings=True, num_kv_heads=2, bias=True)
     params = list(model.parameters())
-    wide = [m.weight for m in model.modules()
-            if isinstance(m, torch.nn.Linear) and m.out_features > m.in_features]
-    assert len(wide) >= 3 and model.lm_head.weight is model.embed.tokens.weight
+    groups = [(model.lm_head,)]
+    for block in model.blocks:
+        a, f = block.self_attn, block.ff
+        groups += [(a.q_proj, a.k_proj, a.v_proj), (a.out_proj,), (f.down,),
+                   (f.gate, f.up) if ffn == "glu" else (f.up,)]
+    wide = [g for g in groups if sum(m.out_features for m in g) > g[0].in_features]
+    assert len(wide) >= 5 and model.lm_head.weight is model.embed.tokens.weight
     for rows, transposed in ((1, True), (3, False), (1, True)):
         prompt = torch.randint(0, 37, (rows, 5))
         a, la = generate_with_logits(model, prompt, max_new_tokens=40)
-        assert all(_rows.stored_transposed(w) is transposed for w in wide)
+        stored = [_rows.joined(g) for g in groups]  # each group one matrix, no copy
+        assert all(w is not None and _rows.stored_transposed(w[0]) is (transposed and g in wide)
+                   and w[0].is_contiguous() is not (transposed and g in wide)
+                   for w, g in zip(stored, groups, strict=True))
+        attn = model.blocks[0].self_attn  # the module path's fused projection: no copy either
+        assert attn.qkv_weight()[0].data_ptr() == attn.q_proj.weight.data_ptr()
         b, lb = generate_with_logits(model, prompt, max_new_tokens=40, use_cache=False)
         assert torch.equal(a, b)
         torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)

@@ -25,7 +25,10 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   here against 6-9 GB/s for ``(out, in)`` (float32, MKL, 1-2 threads; square and tall matrices
   measure the same either way or better untransposed); ``F.linear`` takes such a weight as it
   is. Larger models are laid out this way for a one-row generation and back for 2 to
-  :data:`COLUMN_ROWS` rows, whose column form needs ``(out, in)``;
+  :data:`COLUMN_ROWS` rows, whose column form needs ``(out, in)``. Layers that read one input
+  (q, k, v; gate, up) are stored as blocks of one buffer and laid out as their joined matrix:
+  one product per group, with no copy (:func:`joined`), which for SmolLM2's q/k/v also turns
+  three square-ish matrices that stream at 7-10 GB/s into one wide one;
 - one row, two or more threads: a float32 product of at least :data:`SPLIT_MIN` elements is one
   ``torch.bmm`` over one block of output features per intra-op thread (views of whichever
   storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
@@ -46,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "dtype_of",
-           "lay_out", "linear", "of_linear", "quantized", "residual", "stored_transposed",
+           "joined", "lay_out", "linear", "of_linear", "quantized", "residual", "stored_transposed",
            "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: a copy of
@@ -178,34 +181,95 @@ def stored_transposed(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
 
 
+def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(W, bias)`` of ``nn.Linear`` layers that read one input (q, k, v; gate, up) as one
+    ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
+    storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
+    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None."""
+    ws = [layer.weight for layer in layers]
+    n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
+    strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
+    w = _consecutive(ws, (total, n_in), strides, strides and strides[0])
+    if w is None:
+        return None
+    biases = [layer.bias for layer in layers]
+    if all(bias is None for bias in biases):
+        return w, None
+    if any(bias is None for bias in biases):
+        return None
+    bias = _consecutive(biases, (total,), (1,), 1)
+    return None if bias is None else (w, bias)
+
+
+def _consecutive(ts, shape, strides, step):
+    """``ts`` as one tensor of ``shape``/``strides`` over their common storage, each starting
+    where the one before ends (``step`` elements per leading index); None otherwise."""
+    first = ts[0]
+    if strides is None or any(t.dtype != first.dtype or t.device != first.device
+                              or t.untyped_storage().data_ptr()
+                              != first.untyped_storage().data_ptr() for t in ts):
+        return None
+    at = first.storage_offset()
+    for t in ts:
+        if t.storage_offset() != at or t.stride() != strides[-t.dim():]:
+            return None
+        at += t.shape[0] * step
+    return first.detach().as_strided(shape, strides, first.storage_offset())
+
+
 def lay_out(module: nn.Module, rows: int) -> int:
     """Store the float32 CPU ``nn.Linear`` weights of ``module`` the way a decoding step over
-    ``rows`` rows reads them fastest (module docstring), in place; returns how many moved.
+    ``rows`` rows reads them fastest (module docstring), in place; returns how many matrices
+    moved.
 
     One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``;
     2 to :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are
-    (``F.linear`` measures the same on either). Only the storage changes: the same
-    ``Parameter`` objects (tied weights stay tied, an optimizer keeps its references), their
-    shapes and values; one matrix is copied at a time (the extra memory is the largest matrix,
-    briefly). The copies are ordinary tensors even inside ``torch.inference_mode``, so the
-    model still trains afterwards."""
+    (``F.linear`` measures the same on either). The layers a component lists as reading one
+    input (``joint_linears()``: self-attention's q, k, v; a gated feed-forward's gate, up) are
+    stored as blocks of one buffer, laid out as their joined matrix, so the step (and the
+    module path's fused projection) multiplies them as one without a copy (:func:`joined`).
+    Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
+    optimizer keeps its references), their shapes and values; the extra memory is the largest
+    matrix or group, briefly. The copies are ordinary tensors even inside
+    ``torch.inference_mode``, so the model still trains afterwards."""
     if rows > COLUMN_ROWS:
         return 0
     moved, seen = 0, set()
-    for layer in module.modules():
-        if not isinstance(layer, nn.Linear):
+    groups = [g for m in module.modules() for g in getattr(m, "joint_linears", tuple)()]
+    singles = [(m,) for m in module.modules() if isinstance(m, nn.Linear)]
+    for layers in groups + singles:
+        ws = [layer.weight for layer in layers]
+        if (any(id(w) in seen for w in ws) or not all(isinstance(m, nn.Linear) for m in layers)
+                or any(w.dtype != torch.float32 or w.device.type != "cpu" for w in ws)):
             continue
-        w = layer.weight
-        if id(w) in seen or w.dtype != torch.float32 or w.device.type != "cpu":
-            continue
-        seen.add(id(w))
-        want = rows == 1 and layer.out_features > layer.in_features
-        if stored_transposed(w) if want else w.is_contiguous():
+        seen.update(id(w) for w in ws)
+        total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
+        want = rows == 1 and total > n_in
+        whole = joined(layers)
+        if whole is not None and (stored_transposed(whole[0]) if want
+                                  else whole[0].is_contiguous()):
             continue
         with torch.inference_mode(False), torch.no_grad():
-            w.data = w.detach().t().contiguous().t() if want else w.detach().contiguous()
-        moved += 1
+            _store(layers, want)
+        moved += len(layers)
     return moved
+
+
+def _store(layers, transposed: bool) -> None:
+    """The weights (and biases) of ``layers`` copied into one new buffer as consecutive
+    blocks: ``(in, sum of out)`` columns when ``transposed``, else ``(sum of out, in)`` rows."""
+    ws = [layer.weight for layer in layers]
+    total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
+    buf = ws[0].new_empty((n_in, total) if transposed else (total, n_in))
+    biases = None if layers[0].bias is None else ws[0].new_empty(total)  # (groups only)
+    at = 0
+    for layer, w in zip(layers, ws, strict=True):
+        n = w.shape[0]
+        block = buf[:, at:at + n].t() if transposed else buf[at:at + n]
+        w.data = block.copy_(w.detach())
+        if biases is not None and len(layers) > 1:
+            layer.bias.data = biases[at:at + n].copy_(layer.bias.detach())
+        at += n
 
 
 def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:

@@ -24,12 +24,11 @@ class AttentionRow:
     positions instead of masking the rest (the single newest query needs no mask at all).
     """
 
-    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "sizes", "rope", "window", "kw")
+    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "rope", "window", "kw")
 
     def __init__(self, attn, *, transpose: bool, fuse: bool, cross: bool):
         t = transpose
         self.h, self.g, self.d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.sizes = attn._qkv_sizes
         self.out = _rows.of_linear(attn.out_proj, t)
         self.rope, self.window = attn.rope, attn.window
         sinks = None if attn.sinks is None else attn.sinks.detach()
@@ -38,7 +37,9 @@ class AttentionRow:
         self.q = _rows.of_linear(attn.q_proj, t)
         if cross:
             return
-        if fuse:  # one product over cat(W_q, W_k, W_v), copied once per generation
+        whole = next((_rows.joined(group) for group in attn.joint_linears()), None)
+        if fuse or whole is not None:  # one product over cat(W_q, W_k, W_v): their joined
+            # storage (_rows.lay_out), or a copy made once per generation
             self.qkv, self.q = _rows.weight(*attn.qkv_weight(), t), None
         else:
             self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
@@ -46,14 +47,16 @@ class AttentionRow:
     def self_attend(self, x: torch.Tensor, cache, rot) -> torch.Tensor:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
         ``rot``: this position's RoPE ``(cos, sin)``, each ``(r,)`` (None without RoPE)."""
-        b, g, d = x.shape[0], self.g, self.d
-        if self.qkv is not None:
-            q, k, v = _rows.linear(x, self.qkv).split_with_sizes(self.sizes, dim=-1)
+        b, h, g, d = x.shape[0], self.h, self.g, self.d
+        if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
+            qk, v = _rows.linear(x, self.qkv).split_with_sizes((h * d + g * d, g * d), dim=-1)
         else:
-            q, k, v = (_rows.linear(x, w) for w in (self.q, self.k, self.v))
-        q, k = q.view(b, self.h, 1, d), k.view(b, g, 1, d)
+            qk = torch.cat([_rows.linear(x, w) for w in (self.q, self.k)], dim=-1)
+            v = _rows.linear(x, self.v)
+        qk = qk.view(b, h + g, 1, d)
         if self.rope is not None:
-            q, k = self.rope.rotate(q, *rot), self.rope.rotate(k, *rot)
+            qk = self.rope.rotate(qk, *rot)
+        q, k = qk.split_with_sizes((h, g), dim=1)
         k, v = cache.update(k, v.view(b, g, 1, d))
         finite = cache.all_finite(k.shape[2])  # reads the new position, not the whole cache
         if self.window is not None and k.shape[2] > self.window:

@@ -140,18 +140,20 @@ def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, t
 
 def _save_model(model: nn.Module, path: Path) -> None:
     """safetensors' ``save_model`` (tied weights written once) for weights in any storage
-    layout: a decoding step may store a matrix transposed (:func:`headwise._rows.lay_out`),
-    which ``save_model`` cannot take. Each such storage is made contiguous once, so tensors
-    that share it still share the copy and stay tied in the file."""
+    layout: a decoding step may store a matrix transposed, or several as blocks of one buffer
+    (:func:`headwise._rows.lay_out`), which ``save_model`` cannot take. Each such tensor is
+    copied once, so tensors that are one (tied) still share the copy and stay tied in the
+    file."""
     from types import SimpleNamespace
 
     from safetensors.torch import save_model
     state, copies = model.state_dict(), {}
     for name, t in state.items():
-        if not t.is_contiguous():
+        whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+        if not (t.is_contiguous() and whole):
             key = (t.data_ptr(), tuple(t.shape), t.stride())
             if key not in copies:
-                copies[key] = t.contiguous()
+                copies[key] = t.clone(memory_format=torch.contiguous_format)
             state[name] = copies[key]
     save_model(SimpleNamespace(state_dict=lambda: state), str(path))
 

@@ -179,15 +179,23 @@ class MultiHeadAttention(nn.Module):
         return q, k
 
     def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``, made afresh on
-        every call: the fused self-attention projection (and the decoding step's).
-
-        Not cached: an in-place weight update need not bump the tensors' version counters (the
-        fused AdamW kernel and ``p.data.add_`` do not), so no cache key could tell a stale copy
-        from a fresh one. The concatenation costs one pass over the three matrices."""
+        """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``: the fused
+        self-attention projection. A view when they are stored as one matrix
+        (:meth:`joint_linears`; not under torch.compile, which cannot read storages), else made
+        afresh: an in-place update need not bump version counters (fused AdamW does not)."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
+        whole = None if torch.compiler.is_compiling() else _rows.joined(projs)
+        if whole is not None:
+            return whole
         bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
         return torch.cat([p.weight for p in projs]), bias
+
+    def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
+        """The projections that read one input, in fused order: q, k, v of ``embed_dim``
+        features (:func:`headwise._rows.lay_out` stores them as blocks of one matrix)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        same = self.kdim == self.vdim == self.embed_dim
+        return (projs,) if same and all(isinstance(p, nn.Linear) for p in projs) else ()
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
         record(PROJECTION[name], x)

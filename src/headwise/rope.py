@@ -55,22 +55,30 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.rotary_dim, self.theta = head_dim, r, float(theta)
 
     def angles(self, offset: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``(n, r)`` in ``like``'s dtype and device, for positions
-        ``offset .. offset + n - 1``; both halves of the last axis repeat the ``r/2`` angles."""
+        """``(cos, signed sin)``, each ``(n, 2, r/2)`` in ``like``'s dtype and device, for
+        positions ``offset .. offset + n - 1``: row 0 of the middle axis holds the first half's
+        ``cos`` / ``-sin``, row 1 the second half's ``cos`` / ``+sin`` (the signs of
+        :func:`rotate_half`, folded into the table so :meth:`rotate` needs no negation)."""
         r, dev = self.rotary_dim, like.device
         inv_freq = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=dev) / r)
         pos = torch.arange(offset, offset + n, dtype=torch.float64, device=dev)
-        ang = torch.outer(pos, inv_freq)  # (n, r/2)
-        ang = torch.cat((ang, ang), dim=-1)  # (n, r): feature k pairs with k + r/2
-        return ang.cos().to(like.dtype), ang.sin().to(like.dtype)
+        ang = torch.outer(pos, inv_freq)  # (n, r/2): feature k pairs with k + r/2
+        cos, sin = ang.cos(), ang.sin()
+        return (torch.stack((cos, cos), dim=-2).to(like.dtype),
+                torch.stack((-sin, sin), dim=-2).to(like.dtype))
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x (..., n, d)`` rotated by ``cos, sin (n, r)`` (from :meth:`angles`)."""
+        """``x (..., n, d)`` rotated by ``cos, sin (n, 2, r/2)`` (from :meth:`angles`).
+
+        ``x * cos + rotate_half(x) * sin`` in four kernels: ``x`` seen as its two halves
+        ``(..., n, 2, r/2)``, swapped by ``flip`` and multiplied by the signed sine. The same
+        products and sums as the textbook form (``(-a) * b`` and ``a * (-b)`` round alike), so
+        the result is bit for bit Hugging Face's."""
         r = self.rotary_dim
-        if r == x.shape[-1]:
-            return x * cos + rotate_half(x) * sin
-        x_rot, x_pass = x[..., :r], x[..., r:]
-        return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+        part = x if r == x.shape[-1] else x[..., :r]
+        halves = part.unflatten(-1, (2, r // 2))
+        turned = (halves * cos + halves.flip(-2) * sin).flatten(-2)
+        return turned if part is x else torch.cat((turned, x[..., r:]), dim=-1)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x: (b, h, n, d)`` at positions ``offset ..`` -> rotated ``(b, h, n, d)``."""

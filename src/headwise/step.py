@@ -33,9 +33,10 @@ the step (``torch._C._set_mkldnn_enabled``): its exact-GELU primitive costs ~20 
 whatever the size, the native kernel ~4 us. The flag is process-wide and restored after each
 step. Larger models use the modules' own weights: no copy, so memory stays at the weights plus
 the cache; their storage is laid out for the step's row count (:func:`headwise._rows.lay_out`:
-for one row the wide matrices, a gated feed-forward's gate/up and the vocabulary head, stored
-``(in, out)``, 72 -> 60 ms per SmolLM2-135M step at one thread; for 2-4 rows ``(out, in)``). The
-layout stays after the generation (a run of generations at one batch size pays the copy once);
+self-attention's q/k/v and a gated feed-forward's gate/up each stored as blocks of one matrix,
+multiplied as one product through a view; for one row the wide matrices, those two joined ones
+and the vocabulary head, stored ``(in, out)``, 72 -> 60 ms per SmolLM2-135M step at one thread;
+for 2-4 rows ``(out, in)``). The layout stays after the generation (a run of generations at one batch size pays the copy once);
 values, shapes and parameters are untouched, and the module path multiplies either layout.
 
 It is used by :func:`headwise.generate` for every step after the prompt when the cache is on,

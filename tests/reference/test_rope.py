@@ -68,3 +68,20 @@ def test_rotate_half_and_norm_preserved():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RotaryEmbedding(**kwargs)
+
+
+@given(n=st.integers(1, 5), half=st.integers(1, 40), extra=st.integers(0, 3),
+       offset=st.integers(0, 5000), seed=st.integers(0, 2**16))
+def test_rotate_is_the_textbook_form_bit_for_bit(n, half, extra, offset, seed):
+    """float32 rotate equals ``x * cos + rotate_half(x) * sin`` exactly (the order of Hugging
+    Face's ``apply_rotary_pos_emb``), whole or partial rotary: the swapped halves times the
+    signed sine are the same products."""
+    torch.manual_seed(seed)
+    r, d = 2 * half, 2 * half + extra
+    rope = RotaryEmbedding(d, theta=10000.0, rotary_dim=r)
+    x = torch.randn(2, 3, n, d) * 10
+    pos = torch.arange(offset, offset + n, dtype=torch.float64)
+    ang = torch.outer(pos, 10000.0 ** (-torch.arange(0, r, 2, dtype=torch.float64) / r))
+    cos, sin = (torch.cat((t, t), -1).float() for t in (ang.cos(), ang.sin()))
+    want = torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), -1)
+    assert torch.equal(rope(x, offset), want)

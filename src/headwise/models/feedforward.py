@@ -100,14 +100,23 @@ class GatedFeedForward(FeedForward):
         """``x: (b, n, m) -> (b, n, m)``."""
         return self.down(drop(self, self._act(self.gate(x)) * self.up(x)))
 
+    def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
+        """gate and up read one input (:func:`headwise._rows.lay_out` stores them as one
+        matrix)."""
+        return ((self.gate, self.up),)
+
     def row(self, *, transpose: bool, fuse: bool) -> RowForm:
-        """``(inner, down)`` for rows ``(b, m)``. With ``fuse`` gate and up are one product over
-        a copy of ``cat(W_gate, W_up)`` (fewer calls; costs a copy of both matrices)."""
+        """``(inner, down)`` for rows ``(b, m)``: gate and up as one product when they are
+        stored as one matrix (:meth:`joint_linears`), or with ``fuse`` over a copy of
+        ``cat(W_gate, W_up)`` (fewer calls; costs a copy of both matrices)."""
         act, f = self._act, self.up.out_features
-        if fuse:
+        whole = _rows.joined((self.gate, self.up))  # stored as one matrix: no copy
+        if fuse and whole is None:
             bias = (None if self.up.bias is None
                     else torch.cat((self.gate.bias, self.up.bias)).detach())
-            both = _rows.weight(torch.cat((self.gate.weight, self.up.weight)), bias, transpose)
+            whole = torch.cat((self.gate.weight, self.up.weight)), bias
+        if whole is not None:
+            both = _rows.weight(*whole, transpose)
 
             def inner(y: torch.Tensor) -> torch.Tensor:
                 g, u = _rows.linear(y, both).split(f, dim=-1)
