@@ -276,3 +276,20 @@ def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bia
     other = nn.Linear(n_in, 4)
     assert _rows.joined((model.parts[0], other)) is None
     assert _rows.joined(tuple(reversed(model.parts))) is None  # not in storage order
+
+
+def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):
+    """An Int4Linear's ``weight`` dequantizes its codes: joined() and lay_out() must not read
+    it (a decoding step asks for every layer's joined form once per generation)."""
+    g = torch.Generator().manual_seed(0)
+    layers = nn.ModuleList(
+        _rows.Int4Linear(_rows.Int4(torch.randint(0, 16, (16, 32), generator=g),
+                                    torch.rand(16, 1, generator=g) + 0.1,
+                                    torch.randn(16, 1, generator=g), 32), None, torch.float32)
+        for _ in range(2))
+
+    def refuse(self):
+        raise AssertionError("dequantized")
+    monkeypatch.setattr(_rows.Int4Linear, "weight", property(refuse))
+    assert _rows.joined(tuple(layers)) is None
+    assert _rows.lay_out(layers, 1) == 0

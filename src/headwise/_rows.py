@@ -186,6 +186,8 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
     storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
     ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None."""
+    if not all(isinstance(layer, nn.Linear) for layer in layers):
+        return None  # (an Int4Linear's weight would be dequantized just to look)
     ws = [layer.weight for layer in layers]
     n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
     strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
