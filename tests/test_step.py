@@ -234,6 +234,39 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
         assert torch.equal(p, q), name
 
 
+@pytest.mark.parametrize("budget", ["copies", "laid out"])
+def test_one_row_split_across_two_threads_matches_the_module_path(monkeypatch, budget):
+    """At two threads every one-row product is split across the threads (SPLIT_MIN lowered so
+    this small model's matrices qualify): over the transposed copies of a small model and over
+    the joined, laid-out storage of a larger one, tokens and logits equal the module path."""
+    from headwise import _rows, step
+    monkeypatch.setattr(_rows, "SPLIT_MIN", 1)
+    if budget == "laid out":
+        monkeypatch.setattr(step, "COPY_BUDGET", 0)
+    torch.manual_seed(5)
+    model = _lm(max_len=160, activation="silu", ffn="glu", norm="rms", positional="rope",
+                num_kv_heads=2, tie_embeddings=True, vocab_size=38)  # every width even
+    prompt = torch.randint(0, 38, (1, 5))
+    calls = []
+    split = _rows._split_product
+
+    def spy(*args):
+        out = split(*args)
+        calls.append(out is not None)
+        return out
+    monkeypatch.setattr(_rows, "_split_product", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a, la = generate_with_logits(model, prompt, max_new_tokens=130)
+    finally:
+        torch.set_num_threads(before)
+    b, lb = generate_with_logits(model, prompt, max_new_tokens=130, use_cache=False)
+    assert calls and all(calls)  # every product of the step was split
+    assert torch.equal(a, b)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("where", ["prompt", "step"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_cached_key_gives_nan_in_the_step_as_in_the_module_path(where, bad):
