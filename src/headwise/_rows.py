@@ -263,13 +263,14 @@ def _store(layers, transposed: bool) -> None:
     ws = [layer.weight for layer in layers]
     total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
     buf = ws[0].new_empty((n_in, total) if transposed else (total, n_in))
-    biases = None if layers[0].bias is None else ws[0].new_empty(total)  # (groups only)
+    group = len(layers) > 1 and all(layer.bias is not None for layer in layers)
+    biases = ws[0].new_empty(total) if group else None  # a single layer keeps its own
     at = 0
     for layer, w in zip(layers, ws, strict=True):
         n = w.shape[0]
         block = buf[:, at:at + n].t() if transposed else buf[at:at + n]
         w.data = block.copy_(w.detach())
-        if biases is not None and len(layers) > 1:
+        if biases is not None:
             layer.bias.data = biases[at:at + n].copy_(layer.bias.detach())
         at += n
 
@@ -290,15 +291,12 @@ def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor |
     if x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
         return None
     k = torch.get_num_threads()
-    if layout:  # a copy of W^T
-        cols, m = True, m.t()
-    else:
-        cols = stored_transposed(m)
-    if k < 2 or m.shape[0] % k or m.device.type != "cpu" or not (cols or m.is_contiguous()):
+    wt = m if layout else m.t() if stored_transposed(m) else None  # (in, out), contiguous
+    out = m.shape[0] if wt is None else wt.shape[1]
+    if k < 2 or out % k or m.device.type != "cpu" or (wt is None and not m.is_contiguous()):
         return None
-    if cols:  # the row times each (in, out / k) block
-        a = x.expand(k, 1, -1)
-        b = m.t().view(m.shape[1], k, -1).permute(1, 0, 2)
+    if wt is not None:  # the row times each (in, out / k) block
+        a, b = x.expand(k, 1, -1), wt.view(wt.shape[0], k, -1).permute(1, 0, 2)
         res = None if res is None else res.reshape(k, 1, -1)
     else:  # each (out / k, in) block times the row as a column
         a, b = m.view(k, -1, m.shape[1]), x.t().expand(k, -1, 1)
