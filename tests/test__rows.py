@@ -293,3 +293,6 @@ def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):
     monkeypatch.setattr(_rows.Int4Linear, "weight", property(refuse))
     assert _rows.joined(tuple(layers)) is None
     assert _rows.lay_out(layers, 1) == 0
+    group = _Siblings(32, (16, 16), False)  # listed as joint linears, as a SwiGLU's gate/up
+    group.parts = layers
+    assert _rows.lay_out(group, 1) == 0

@@ -240,8 +240,10 @@ def lay_out(module: nn.Module, rows: int) -> int:
     groups = [g for m in module.modules() for g in getattr(m, "joint_linears", tuple)()]
     singles = [(m,) for m in module.modules() if isinstance(m, nn.Linear)]
     for layers in groups + singles:
+        if not all(isinstance(m, nn.Linear) for m in layers):
+            continue  # (before reading .weight: an Int4Linear's would be dequantized)
         ws = [layer.weight for layer in layers]
-        if (any(id(w) in seen for w in ws) or not all(isinstance(m, nn.Linear) for m in layers)
+        if (any(id(w) in seen for w in ws)
                 or any(w.dtype != torch.float32 or w.device.type != "cpu" for w in ws)):
             continue
         seen.update(id(w) for w in ws)

@@ -40,13 +40,14 @@ class AttentionRow:
         whole = next((_rows.joined(group) for group in attn.joint_linears()), None)
         if fuse or whole is not None:  # one product over cat(W_q, W_k, W_v): their joined
             # storage (_rows.lay_out), or a copy made once per generation
-            self.qkv, self.q = _rows.weight(*attn.qkv_weight(), t), None
+            self.qkv, self.q = _rows.weight(*(whole or attn.qkv_weight()), t), None
         else:
             self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
 
     def self_attend(self, x: torch.Tensor, cache, rot) -> torch.Tensor:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
-        ``rot``: this position's RoPE ``(cos, sin)``, each ``(r,)`` (None without RoPE)."""
+        ``rot``: this position's RoPE ``(cos, signed sin)`` from
+        :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
         b, h, g, d = x.shape[0], self.h, self.g, self.d
         if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
             qk, v = _rows.linear(x, self.qkv).split_with_sizes((h * d + g * d, g * d), dim=-1)

@@ -36,8 +36,9 @@ the cache; their storage is laid out for the step's row count (:func:`headwise._
 self-attention's q/k/v and a gated feed-forward's gate/up each stored as blocks of one matrix,
 multiplied as one product through a view; for one row the wide matrices, those two joined ones
 and the vocabulary head, stored ``(in, out)``, 72 -> 60 ms per SmolLM2-135M step at one thread;
-for 2-4 rows ``(out, in)``). The layout stays after the generation (a run of generations at one batch size pays the copy once);
-values, shapes and parameters are untouched, and the module path multiplies either layout.
+for 2-4 rows ``(out, in)``). The layout stays after the generation (a run of generations at
+one batch size pays the copy once); values, shapes and parameters are untouched, and the module
+path multiplies either layout.
 
 It is used by :func:`headwise.generate` for every step after the prompt when the cache is on,
 unless a trace is recording or a module of the decoder has hooks (both need the module path).
