@@ -1,12 +1,16 @@
 """The decoding step's weight layouts: both float layouts give nn.Linear's result; the 4-bit
 :class:`~headwise._rows.Int4` multiplies by its codes."""
 
+import copy
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import headwise as hw
 from headwise import _rows
+from headwise.models.feedforward import GatedFeedForward
 
 
 @settings(max_examples=30, deadline=None)
@@ -256,6 +260,7 @@ def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bia
     params = list(model.parameters())
     x = torch.randn(3, n_in)
     want = model(x).detach()
+    torch.set_grad_enabled(False)  # (joined() hands out no detached view to autograd)
     assert _rows.joined(model.parts) is None  # separate tensors
     for rows in (1, 2, 1):
         _rows.lay_out(model, rows)
@@ -276,6 +281,29 @@ def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bia
     other = nn.Linear(n_in, 4)
     assert _rows.joined((model.parts[0], other)) is None
     assert _rows.joined(tuple(reversed(model.parts))) is None  # not in storage order
+    torch.set_grad_enabled(True)
+    assert _rows.joined(model.parts) is None  # autograd needs each parameter's own product
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 2), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_laid_out_joint_linears_still_train_every_parameter(rows, bias, seed):
+    """After a generation laid self-attention's q/k/v and SwiGLU's gate/up out as one buffer
+    each, training gives every parameter the gradients of a model never laid out (the joined
+    view is detached: the module path must not multiply through it under autograd)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(hw.MultiHeadAttention(12, 4, num_kv_heads=2, bias=bias),
+                          GatedFeedForward(12, 20, bias=bias))
+    twin = copy.deepcopy(model)
+    _rows.lay_out(model, rows)
+    with torch.no_grad():
+        assert all(_rows.joined(g) is not None for m in model for g in m.joint_linears())
+    x = torch.randn(2, 5, 12)
+    for m in (model, twin):
+        m[1](m[0](x)[0]).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
 def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):

@@ -19,7 +19,7 @@ class _Cache:
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
-    def all_finite(self, end):
+    def all_finite(self, end, vouched=0):
         return False  # vouches for nothing: the NaN policy reads k and v as usual
 
 

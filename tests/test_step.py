@@ -217,12 +217,13 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
     for rows, transposed in ((1, True), (3, False), (1, True)):
         prompt = torch.randint(0, 37, (rows, 5))
         a, la = generate_with_logits(model, prompt, max_new_tokens=40)
-        stored = [_rows.joined(g) for g in groups]  # each group one matrix, no copy
+        with torch.no_grad():  # (joined views are for products autograd does not follow)
+            stored = [_rows.joined(g) for g in groups]  # each group one matrix, no copy
+            attn = model.blocks[0].self_attn  # the module path's fused projection: no copy
+            assert attn.qkv_weight()[0].data_ptr() == attn.q_proj.weight.data_ptr()
         assert all(w is not None and _rows.stored_transposed(w[0]) is (transposed and g in wide)
                    and w[0].is_contiguous() is not (transposed and g in wide)
                    for w, g in zip(stored, groups, strict=True))
-        attn = model.blocks[0].self_attn  # the module path's fused projection: no copy either
-        assert attn.qkv_weight()[0].data_ptr() == attn.q_proj.weight.data_ptr()
         b, lb = generate_with_logits(model, prompt, max_new_tokens=40, use_cache=False)
         assert torch.equal(a, b)
         torch.testing.assert_close(la, lb, atol=1e-5, rtol=0)

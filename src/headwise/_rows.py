@@ -49,11 +49,11 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "dtype_of",
-           "joined", "lay_out", "linear", "of_linear", "quantized", "residual", "stored_transposed",
-           "weight"]
+           "joined", "lay_out", "linear", "of_linear", "quantized", "residual",
+           "stored_transposed", "weight"]
 
-Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: a copy of
-#                 W^T (in, out); INT4: an Int4
+Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
+#                 a copy or a W^T storage's view; INT4: an Int4
 INT4 = "int4"
 # Up to this many rows an untransposed weight multiplies the rows as columns (module docstring).
 COLUMN_ROWS = 4
@@ -157,10 +157,14 @@ def dtype_of(layer: nn.Module) -> torch.dtype:
 
 def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weight:
     """A :data:`Weight` of ``w (out, in)`` and ``bias (out,)`` (detached: decoding has no
-    gradients)."""
+    gradients). A ``w`` already stored as ``W^T`` (:func:`lay_out`) is taken as that ``(in,
+    out)`` view, copied or not: the product is then one ``mm`` call, the same BLAS call that
+    ``F.linear`` makes after its transpose and dispatch."""
     w = w.detach()
     bias = None if bias is None else bias.detach()
-    return (w.t().contiguous(), bias, True) if transpose else (w, bias, False)
+    if transpose or stored_transposed(w):
+        return w.t().contiguous(), bias, True  # (no copy when stored so)
+    return w, bias, False
 
 
 def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
@@ -185,9 +189,20 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """``(W, bias)`` of ``nn.Linear`` layers that read one input (q, k, v; gate, up) as one
     ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
     storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
-    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None."""
+    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None.
+    Also None while autograd would need the parameters' gradients: the view is detached (a
+    product through it would train none of them), so training takes ``torch.cat``; and under
+    torch.compile, which cannot read storages."""
     if not all(isinstance(layer, nn.Linear) for layer in layers):
         return None  # (an Int4Linear's weight would be dequantized just to look)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            p.requires_grad for layer in layers for p in layer.parameters())):
+        return None
+    return _joined(layers)
+
+
+def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """:func:`joined` whatever autograd needs (for :func:`lay_out`'s "already so?")."""
     ws = [layer.weight for layer in layers]
     n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
     strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
@@ -249,7 +264,7 @@ def lay_out(module: nn.Module, rows: int) -> int:
         seen.update(id(w) for w in ws)
         total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
         want = rows == 1 and total > n_in
-        whole = joined(layers)
+        whole = _joined(layers)
         if whole is not None and (stored_transposed(whole[0]) if want
                                   else whole[0].is_contiguous()):
             continue
@@ -290,12 +305,12 @@ def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor |
     under :data:`SPLIT_MIN` elements, ``k`` not dividing ``out``, a strided storage. The blocks
     are views: rows ``(k, out / k, in)`` of an ``(out, in)`` storage, columns
     ``(k, in, out / k)`` of an ``(in, out)`` one (a ``transpose`` copy or :func:`lay_out`)."""
-    if x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
+    k = torch.get_num_threads()  # (first: one thread, the common case, returns at once)
+    if k < 2 or x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
         return None
-    k = torch.get_num_threads()
     wt = m if layout else m.t() if stored_transposed(m) else None  # (in, out), contiguous
     out = m.shape[0] if wt is None else wt.shape[1]
-    if k < 2 or out % k or m.device.type != "cpu" or (wt is None and not m.is_contiguous()):
+    if out % k or m.device.type != "cpu" or (wt is None and not m.is_contiguous()):
         return None
     if wt is not None:  # the row times each (in, out / k) block
         a, b = x.expand(k, 1, -1), wt.view(wt.shape[0], k, -1).permute(1, 0, 2)

@@ -121,13 +121,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
              return_weights=False, backend="auto", softcap=None, sinks=None, strict=None,
-             kv_finite=False):
+             kv_finite=False, q_finite=False):
     """:func:`attention` without the input checks, for callers that validated their inputs at
     their own boundary (MultiHeadAttention): a decoding step pays for no check twice.
 
     ``kv_finite=True``: the caller knows ``k`` and ``v`` hold no NaN or inf (a decoding step
     whose cache checked its positions as they came: :meth:`~headwise.cache.SelfAttentionCache.
-    all_finite`); the ``"sdpa"`` backend's NaN policy then reads only ``q``.
+    all_finite`); the ``"sdpa"`` backend's NaN policy then reads only ``q``, and nothing when
+    ``q_finite`` says ``q`` is known finite too.
 
     ``softcap`` (a float) and ``sinks`` (``(h,)`` logits) change the softmax itself: no fused
     kernel takes a function of the scores or an extra softmax column, so either one runs the
@@ -137,7 +138,8 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
     core = BACKENDS[resolve_backend(backend)]
-    extra = {"kv_finite": True} if kv_finite and core is sdpa else {}  # sdpa's own keyword
+    # sdpa's own keywords
+    extra = dict(kv_finite=True, q_finite=q_finite) if kv_finite and core is sdpa else {}
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                 return_weights=return_weights, strict=strict, **extra)
 

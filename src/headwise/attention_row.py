@@ -7,6 +7,8 @@ dim, ``j`` cached positions, ``r`` rotated features.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from headwise import _rows
@@ -58,12 +60,15 @@ class AttentionRow:
         if self.rope is not None:
             qk = self.rope.rotate(qk, *rot)
         q, k = qk.split_with_sizes((h, g), dim=1)
+        # NaN policy: one total over this position's q, k, v; the cache vouches for the others
+        fresh = x.device.type == "cpu" and math.isfinite(
+            (qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())
         k, v = cache.update(k, v.view(b, g, 1, d))
-        finite = cache.all_finite(k.shape[2])  # reads the new position, not the whole cache
+        kv_finite = cache.all_finite(k.shape[2], vouched=int(fresh))
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)
-        out, _ = dispatch(q, k, v, kv_finite=finite, **self.kw)
+        out, _ = dispatch(q, k, v, kv_finite=kv_finite, q_finite=fresh, **self.kw)
         return out.view(b, -1)
 
     def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:

@@ -72,20 +72,22 @@ class SelfAttentionCache:
         self.checked = min(self.checked, start)  # rewritten positions are unchecked again
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
 
-    def all_finite(self, end: int) -> bool:
+    def all_finite(self, end: int, vouched: int = 0) -> bool:
         """Whether the keys/values of positions ``0 .. end - 1`` hold no NaN or inf, reading only
         the positions not found finite before (the decoding step: the prompt's once, then one
-        new position per step, instead of the whole cache every step). CPU only: elsewhere the
-        answer would cost a device sync, and this says False (the caller checks as usual)."""
+        new position per step, instead of the whole cache every step); the caller found the
+        last ``vouched`` of them finite itself (the step checks a new position's q, k and v in
+        one total). CPU only: elsewhere the answer would cost a device sync, and this says False
+        (the caller checks as usual)."""
         if self.k.device.type != "cpu":
             return False
-        if self.checked < end:
-            new = (slice(None), slice(None), slice(self.checked, end))
+        if self.checked < end - vouched:
+            new = (slice(None), slice(None), slice(self.checked, end - vouched))
             total = (self.k[new].sum(dtype=torch.float32)
                      + self.v[new].sum(dtype=torch.float32))
             if not math.isfinite(total.item()):  # (torch.isfinite on a scalar: ~50 us)
                 return False
-            self.checked = end
+        self.checked = max(self.checked, end)
         return True
 
 

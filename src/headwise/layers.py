@@ -181,10 +181,10 @@ class MultiHeadAttention(nn.Module):
     def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``: the fused
         self-attention projection. A view when they are stored as one matrix
-        (:meth:`joint_linears`; not under torch.compile, which cannot read storages), else made
-        afresh: an in-place update need not bump version counters (fused AdamW does not)."""
+        (:meth:`joint_linears`; not for autograd nor compile: :func:`headwise._rows.joined`),
+        else made afresh: an in-place update need not bump version counters (fused AdamW)."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        whole = None if torch.compiler.is_compiling() else _rows.joined(projs)
+        whole = _rows.joined(projs)
         if whole is not None:
             return whole
         bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None

@@ -20,7 +20,7 @@ this module only strings them together, so a new component is written once:
   RoPE at the cached position, grouped key/value heads, sliding window as a slice of the cache,
   the attention dispatch with soft-capping / sinks), ``LayerNorm.row()`` / ``RMSNorm.row()`` and
   ``FeedForward.row()`` / ``GatedFeedForward.row()``;
-- RoPE's angles, computed here once per step for every layer
+- RoPE's angles, computed here once per generation for every position and layer
   (:meth:`~headwise.rope.RotaryEmbedding.angles`; each layer only rotates).
 
 What makes the step fast (see :mod:`headwise._rows`): rows ``(b, m)`` instead of ``(b, 1, m)``;
@@ -102,6 +102,10 @@ class DecodeStep:
         self.layers = [block.row(layer_cache, transpose=t, fuse=small)
                        for block, layer_cache in zip(dec.blocks, cache.layers, strict=True)]
         self.rope = dec.blocks[0].self_attn.rope
+        # every position's angles at once (the same values, elementwise): a step takes a view
+        # instead of a dozen small kernels
+        self.angles = (None if self.rope is None
+                       else self.rope.angles(0, cache.max_len, p))
         self.final_norm = None if isinstance(dec.final_norm, nn.Identity) else dec.final_norm.row()
         self.head = _rows.of_linear(dec.lm_head, t)
         self.like = p
@@ -120,10 +124,17 @@ class DecodeStep:
     def _step(self, ids: torch.Tensor) -> torch.Tensor:
         pos = self.cache.length
         x = self.embed(ids, pos)
-        rot = None if self.rope is None else self.rope.angles(pos, 1, self.like)
+        rot = None if self.rope is None else self._angles(pos)
         for layer in self.layers:
             x = layer(x, rot, self.memory_mask)
         self.cache.advance(1)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return _rows.linear(x, self.head)
+
+    def _angles(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's ``(cos, signed sin)`` of position ``pos``, ``(1, 2, r/2)`` each."""
+        if pos >= self.cache.max_len:  # (the cache's update then says what went wrong)
+            return self.rope.angles(pos, 1, self.like)
+        cos, sin = self.angles
+        return cos[pos:pos + 1], sin[pos:pos + 1]
