@@ -50,3 +50,24 @@ def test_cross_attention_rows_read_the_stored_keys():
     for p in range(3):
         got = _rows.linear(row.cross_attend(x[:, p], cache, mask), row.out)
         torch.testing.assert_close(got, want[:, p])
+
+
+@settings(max_examples=10, deadline=None)
+@given(softcap=st.sampled_from([None, 5.0]), sinks=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_only_the_fused_path_asks_the_cache_for_finiteness(softcap, sinks, seed):
+    """Soft-capping or sinks run the eager reference, whose NaN policy reads its own inputs: the
+    row form then never consults the cache's finiteness (work that would go unused); the
+    fused path does, once per position. Either way the rows equal the module."""
+    torch.manual_seed(seed)
+    mha = hw.MultiHeadAttention(8, 4, num_kv_heads=2, softcap=softcap, sinks=sinks).eval()
+    if sinks:
+        with torch.no_grad():
+            mha.sinks.normal_()
+    x = torch.randn(2, 4, 8)
+    want, _ = mha(x, causal=True)
+    row, cache, asked = mha.row(transpose=False, fuse=False, cross=False), _Cache(), []
+    cache.all_finite = lambda end, vouched=0: asked.append(end) or False
+    for p in range(4):
+        got = _rows.linear(row.self_attend(x[:, p], cache, None), row.out)
+        torch.testing.assert_close(got, want[:, p], atol=1e-5, rtol=0)
+    assert asked == ([] if softcap is not None or sinks else [1, 2, 3, 4])

@@ -138,10 +138,17 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
     core = BACKENDS[resolve_backend(backend)]
-    # sdpa's own keywords
+    # sdpa's own keywords (takes_finite)
     extra = dict(kv_finite=True, q_finite=q_finite) if kv_finite and core is sdpa else {}
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                 return_weights=return_weights, strict=strict, **extra)
+
+
+def takes_finite(backend: str, softcap, sinks) -> bool:
+    """Whether :func:`dispatch` with these settings uses a caller's ``kv_finite``/``q_finite``
+    (the ``"sdpa"`` backend's NaN policy; the eager reference reads its inputs itself), so a
+    caller need not check what would go unused."""
+    return softcap is None and sinks is None and BACKENDS[resolve_backend(backend)] is sdpa
 
 
 def check_selection(return_weights, backend: str, h: int, nq: int, nk: int) -> None:

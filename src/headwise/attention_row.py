@@ -12,7 +12,7 @@ import math
 import torch
 
 from headwise import _rows
-from headwise.attend import dispatch
+from headwise.attend import dispatch, takes_finite
 
 __all__ = ["AttentionRow"]
 
@@ -26,7 +26,7 @@ class AttentionRow:
     positions instead of masking the rest (the single newest query needs no mask at all).
     """
 
-    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "rope", "window", "kw")
+    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "rope", "window", "kw", "vouch")
 
     def __init__(self, attn, *, transpose: bool, fuse: bool, cross: bool):
         t = transpose
@@ -35,6 +35,8 @@ class AttentionRow:
         self.rope, self.window = attn.rope, attn.window
         sinks = None if attn.sinks is None else attn.sinks.detach()
         self.kw = dict(backend=attn.backend, softcap=attn.softcap, sinks=sinks)
+        # the fused path's NaN policy takes the step's word; the eager one reads for itself
+        self.vouch = takes_finite(attn.backend, attn.softcap, attn.sinks)
         self.qkv = self.k = self.v = None
         self.q = _rows.of_linear(attn.q_proj, t)
         if cross:
@@ -61,10 +63,10 @@ class AttentionRow:
             qk = self.rope.rotate(qk, *rot)
         q, k = qk.split_with_sizes((h, g), dim=1)
         # NaN policy: one total over this position's q, k, v; the cache vouches for the others
-        fresh = x.device.type == "cpu" and math.isfinite(
+        fresh = self.vouch and x.device.type == "cpu" and math.isfinite(
             (qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())
         k, v = cache.update(k, v.view(b, g, 1, d))
-        kv_finite = cache.all_finite(k.shape[2], vouched=int(fresh))
+        kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)
