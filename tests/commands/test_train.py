@@ -160,3 +160,37 @@ def test_resume_hashes_each_checkpoint_file_once(tmp_path, monkeypatch):
     resumed = [p for p in seen if p.parent == run / "checkpoint"]
     assert sorted(p.name for p in resumed) == ["model.safetensors", "train_state.json",
                                                "train_state.safetensors"]
+
+
+def test_the_llama_options_reach_the_model(tmp_path):
+    """--positional rope, --rope-theta, --norm, --ffn, --bias, --tie-embeddings and --window
+    are model-config rows of the option table: the trained checkpoint's model carries them."""
+    from torch import nn
+
+    from headwise import checkpoint
+    from headwise.models.norms import RMSNorm
+    text = tmp_path / "t.txt"
+    text.write_text("a small text, read twice over for a tiny language model. " * 40)
+    argv = ["train", "text", "--text", str(text), *TINY, "--kv-heads", "1", "--positional",
+            "rope", "--rope-theta", "500", "--norm", "rms", "--ffn", "glu", "--activation", "silu",
+            "--bias", "no", "--tie-embeddings", "yes", "--window", "8", "--out",
+            str(tmp_path / "run")]
+    assert main(argv) == 0
+    model = checkpoint.load(tmp_path / "run" / "checkpoint").model
+    c = model.config
+    assert (c.positional, c.rope_theta, c.norm, c.ffn, c.activation, c.bias, c.tie_embeddings,
+            c.sliding_window, c.num_kv_heads) == ("rope", 500.0, "rms", "glu", "silu", False,
+                                                  True, 8, 1)
+    assert isinstance(model.blocks[0].attn_norm, RMSNorm) and hasattr(model.blocks[0].ff, "gate")
+    assert model.lm_head.weight is model.embed.tokens.weight
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_bad_model_options_are_one_line(capsys, tmp_path):
+    _fails(capsys, ["train", "reverse", *TINY, "--norm", "batch"], "norm must be one of")
+    _fails(capsys, ["train", "reverse", *TINY, "--ffn", "moe"], "ffn must be one of")
+    with pytest.raises(SystemExit) as exit_:  # argparse: usage, then the one error line
+        main(["train", "reverse", *TINY, "--bias", "maybe"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --bias: expected yes or no, got 'maybe'" in err, err

@@ -20,6 +20,15 @@ from typing import Any
 HELP = "train a model on a synthetic task, a text file, sentence pairs or a corpus"
 EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
 
+def _yes_no(text: str) -> bool:
+    """``yes``/``no`` (also true/false, 1/0) for a boolean option."""
+    value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
+        text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+    return value
+
+
 OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
     ("--size", "size", str, "preset size: 'small' (default; minutes on a CPU), 'large' "
                             "(text and pairs tasks) or 'llama' (text tasks: RoPE, RMSNorm, "
@@ -37,8 +46,17 @@ OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
     ("--layers", "num_layers", int, "layers (encoder and decoder each)"),
     ("--d-ff", "d_ff", int, "feed-forward width"),
     ("--dropout", "dropout", float, "dropout rate"),
-    ("--positional", "positional", str, "'sinusoidal' (default) or 'learned'"),
+    ("--positional", "positional", str, "'sinusoidal' (default), 'learned' or 'rope' (rotary "
+                                        "positions on q and k)"),
+    ("--rope-theta", "rope_theta", float, "RoPE base theta (with --positional rope)"),
     ("--activation", "activation", str, "'relu' (default), 'gelu', 'gelu_tanh' or 'silu'"),
+    ("--norm", "norm", str, "'layer' (LayerNorm, default) or 'rms' (RMSNorm)"),
+    ("--ffn", "ffn", str, "'mlp' (default) or 'glu' (gated; SwiGLU with --activation silu)"),
+    ("--bias", "bias", _yes_no, "biases in every projection: yes (default) or no"),
+    ("--tie-embeddings", "tie_embeddings", _yes_no,
+     "the output projection shares the token embedding: yes or no"),
+    ("--window", "sliding_window", int, "sliding-window attention: each query sees itself and "
+                                        "the SLIDING_WINDOW - 1 positions before it"),
     ("--steps", "steps", int, "optimizer steps"),
     ("--batch-size", "batch_size", int, "global batch size (all processes)"),
     ("--lr", "lr", float, "peak learning rate"),
