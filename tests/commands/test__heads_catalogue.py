@@ -86,3 +86,44 @@ def test_nested_flags_are_checked_with_did_you_mean(capsys):
     with pytest.raises(SystemExit):
         main(["heads", "catalogue"])  # one of --checkpoint / --model is required
     assert "one of the arguments --checkpoint --model is required" in capsys.readouterr().err
+
+
+_TEXT = ("Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy "
+         "disposition, seemed to unite some of the best blessings of existence; and had lived "
+         "nearly twenty-one years in the world with very little to distress or vex her. ") * 3
+
+
+def test_catalogue_of_smollm2_over_windows_of_a_text(smollm2_path, tmp_path, capsys):
+    """--model smollm2: every one of its 30 x 9 causal self-attention heads, over consecutive
+    windows of the text; the tokens a head attends to most are tokens of that text."""
+    from headwise.pretrained import load_smollm2
+    text = tmp_path / "emma.txt"
+    text.write_text(_TEXT)
+    out = tmp_path / "smol"
+    assert main(["heads", "catalogue", "--model", "smollm2", "--sentences", str(text),
+                 "--examples", "2", "--length", "32", "-o", str(out)]) == 0
+    data = json.loads((out / "catalogue.json").read_text())
+    assert data["meta"]["inputs"] == 2 and "2 windows of 32 tokens" in data["meta"]["dataset"]
+    heads = data["heads"]
+    assert len(heads) == 30 * 9 and {h["kind"] for h in heads} == {"decoder_self"}
+    assert {(h["layer"], h["head"]) for h in heads} == {(l, x) for l in range(30) for x in range(9)}
+    tok = load_smollm2().tokenizer
+    seen = set(tok.encode(_TEXT)[:64])
+    top = {t["id"] for h in heads for t in h["top_tokens"]}
+    assert top and top <= seen
+    assert all(t["token"] == tok.tokens([t["id"]])[0] for h in heads for t in h["top_tokens"])
+    assert "SmolLM2-135M-Instruct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--length", "100000"], "longer than SmolLM2's context"),
+    (["--length", "0"], "--length must be >= 1, got 0"),
+    (["--length", "4000"], "fewer than one window of --length 4000"),
+])
+def test_smollm2_catalogue_bad_lengths_are_one_line(smollm2_path, tmp_path, capsys, argv,
+                                                    message):
+    text = tmp_path / "short.txt"
+    text.write_text(_TEXT)
+    code = main(["heads", "catalogue", "--model", "smollm2", "--sentences", str(text), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err

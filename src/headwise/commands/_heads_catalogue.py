@@ -4,10 +4,13 @@ offline HTML page and its JSON).
     headwise heads catalogue --checkpoint headwise-demo/checkpoint
     headwise heads catalogue --model minilm --examples 512 -o reports/minilm-heads
     headwise heads catalogue --model minilm --sentences my_sentences.txt -o minilm.html
+    headwise heads catalogue --model smollm2 --examples 16 --length 128
 
 Data: a checkpoint's own task (its held-out set: ``eval_set``); for ``--model minilm`` the
 English side of the Ding German-English sentence pairs (``make corpora``) or ``--sentences
-FILE`` (one sentence per line). Output: ``headwise-reports/heads-catalogue-<model>/``
+FILE`` (one sentence per line); for ``--model smollm2`` (SmolLM2-135M-Instruct's causal
+self-attention) consecutive windows of ``--length`` tokens of Austen's *Emma* (``make corpora``)
+or of ``--sentences FILE`` read as one text. Output: ``headwise-reports/heads-catalogue-<model>/``
 (``catalogue.html`` + ``catalogue.json``), ``-o DIR``, or ``-o FILE.html`` (JSON beside it).
 """
 
@@ -20,7 +23,7 @@ from headwise.commands._common import parse_device, report_paths
 
 HELP = "every head's dataset-level scores, typical pattern and top tokens (HTML + JSON)"
 EXAMPLE = "headwise heads catalogue --checkpoint headwise-demo/checkpoint"
-MODELS = ("minilm",)
+MODELS = ("minilm", "smollm2")
 
 
 def register(subparsers) -> None:
@@ -35,10 +38,13 @@ def register(subparsers) -> None:
                         "(its own task's held-out set is the dataset)")
     source.add_argument("--model", choices=MODELS,
                         help="minilm = all-MiniLM-L6-v2 (the 'pretrained' extra) on English "
-                             "sentences")
+                             "sentences; smollm2 = SmolLM2-135M-Instruct on windows of text")
     p.add_argument("--sentences", metavar="FILE",
                    help="--model minilm: one sentence per line (default: the English side of "
-                        "the Ding pairs, `make corpora`)")
+                        "the Ding pairs, `make corpora`); --model smollm2: one text, cut into "
+                        "windows (default: Austen's Emma)")
+    p.add_argument("--length", type=int, default=128,
+                   help="--model smollm2: tokens per window (default 128)")
     p.add_argument("--examples", type=int, default=256, help="inputs to run (default 256)")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass")
     p.add_argument("--window", type=int, default=8,
@@ -56,12 +62,13 @@ def run(args: argparse.Namespace) -> int:
     from headwise.head_catalogue import catalogue
 
     for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size),
-                        ("--window", args.window), ("--top-tokens", args.top_tokens)):
+                        ("--window", args.window), ("--top-tokens", args.top_tokens),
+                        ("--length", args.length)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     device = parse_device(args.device)
-    model, batches, names, label, dataset = (_checkpoint(args, device) if args.checkpoint
-                                             else _minilm(args, device))
+    load = _checkpoint if args.checkpoint else _smollm2 if args.model == "smollm2" else _minilm
+    model, batches, names, label, dataset = load(args, device)
     cat = catalogue(model, batches, tokens=names, window=args.window,
                     top_tokens=args.top_tokens, name=label, dataset=dataset)
     html, json_path = report_paths(args.output, "heads-catalogue", label,
@@ -137,3 +144,31 @@ def _minilm(args, device):
                for s in range(0, len(texts), args.batch_size)]
     return (encoder.model, batches, tok.tokens, "all-MiniLM-L6-v2",
             f"{dataset}, {len(texts)} sentences")
+
+
+def _smollm2(args, device):
+    import torch
+
+    from headwise.pretrained import load_smollm2
+
+    chat = load_smollm2(device=device)
+    if args.sentences:
+        from headwise.data import read_text
+        text, dataset = read_text(args.sentences), Path(args.sentences).name
+    else:
+        from headwise.data.corpora import austen_text
+        text, dataset = austen_text(("emma",)), "Austen's Emma"
+    n, want = args.length, args.examples
+    limit = chat.model.config.max_len
+    if n > limit:
+        raise ValueError(f"--length {n} is longer than SmolLM2's context ({limit} tokens); "
+                         f"pass --length {limit} or less")
+    ids = chat.tokenizer.encode(text[:(n * want + 1) * 16])  # (a few characters per token)
+    windows = min(want, len(ids) // n)
+    if windows < 1:
+        raise ValueError(f"{dataset}: {len(ids)} tokens, fewer than one window of --length {n}; "
+                         "give a longer text or a smaller --length")
+    ids = torch.tensor(ids[:windows * n], device=device).view(windows, n)
+    batches = list(ids.split(args.batch_size))
+    return (chat.model, batches, chat.tokenizer.tokens, "SmolLM2-135M-Instruct",
+            f"{dataset}, {windows} windows of {n} tokens")
