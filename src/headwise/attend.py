@@ -138,8 +138,8 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
     core = BACKENDS[resolve_backend(backend)]
-    # sdpa's own keywords (takes_finite)
-    extra = dict(kv_finite=True, q_finite=q_finite) if kv_finite and core is sdpa else {}
+    extra = (dict(kv_finite=True, q_finite=q_finite)  # sdpa's own keywords
+             if kv_finite and takes_finite(backend, softcap, sinks) else {})
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                 return_weights=return_weights, strict=strict, **extra)
 

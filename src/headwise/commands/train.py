@@ -20,6 +20,7 @@ from typing import Any
 HELP = "train a model on a synthetic task, a text file, sentence pairs or a corpus"
 EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
 
+
 def _yes_no(text: str) -> bool:
     """``yes``/``no`` (also true/false, 1/0) for a boolean option."""
     value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
