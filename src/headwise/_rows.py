@@ -8,13 +8,15 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 :func:`linear` / :func:`residual`, so the layout choice is made here, once:
 
 - ``transpose=False``: the module's own ``(out, in)`` weight, no copy (the faster layout from
-  two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows the product
-  is taken as ``(W @ x^T)^T``: MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear``
-  calls) runs at ~25 GFLOP/s here, so four rows cost twice one row's time although the
-  weights are read once; ``W @ x^T`` (the rows as ``b`` columns) is the kernel it is fast on
-  (a SmolLM2-135M step at batch 4, one thread: 125 -> 88 ms; the ``(out, b)`` result is copied
-  back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as fast; float32 only
-  (bfloat16 products run oneDNN's kernels, where the column form measured no faster);
+  two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows of float32
+  the product is headwise's own kernel (:mod:`headwise._native`: two rows of ``W`` at a time
+  against every row of ``x``, 14-15 GB/s of weights; a SmolLM2-135M step at batch 4, one
+  thread, 86 -> 70 ms). Where that kernel is not available it is taken as ``(W @ x^T)^T``:
+  MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear`` calls) runs at ~25 GFLOP/s here,
+  so four rows cost twice one row's time although the weights are read once; ``W @ x^T`` (the
+  rows as ``b`` columns) is the kernel it is faster on (~10 GB/s, compute-bound; the ``(out,
+  b)`` result is copied back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as
+  fast; bfloat16 products run oneDNN's kernels, where the column form measured no faster;
 - ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams 1.3-1.5x
   faster on this CPU, at the price of a second copy of the weights while a generation runs
   (small models only: :data:`headwise.step.COPY_BUDGET`);
@@ -48,6 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headwise import _native
+
 __all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "dtype_of",
            "joined", "lay_out", "linear", "of_linear", "quantized", "residual",
            "stored_transposed", "weight"]
@@ -55,8 +59,9 @@ __all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
 #                 a copy or a W^T storage's view; INT4: an Int4
 INT4 = "int4"
-# Up to this many rows an untransposed weight multiplies the rows as columns (module docstring).
-COLUMN_ROWS = 4
+# Up to this many rows an untransposed weight multiplies through headwise._native, or the rows
+# as columns (module docstring).
+COLUMN_ROWS = _native.ROWS
 # From this many elements a one-row product is split across the intra-op threads (the module
 # docstring says why; smaller matrices sit in cache, where one thread's kernel is faster).
 SPLIT_MIN = 1 << 17
@@ -293,8 +298,9 @@ def _store(layers, transposed: bool) -> None:
 
 
 def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
-    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go as ``W @ x^T``: 2 to
-    :data:`COLUMN_ROWS` rows of a float32 weight (the module docstring says why)."""
+    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go through
+    :func:`headwise._native.rows_matmul`, else as ``W @ x^T``: 2 to :data:`COLUMN_ROWS` rows of
+    a float32 weight (the module docstring says why)."""
     return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
 
 
@@ -327,7 +333,10 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     if layout is not INT4 and (y := _split_product(x, m, layout, None)) is not None:
         return y if bias is None else y.add_(bias)
     if not layout:
-        if _as_columns(x, m):  # (W @ x^T)^T
+        if _as_columns(x, m):
+            if (y := _native.rows_matmul(x, m, bias)) is not None:
+                return y
+            # (W @ x^T)^T
             y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
             return y.t().contiguous()
         return F.linear(x, m, bias)
@@ -344,8 +353,10 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
         out = m(y).add_(x)
     elif (split := _split_product(y, m, layout, x)) is not None:
         out = split
-    elif not layout and _as_columns(y, m):  # (x^T + W @ y^T)^T
-        out = torch.addmm(x.t(), m, y.t()).t().contiguous()
+    elif not layout and _as_columns(y, m):
+        if (out := _native.rows_matmul(y, m, bias, x)) is not None:
+            return out
+        out = torch.addmm(x.t(), m, y.t()).t().contiguous()  # (x^T + W @ y^T)^T
     else:
         out = torch.addmm(x, y, m if layout else m.t())
     return out if bias is None else out.add_(bias)

@@ -1,0 +1,112 @@
+"""headwise._native: the C product for 1-4 rows equals float64 arithmetic on any shape, layout
+and thread count it takes, declines what it cannot take, and says why when it cannot be built."""
+
+import platform
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headwise import _native
+
+
+def _builds_here() -> bool:
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            and shutil.which("cc") is not None)
+
+
+def test_the_kernel_is_built_where_a_compiler_and_avx2_exist():
+    assert (_native.status() == "ready") is _builds_here(), _native.status()
+
+
+needs_kernel = pytest.mark.skipif(not _builds_here(), reason="no x86-64 AVX2 CPU or no cc")
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), n_in=st.integers(1, 70), n_out=st.integers(1, 150),
+       bias=st.booleans(), res=st.booleans(), threads=st.sampled_from([1, 2]),
+       pad=st.integers(0, 9), seed=st.integers(0, 2**31 - 1))
+def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, seed):
+    """Every row count, odd sizes (remainders of the 8-wide loop and of the row pairs), padded
+    row strides of x, W and the residual, bias and residual each on or off, 1 or 2 threads."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in + pad, generator=gen)[:, :n_in]
+    w = torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in]
+    b = torch.randn(n_out, generator=gen) if bias else None
+    r = torch.randn(rows, n_out + pad, generator=gen)[:, :n_out] if res else None
+    want = x.double() @ w.double().t()
+    want = want + (0 if b is None else b.double()) + (0 if r is None else r.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.rows_matmul(x, w, b, r)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (rows, n_out) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * (n_in ** 0.5 + 1), rtol=1e-6)
+
+
+@needs_kernel
+def test_a_joined_matrix_block_is_read_through_its_view():
+    """The step multiplies views of one storage (q/k/v joined): a block of rows is taken in
+    place, and the rows outside it are never read into the result."""
+    w = torch.randn(30, 16)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(_native.rows_matmul(x, w[10:20]), x @ w[10:20].t(),
+                               atol=1e-5, rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["float64", "five rows", "strided features", "grad",
+                                  "bias shape", "residual shape"])
+def test_what_the_kernel_cannot_take_is_declined(case):
+    x, w = torch.randn(2, 8), torch.randn(6, 8)
+    args = dict(x=x, w=w)
+    if case == "float64":
+        args.update(x=x.double(), w=w.double())
+    elif case == "five rows":
+        args.update(x=torch.randn(5, 8))
+    elif case == "strided features":
+        args.update(w=torch.randn(6, 16)[:, ::2])
+    elif case == "grad":
+        args.update(w=w.requires_grad_())
+    elif case == "bias shape":
+        args.update(bias=torch.randn(5))
+    else:
+        args.update(res=torch.randn(2, 5))
+    assert _native.rows_matmul(**args) is None
+
+
+def test_no_kernel_says_why_and_declines(monkeypatch, tmp_path):
+    """Switched off by the environment, or a compiler that fails: the status names the reason
+    and every call is declined (the caller's MKL path runs); nothing is left in the cache."""
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("HEADWISE_NATIVE", "0")
+    assert _native.status() == "HEADWISE_NATIVE=0"
+    assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
+    if not _builds_here():
+        return
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.delenv("HEADWISE_NATIVE")
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", shutil.which("false") or "false")
+    assert "failed" in _native.status()
+    assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+
+
+@needs_kernel
+def test_a_fresh_cache_builds_once_and_loads(monkeypatch, tmp_path):
+    """A new cache directory: the first status builds the library there (one file, named by
+    the source's hash), and the product it loads is right."""
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path))
+    assert _native.status() == "ready"
+    built = list(tmp_path.iterdir())
+    assert len(built) == 1 and built[0].name.startswith("rows_matmul-") and built[0].suffix == ".so"
+    x, w = torch.randn(4, 40), torch.randn(24, 40)
+    torch.testing.assert_close(_native.rows_matmul(x, w), x @ w.t(), atol=1e-5, rtol=0)
