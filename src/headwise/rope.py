@@ -70,14 +70,15 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x (..., n, d)`` rotated by ``cos, sin (n, 2, r/2)`` (from :meth:`angles`).
 
-        ``x * cos + rotate_half(x) * sin`` in four kernels: ``x`` seen as its two halves
-        ``(..., n, 2, r/2)``, swapped by ``flip`` and multiplied by the signed sine. The same
-        products and sums as the textbook form (``(-a) * b`` and ``a * (-b)`` round alike), so
-        the result is bit for bit Hugging Face's."""
+        ``x * cos + rotate_half(x) * sin`` in four kernels and two new buffers: ``x`` seen as
+        its two halves ``(..., n, 2, r/2)``, swapped by ``flip`` and multiplied by the signed
+        sine in place, then added in place (the products and sums of the textbook form, and
+        ``(-a) * b`` and ``a * (-b)`` round alike, so the result is bit for bit Hugging Face's;
+        autograd follows: neither overwritten buffer is kept for the backward)."""
         r = self.rotary_dim
         part = x if r == x.shape[-1] else x[..., :r]
         halves = part.unflatten(-1, (2, r // 2))
-        turned = (halves * cos + halves.flip(-2) * sin).flatten(-2)
+        turned = (halves * cos).add_(halves.flip(-2).mul_(sin)).flatten(-2)
         return turned if part is x else torch.cat((turned, x[..., r:]), dim=-1)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:

@@ -63,3 +63,55 @@ def test_dropout_is_used_in_training_only():
     assert not torch.allclose(block(x)[0], block(x)[0])
     block.eval()
     torch.testing.assert_close(block(x)[0], block(x)[0])
+
+
+# ---------------------------------------------------------------- in place under inference
+@pytest.mark.parametrize("ffn", ["mlp", "glu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_inference_writes_in_place_with_the_same_bits_as_the_autograd_path(
+        ffn, activation, norm_first):
+    """Under no_grad the feed-forward's activation and gating and the residual additions
+    reuse their buffers (headwise.models.feedforward.overwritable): the block's output is bit
+    for bit the one autograd's out-of-place path gives, and the input is left as it was."""
+    from headwise.models import DecoderBlock
+    torch.manual_seed(len(ffn) + len(activation) + norm_first)
+    block = DecoderBlock(16, 4, 40, dropout=0.0, norm_first=norm_first, activation=activation,
+                         ffn=ffn, norm="rms", cross_attention=False).eval()
+    x = torch.randn(2, 7, 16)
+    keep = x.clone()
+    want, _ = block(x)  # grad on: out of place
+    with torch.no_grad():
+        got, _ = block(x)
+    assert want.requires_grad and torch.equal(got, want.detach()) and torch.equal(x, keep)
+
+
+@pytest.mark.parametrize("where", ["ff.gate", "ff.down", "ff", "self_attn.out_proj", "self_attn",
+                                   "global"])
+def test_a_forward_hook_keeps_what_it_was_handed(where):
+    """An activation cache (a forward hook) holds the outputs it saw: with a hook on the
+    feed-forward's gate, its output projection, the feed-forward, attention's output
+    projection, attention itself, or a global hook, nothing is overwritten after the hook ran,
+    so the cached tensor still equals that module's output recomputed alone."""
+    from headwise.models import DecoderBlock
+    torch.manual_seed(3)
+    block = DecoderBlock(16, 4, 40, dropout=0.0, activation="silu", ffn="glu",
+                         cross_attention=False).eval()
+    seen = {}
+
+    def keep(module, args, out):
+        seen["in"], seen["out"] = args, out[0] if isinstance(out, tuple) else out
+
+    if where == "global":
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, a, o: keep(m, a, o) if m is block.ff.gate else None)
+        module = block.ff.gate
+    else:
+        module = block.get_submodule(where)
+        handle = module.register_forward_hook(keep)
+    with torch.no_grad():
+        block(torch.randn(2, 5, 16))
+        handle.remove()  # (before recomputing: the hook would replace what it kept)
+        again = module(*seen["in"], **({"causal": True} if where == "self_attn" else {}))
+    again = again[0] if isinstance(again, tuple) else again
+    assert torch.equal(seen["out"], again)

@@ -27,6 +27,7 @@ from headwise.models.feedforward import (
     check_activation,
     drop,
     make_feedforward,
+    overwritable,
 )
 from headwise.models.norms import make_norm
 from headwise.rope import RotaryEmbedding
@@ -130,14 +131,14 @@ class _Block(nn.Module):
         self.ff_norm = new_norm()
         self.dropout = nn.Dropout(dropout)
 
-    def _sublayer(self, x, norm, fn):
+    def _sublayer(self, x, norm, fn, owner):
         """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
-        ``((b, n, m), extra)``."""
+        ``((b, n, m), extra)``: the output of ``owner`` (attention or feed-forward)."""
         if self.norm_first:
             out, extra = fn(norm(x))
-            return x + drop(self, out), extra
+            return _residual(x, drop(self, out), owner), extra
         out, extra = fn(x)
-        return norm(x + drop(self, out)), extra
+        return norm(_residual(x, drop(self, out), owner)), extra
 
     def row(self, cache, *, transpose: bool, fuse: bool) -> BlockRow:
         """This block's one-row form for the cached decoding step (:class:`BlockRow`)."""
@@ -191,8 +192,9 @@ class EncoderBlock(_Block):
         Returns ``(x (b, n, m), weights (b, h, n, n) or None)``.
         """
         x, weights = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
-            y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights))
-        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
+            y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights),
+            self.self_attn)
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None), self.ff)
         record(StepKind.BLOCK_OUTPUT, x)
         return x, weights
 
@@ -250,7 +252,7 @@ class DecoderBlock(_Block):
                                                                       cache.cross_attn)
         x, self_w = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
             y, mask=self_mask, causal=causal, head_mask=head_mask, return_weights=want_self,
-            cache=self_cache))
+            cache=self_cache), self.self_attn)
         cross_w = None
         if memory is not None:
             if self.cross_attn is None:
@@ -258,13 +260,23 @@ class DecoderBlock(_Block):
                                  "(a language-model block); call it with memory=None")
             x, cross_w = self._sublayer(x, self.cross_norm, lambda y: self.cross_attn(
                 y, memory, mask=memory_mask, head_mask=cross_head_mask,
-                return_weights=want_cross, cache=cross_cache))
-        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
+                return_weights=want_cross, cache=cross_cache), self.cross_attn)
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None), self.ff)
         record(StepKind.BLOCK_OUTPUT, x)
         return x, (self_w, cross_w)
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"
+
+
+def _residual(x: torch.Tensor, out: torch.Tensor, owner: nn.Module) -> torch.Tensor:
+    """``x + out``; written into ``out`` (the same sum) when it is the sublayer's fresh output
+    and no one else holds it (:func:`~headwise.models.feedforward.overwritable`: the sublayer
+    and its output projection unhooked, autograd off)."""
+    last = getattr(owner, "out_proj" if isinstance(owner, MultiHeadAttention) else "down", owner)
+    if out.shape == x.shape and out.dtype == x.dtype and overwritable(owner, last):
+        return out.add_(x)
+    return x + out
 
 
 class BlockRow:
