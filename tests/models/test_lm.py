@@ -225,3 +225,32 @@ def test_sliding_window_receptive_field_by_gradients(window, layers):
         first = max(0, t - layers * (window - 1))
         assert (per_pos[t + 1:] == 0).all() and (per_pos[:first] == 0).all()
         assert (per_pos[first:t + 1] > 0).all()
+
+
+def test_large_inference_logits_are_the_heads_product_in_recyclable_memory():
+    """Under no_grad a large logits tensor (over headwise._large's 16 MiB) is the head's own
+    product bit for bit, written into memory headwise._large hands out (a dropped result's
+    memory comes back to the next call); a hook on the head still sees every call."""
+    from headwise import _large
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(vocab_size=9000, d_model=16, num_heads=2, num_layers=1,
+                                   d_ff=32, max_len=600, dropout=0.0)).eval()
+    ids = torch.randint(0, 9000, (1, 600))  # 600 x 9000 float32: 20.6 MiB
+    want = model(ids)
+    want = (want[0] if isinstance(want, tuple) else want).detach()
+    with torch.no_grad():
+        got = model(ids)
+        got = got[0] if isinstance(got, tuple) else got
+        assert torch.equal(got, want)
+        ptr = got.data_ptr()
+        del got
+        again = model(ids)
+        again = again[0] if isinstance(again, tuple) else again
+        assert torch.equal(again, want) and again.data_ptr() == ptr  # recycled
+        calls = []
+        handle = model.lm_head.register_forward_hook(lambda m, a, o: calls.append(o.shape))
+        hooked = model(ids)
+        hooked = hooked[0] if isinstance(hooked, tuple) else hooked
+        handle.remove()
+    assert calls == [(1, 600, 9000)] and torch.equal(hooked, want)
+    _large.release()
