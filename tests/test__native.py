@@ -107,6 +107,57 @@ def test_a_fresh_cache_builds_once_and_loads(monkeypatch, tmp_path):
     monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path))
     assert _native.status() == "ready"
     built = list(tmp_path.iterdir())
-    assert len(built) == 1 and built[0].name.startswith("rows_matmul-") and built[0].suffix == ".so"
+    assert len(built) == 1 and built[0].name.startswith("step_kernels-") and built[0].suffix == ".so"
     x, w = torch.randn(4, 40), torch.randn(24, 40)
     torch.testing.assert_close(_native.rows_matmul(x, w), x @ w.t(), atol=1e-5, rtol=0)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), heads=st.integers(1, 6), half=st.integers(1, 12),
+       extra=st.integers(0, 5), tail=st.integers(0, 9), pos=st.integers(0, 500),
+       bad=st.sampled_from([None, float("nan"), float("inf"), -float("inf")]),
+       seed=st.integers(0, 2**31 - 1))
+def test_rope_rows_is_rotate_bit_for_bit_and_reports_finiteness(rows, heads, half, extra, tail,
+                                                                pos, bad, seed):
+    """Partial rotary (``r < d``), value features after the q/k heads, any position: the turned
+    heads equal RotaryEmbedding.rotate bit for bit, everything else is untouched, and the answer
+    says whether every feature of every row is finite (a NaN or inf anywhere, v included)."""
+    from headwise.rope import RotaryEmbedding
+    gen = torch.Generator().manual_seed(seed)
+    r, d = 2 * half, 2 * half + extra
+    rope = RotaryEmbedding(d, theta=10000.0, rotary_dim=r)
+    cos, sin = rope.angles(pos, 1, torch.empty(0))
+    x = torch.randn(rows, heads * d + tail, generator=gen) * 3
+    if bad is not None:
+        x.view(-1)[int(torch.randint(0, x.numel(), (1,), generator=gen))] = bad
+    want = rope.rotate(x[:, :heads * d].reshape(rows, heads, 1, d), cos, sin).reshape(rows, -1)
+    got = x.clone()
+    finite = _native.rope_rows(got, cos, sin, heads, d, r)
+    assert finite is bool(torch.isfinite(got).all())
+    assert finite is (bad is None)
+    torch.testing.assert_close(got[:, :heads * d], want, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(got[:, heads * d:], x[:, heads * d:], atol=0, rtol=0,
+                               equal_nan=True)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), m=st.integers(1, 700), eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+       seed=st.integers(0, 2**31 - 1))
+def test_rms_rows_equals_float64_rms_norm(rows, m, eps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, m, generator=gen) * 2, torch.randn(m, generator=gen)
+    want = torch.rms_norm(x.double(), (m,), w.double(), eps)
+    torch.testing.assert_close(_native.rms_rows(x, w, eps).double(), want, atol=2e-6, rtol=1e-6)
+
+
+@needs_kernel
+def test_rope_and_rms_rows_decline_what_they_cannot_take():
+    from headwise.rope import RotaryEmbedding
+    cos, sin = RotaryEmbedding(8).angles(0, 1, torch.empty(0))
+    assert _native.rope_rows(torch.randn(2, 16).double(), cos, sin, 2, 8, 8) is None
+    assert _native.rope_rows(torch.randn(2, 15), cos, sin, 2, 8, 8) is None  # too narrow
+    assert _native.rope_rows(torch.randn(16, 2).t(), cos, sin, 2, 8, 8) is None  # strided
+    assert _native.rms_rows(torch.randn(2, 8), torch.randn(7), 1e-5) is None
+    assert _native.rms_rows(torch.randn(2, 8, requires_grad=True), torch.randn(8), 1e-5) is None

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from headwise import _rows
+from headwise import _native, _rows
 from headwise.attend import dispatch, takes_finite
 
 __all__ = ["AttentionRow"]
@@ -53,18 +53,22 @@ class AttentionRow:
         ``rot``: this position's RoPE ``(cos, signed sin)`` from
         :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
         b, h, g, d = x.shape[0], self.h, self.g, self.d
+        turned = None  # the C kernel's answer: q and k turned in place, is every q/k/v finite?
         if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
-            qk, v = _rows.linear(x, self.qkv).split_with_sizes((h * d + g * d, g * d), dim=-1)
+            row = _rows.linear(x, self.qkv)
+            if self.rope is not None:
+                turned = _native.rope_rows(row, *rot, h + g, d, self.rope.rotary_dim)
+            qk, v = row.split_with_sizes((h * d + g * d, g * d), dim=-1)
         else:
             qk = torch.cat([_rows.linear(x, w) for w in (self.q, self.k)], dim=-1)
             v = _rows.linear(x, self.v)
         qk = qk.view(b, h + g, 1, d)
-        if self.rope is not None:
+        if self.rope is not None and turned is None:
             qk = self.rope.rotate(qk, *rot)
         q, k = qk.split_with_sizes((h, g), dim=1)
-        # NaN policy: one total over this position's q, k, v; the cache vouches for the others
-        fresh = self.vouch and x.device.type == "cpu" and math.isfinite(
-            (qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())
+        # NaN policy: one look at this position's q, k, v; the cache vouches for the others
+        fresh = self.vouch and x.device.type == "cpu" and (
+            turned if turned is not None else _finite(qk, v))
         k, v = cache.update(k, v.view(b, g, 1, d))
         kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
         if self.window is not None and k.shape[2] > self.window:
@@ -79,3 +83,9 @@ class AttentionRow:
         q = _rows.linear(x, self.q).view(b, self.h, 1, self.d)
         out, _ = dispatch(q, cache.k, cache.v, mask=mask, **self.kw)
         return out.view(b, -1)
+
+
+def _finite(qk: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``qk`` and ``v`` hold no NaN or inf: one float32 total (a non-finite sum)."""
+    return math.isfinite((qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())
+

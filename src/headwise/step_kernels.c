@@ -1,12 +1,15 @@
-/* y (b, out) = x (b, in) @ W^T (+ bias) (+ res) for 1 to 4 rows of float32, W (out, in) with
- * contiguous rows: the small-batch product of a cached decoding step (headwise._native says why
- * it exists and when it is used). AVX2 + FMA; built by headwise._native on first use.
+/* The cached decoding step's C kernels (headwise._native says why they exist and when they are
+ * used; AVX2 + FMA, built by headwise._native on first use, float32 throughout):
+ * headwise_rows_matmul, headwise_rope_rows, headwise_rms_rows.
  *
+ * headwise_rows_matmul: y (b, out) = x (b, in) @ W^T (+ bias) (+ res) for 1 to 4 rows, W (out,
+ * in) with contiguous rows: the small-batch product.
  * Each pass reads two rows of W once and multiplies them with every row of x (8 floats per
  * load, 2 * b accumulators), prefetching PREFETCH floats ahead along W so the stream keeps
  * enough reads in flight; the rows of x stay in L1. Output features are split into contiguous
  * blocks, one per OpenMP thread (the runtime torch itself loaded: libgomp.so.1). */
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 
 #define PREFETCH 4608
@@ -92,4 +95,44 @@ int headwise_rows_matmul(const float* x, long ldx, const float* w, long ldw, flo
         if (o0 < o1) f(x, ldx, w, ldw, y, ldy, res, ldr, bias, o0, o1, in);
     }
     return 0;
+}
+
+/* RoPE on rows of a fused q|k|v projection, in place: for each of `rows` rows (row stride
+ * ldx), each of the first `heads` heads of d features has its first r features turned as
+ * halves (a, b) -> (a * cos0 + b * sin0, b * cos1 + a * sin1), with cos and sin the (2, r/2)
+ * tables of headwise.rope (signs folded in). Each product and sum is rounded on its own (the
+ * file is built with -ffp-contract=off): bit for bit torch's mul, mul, add. Returns 1 when the
+ * first `check` features of every row are finite afterwards, else 0. */
+int headwise_rope_rows(float* x, long rows, long ldx, long heads, long d, long r,
+                       const float* cos, const float* sin, long check) {
+    long half = r / 2;
+    int finite = 1;
+    for (long i = 0; i < rows; i++) {
+        float* row = x + i * ldx;
+        for (long h = 0; h < heads; h++) {
+            float* a = row + h * d;
+            float* b = a + half;
+            for (long k = 0; k < half; k++) {
+                float ta = a[k] * cos[k], tb = b[k] * sin[k];
+                float ua = b[k] * cos[half + k], ub = a[k] * sin[half + k];
+                a[k] = ta + tb;
+                b[k] = ua + ub;
+            }
+        }
+        for (long k = 0; k < check; k++)
+            finite &= (row[k] - row[k]) == 0.0f;  /* NaN or inf: not 0 */
+    }
+    return finite;
+}
+
+/* RMSNorm of rows: y = x * (1 / sqrt(mean(x^2) + eps)) * w, the mean accumulated in double. */
+void headwise_rms_rows(const float* x, long rows, long ldx, const float* w, float eps, long m,
+                       float* y) {
+    for (long i = 0; i < rows; i++) {
+        const float* xi = x + i * ldx;
+        double s = 0.0;
+        for (long k = 0; k < m; k++) s += (double)xi[k] * xi[k];
+        float inv = (float)(1.0 / sqrt(s / (double)m + (double)eps));
+        for (long k = 0; k < m; k++) y[i * m + k] = xi[k] * inv * w[k];
+    }
 }
