@@ -88,4 +88,3 @@ class AttentionRow:
 def _finite(qk: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``qk`` and ``v`` hold no NaN or inf: one float32 total (a non-finite sum)."""
     return math.isfinite((qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())
-

@@ -166,4 +166,3 @@ def _logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     else:
         torch.addmm(head.bias, rows, w, out=flat)
     return out
-
