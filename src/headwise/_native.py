@@ -114,13 +114,10 @@ def _takes_rows(*ts) -> bool:
 
 
 def _takes(x, w, bias, res) -> bool:
-    """Float32 CPU tensors the kernel can read as they are, with nothing to differentiate."""
-    ts = [t for t in (x, w, bias, res) if t is not None]
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in ts):
+    """:func:`_takes_rows` tensors of the product's shapes, read as they are (rows contiguous)."""
+    if not _takes_rows(*(t for t in (x, w, bias, res) if t is not None)):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
-        return False
-    if torch.compiler.is_compiling() or x.dim() != 2 or w.dim() != 2:
+    if x.dim() != 2 or w.dim() != 2:
         return False
     b, n = x.shape
     return (w.shape[1] == n and x.stride(1) == 1 and w.stride(1) == 1
