@@ -45,7 +45,7 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "
 ROWS = 4  # the kernel's most rows
 
 _lock = threading.Lock()
-_state: dict = {}  # "fn": the loaded entry point or None; "why": the reason when None
+_state: dict = {}  # "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None
 
 
 def status() -> str:
@@ -65,9 +65,10 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
         return None
     (b, n), out = x.shape, w.shape[0]
     y = torch.empty(b, out)
-    lib.headwise_rows_matmul(x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
-       None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
-       None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads())
+    lib.headwise_rows_matmul(
+        x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
+        None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
+        None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads())
     return y
 
 
