@@ -50,7 +50,10 @@ def test_layer_norm_matches_float64_reference_and_row(m, seed):
     xd = x.double()
     mu, var = xd.mean(-1, keepdim=True), xd.var(-1, unbiased=False, keepdim=True)
     want = (xd - mu) / torch.sqrt(var + 1e-5) * norm.weight.double() + norm.bias.double()
-    torch.testing.assert_close(norm(x).double(), want, atol=1e-5, rtol=1e-5)
+    # float32 statistics over as few as 2 features round to ~1e-4 of the output (m=2,
+    # seed=1604: 3.7e-5 on 1.4; at most 1.4e-4 over every other seed for m = 2, 3, 5, 40, all
+    # within this tolerance); a wrong eps or an unbiased variance is off by 1e-2 and more
+    torch.testing.assert_close(norm(x).double(), want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(norm.row()(x), norm(x), atol=0, rtol=0)
 
 
