@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from headwise import _native
@@ -26,16 +26,26 @@ needs_kernel = pytest.mark.skipif(not _builds_here(), reason="no x86-64 AVX2 CPU
 
 
 @needs_kernel
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(rows=st.integers(1, 4), n_in=st.integers(1, 70), n_out=st.integers(1, 150),
        bias=st.booleans(), res=st.booleans(), threads=st.sampled_from([1, 2]),
-       pad=st.integers(0, 9), seed=st.integers(0, 2**31 - 1))
-def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, seed):
-    """Every row count, odd sizes (remainders of the 8-wide loop and of the row pairs), padded
-    row strides of x, W and the residual, bias and residual each on or off, 1 or 2 threads."""
+       pad=st.integers(0, 9), seed=st.integers(0, 2**31 - 1), transposed=st.booleans())
+@example(rows=1, n_in=37, n_out=70, bias=True, res=True, threads=2, pad=3, seed=5,
+         transposed=True)
+@example(rows=1, n_in=70, n_out=61, bias=False, res=True, threads=1, pad=0, seed=6,
+         transposed=False)
+def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, seed,
+                                    transposed):
+    """Every row count, odd sizes (remainders of the 8-wide loops, of the row pairs and of
+    one row's eight-row passes), padded row strides of x, W (or of W^T for one row: the
+    transposed-storage kernel) and the residual, bias and residual each on or off, 1 or 2
+    threads."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n_in + pad, generator=gen)[:, :n_in]
-    w = torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in]
+    if transposed and rows == 1:  # W stored as W^T (in, out), rows of W^T padded
+        w = torch.randn(n_in, n_out + pad, generator=gen)[:, :n_out].t()
+    else:
+        w = torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in]
     b = torch.randn(n_out, generator=gen) if bias else None
     r = torch.randn(rows, n_out + pad, generator=gen)[:, :n_out] if res else None
     want = x.double() @ w.double().t()
@@ -62,7 +72,7 @@ def test_a_joined_matrix_block_is_read_through_its_view():
 
 @needs_kernel
 @pytest.mark.parametrize("case", ["float64", "five rows", "strided features", "grad",
-                                  "bias shape", "residual shape"])
+                                  "bias shape", "residual shape", "two rows of a W^T"])
 def test_what_the_kernel_cannot_take_is_declined(case):
     x, w = torch.randn(2, 8), torch.randn(6, 8)
     args = dict(x=x, w=w)
@@ -76,6 +86,8 @@ def test_what_the_kernel_cannot_take_is_declined(case):
         args.update(w=w.requires_grad_())
     elif case == "bias shape":
         args.update(bias=torch.randn(5))
+    elif case == "two rows of a W^T":  # (the transposed-storage kernel takes one row)
+        args.update(w=torch.randn(8, 6).t())
     else:
         args.update(res=torch.randn(2, 5))
     assert _native.rows_matmul(**args) is None
@@ -161,3 +173,59 @@ def test_rope_and_rms_rows_decline_what_they_cannot_take():
     assert _native.rope_rows(torch.randn(16, 2).t(), cos, sin, 2, 8, 8) is None  # strided
     assert _native.rms_rows(torch.randn(2, 8), torch.randn(7), 1e-5) is None
     assert _native.rms_rows(torch.randn(2, 8, requires_grad=True), torch.randn(8), 1e-5) is None
+
+
+def _attention64(q, k, v):
+    """float64 softmax(q k^T / sqrt(d)) v with each key/value head shared by h / g query heads."""
+    per = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(per, 1) for t in (k, v))
+    s = q.double() @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return (s.softmax(-1) @ v).reshape(q.shape[0], -1)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), g=st.integers(1, 3), per=st.integers(1, 4), n=st.integers(1, 70),
+       d=st.sampled_from([1, 5, 8, 12, 64, 72, 130]), start=st.integers(0, 6),
+       spread=st.sampled_from([0.1, 1.0, 6.0]), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**31 - 1))
+def test_attend_rows_equals_float64_attention(rows, g, per, n, d, start, spread, threads, seed):
+    """One query per row over n cached positions: every head grouping (g key/value heads, each
+    shared by ``per`` query heads), head sizes below, at and past the 64-feature register
+    block, cache views that start later (a sliding window) and end before the buffer does,
+    the query a view of a fused q|k|v row, scores from flat to sharply peaked (the exp
+    polynomial over its range), 1 or 2 threads."""
+    gen = torch.Generator().manual_seed(seed)
+    h, length = g * per, start + n + 3
+    row = torch.randn(rows, (h + 2 * g) * d, generator=gen) * spread
+    q = row[:, :h * d].view(rows, h, 1, d)
+    kc, vc = (torch.randn(rows, g + 1, length, d, generator=gen) for _ in range(2))
+    k, v = kc[:, :g, start:start + n], vc[:, :g, start:start + n]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.attend_rows(q, k, v)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (rows, h * d)
+    torch.testing.assert_close(got.double(), _attention64(q, k, v), atol=2e-6, rtol=2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["two queries", "heads not grouped", "float64", "grad",
+                                  "strided query heads", "k and v strides differ"])
+def test_attend_rows_declines_what_it_cannot_take(case):
+    q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    if case == "two queries":
+        q = torch.randn(2, 6, 2, 8)
+    elif case == "heads not grouped":
+        k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)
+    elif case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    elif case == "grad":
+        q.requires_grad_()
+    elif case == "strided query heads":
+        q = torch.randn(2, 6, 1, 16)[..., :8]
+    else:
+        v = torch.randn(2, 3, 8, 5).transpose(-1, -2)
+    assert _native.attend_rows(q, k, v) is None

@@ -237,11 +237,14 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
 
 @pytest.mark.parametrize("budget", ["copies", "laid out"])
 def test_one_row_split_across_two_threads_matches_the_module_path(monkeypatch, budget):
-    """At two threads every one-row product is split across the threads (SPLIT_MIN lowered so
-    this small model's matrices qualify): over the transposed copies of a small model and over
-    the joined, laid-out storage of a larger one, tokens and logits equal the module path."""
+    """Without the C kernel (which splits its products over the threads itself), at two
+    threads every one-row product is split across the threads as one batched product
+    (SPLIT_MIN lowered so this small model's matrices qualify): over the transposed copies of
+    a small model and over the joined, laid-out storage of a larger one, tokens and logits
+    equal the module path."""
     from headwise import _rows, step
     monkeypatch.setattr(_rows, "SPLIT_MIN", 1)
+    monkeypatch.setattr(_rows, "_native_product", lambda *args: None)
     if budget == "laid out":
         monkeypatch.setattr(step, "COPY_BUDGET", 0)
     torch.manual_seed(5)

@@ -1,15 +1,21 @@
-"""The decoding step's C kernels, built on first use: the product for 2 to 4 rows, and RoPE and
-RMSNorm on rows (one call each instead of four or five small torch kernels, ~2.5% of a
-SmolLM2 step at batch 1; RoPE bit for bit :meth:`headwise.rope.RotaryEmbedding.rotate`).
+"""The decoding step's C kernels, built on first use: the product of 1 to 4 rows, the attention
+of one new query per row over the cache, and RoPE and RMSNorm on rows (one call each instead of
+four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit for bit
+:meth:`headwise.rope.RotaryEmbedding.rotate`).
 
-Why. A cached decoding step at batch 2-4 multiplies a few rows ``x (b, in)`` by every weight
-matrix: the weights are read once, so the product should run at the speed memory delivers
-them. MKL's float32 kernels for so few rows do not: on this project's CPUs (AMD EPYC, AVX2)
-``x @ W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise._rows`' column form) at
-~10 GB/s of weights read, compute-bound; a single core reads ~19 GB/s. ``step_kernels.c`` (beside
-this file) reads two rows of ``W`` at a time, multiplies them with every row of ``x``, and
-prefetches ahead along ``W``: SmolLM2-135M's matrices at batch 4, one thread, 14-15 GB/s
-(``benchmarks/RESULTS.md``, session 10).
+Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the
+weights are read once, so the product should run at the speed memory delivers them. MKL's
+float32 kernels for so few rows do not: on this project's CPUs (AMD EPYC, AVX2) one row streams
+SmolLM2-135M's matrices at 12-20 GB/s depending on shape and layout, and for 2-4 rows ``x @
+W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise._rows`' column form) at ~10 GB/s of
+weights read, compute-bound; a single core reads ~21 GB/s. ``step_kernels.c`` (beside this file)
+reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a ``W^T (in, out)``
+storage with the result kept in cache, or two rows of ``W`` against every row of ``x`` for 2-4:
+20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md``, sessions 10 and 11). The
+attention of the single newest query (``F.scaled_dot_product_attention``'s 1-query call costs
+~80 us per SmolLM2 layer in a step, mostly fixed costs) is four keys' scores at a time, the
+softmax with a vectorized exp, and the values weighed 64 features at a time in registers, each
+key/value head once for the query heads that share it: a SmolLM2 step ~1.5 ms faster.
 
 How. The first call compiles the source with the C compiler (``$CC``, else ``cc`` / ``gcc``;
 ``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into ``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under
@@ -38,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ROWS", "rms_rows", "rope_rows", "rows_matmul", "status"]
+__all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "status"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -56,8 +62,9 @@ def status() -> str:
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                 res: torch.Tensor | None = None) -> torch.Tensor | None:
     """``x (b, in) @ w (out, in)^T + bias (out,) + res (b, out)`` -> a new ``(b, out)``, for
-    ``b`` in 1 .. :data:`ROWS`; None when the kernel does not apply (module docstring): the
-    caller then multiplies as usual."""
+    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous, or one row with ``w`` stored as
+    ``W^T`` (``(in, out)`` rows contiguous: :func:`headwise._rows.lay_out`); None when the
+    kernel does not apply (module docstring): the caller then multiplies as usual."""
     if not 1 <= x.shape[0] <= ROWS or not _takes(x, w, bias, res):
         return None
     lib = _kernel()
@@ -65,10 +72,16 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
         return None
     (b, n), out = x.shape, w.shape[0]
     y = torch.empty(b, out)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    if w.stride(1) != 1:  # W^T storage, one row (_takes)
+        lib.headwise_row_matmul_t(
+            x.data_ptr(), w.data_ptr(), w.stride(1), y.data_ptr(),
+            None if res is None else res.data_ptr(), bias_ptr, out, n, torch.get_num_threads())
+        return y
     lib.headwise_rows_matmul(
         x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
         None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
-        None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads())
+        bias_ptr, b, out, n, torch.get_num_threads())
     return y
 
 
@@ -106,6 +119,30 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     return y
 
 
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """Attention of one new query per row over every cached position, no mask, scale
+    ``1/sqrt(d)``: ``q (b, h, 1, d)`` (heads ``d`` apart, e.g. a view of a fused q|k|v row),
+    ``k, v (b, g, n, d)`` with ``g`` dividing ``h`` (grouped-query heads; views of a cache, the
+    same strides) -> a new ``(b, h*d)``; what ``F.scaled_dot_product_attention(q, k, v,
+    enable_gqa=True)`` returns, to float32 rounding (its exp a ~1 ulp polynomial). Finite
+    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not
+    spread as :func:`headwise._sdpa.nan_policy` says. None when the kernel does not apply."""
+    b, h, i, d = q.shape
+    g, n = k.shape[1], k.shape[2]
+    if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
+            or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
+            or k.stride(3) != 1 or not _takes_rows(q, k, v)):
+        return None
+    lib = _kernel()
+    if lib is None:
+        return None
+    out = torch.empty(b, h * d)
+    failed = lib.headwise_attend_rows(
+        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), *k.stride()[:3], b, h, g, n, d,
+        d ** -0.5, out.data_ptr(), h * d, torch.get_num_threads())
+    return None if failed else out
+
+
 def _takes_rows(*ts) -> bool:
     """Float32 CPU tensors with nothing to differentiate, outside torch.compile."""
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in ts):
@@ -115,13 +152,15 @@ def _takes_rows(*ts) -> bool:
 
 
 def _takes(x, w, bias, res) -> bool:
-    """:func:`_takes_rows` tensors of the product's shapes, read as they are (rows contiguous)."""
+    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x`` and
+    ``res`` contiguous; ``w``'s rows, or for one row ``w``'s columns (``W^T`` storage)."""
     if not _takes_rows(*(t for t in (x, w, bias, res) if t is not None)):
         return False
     if x.dim() != 2 or w.dim() != 2:
         return False
     b, n = x.shape
-    return (w.shape[1] == n and x.stride(1) == 1 and w.stride(1) == 1
+    return (w.shape[1] == n and x.stride(1) == 1
+            and (w.stride(1) == 1 or b == 1 and w.stride(0) == 1)
             and (bias is None or (bias.shape == (w.shape[0],) and bias.is_contiguous()))
             and (res is None or (res.shape == (b, w.shape[0]) and res.stride(1) == 1)))
 
@@ -166,8 +205,11 @@ def _load():
     for name, args, result in (
             ("headwise_rows_matmul",
              [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32], i32),
+            ("headwise_row_matmul_t", [ptr, ptr, long, ptr, ptr, ptr, long, long, i32], None),
             ("headwise_rope_rows", [ptr, long, long, long, long, long, ptr, ptr, long], i32),
-            ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None)):
+            ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None),
+            ("headwise_attend_rows", [ptr, long, ptr, ptr, long, long, long, long, long, long,
+                                      long, long, ctypes.c_float, ptr, long, i32], i32)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib

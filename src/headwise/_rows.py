@@ -7,11 +7,16 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 ``forward``) holds its matrices as :data:`Weight` tuples and multiplies through
 :func:`linear` / :func:`residual`, so the layout choice is made here, once:
 
+- the C kernel: for 1 to :data:`COLUMN_ROWS` rows of float32 on an x86-64 CPU with AVX2, every
+  product of either layout below is headwise's own (:mod:`headwise._native`), which reads the
+  weights at the speed memory delivers them: SmolLM2-135M's matrices at one row 20-24 GB/s
+  against MKL's 12-20 (its step's products 26.8 -> 23.0 ms at one thread, 21.9 -> 17.5 ms
+  at two), at 2-4 rows 14-15 GB/s against ~10 (a step at batch 4, one thread, 86 -> 70 ms).
+  It splits its products over the intra-op threads itself. The rest of this list is what
+  runs where it does not apply;
 - ``transpose=False``: the module's own ``(out, in)`` weight, no copy (the faster layout from
-  two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows of float32
-  the product is headwise's own kernel (:mod:`headwise._native`: two rows of ``W`` at a time
-  against every row of ``x``, 14-15 GB/s of weights; a SmolLM2-135M step at batch 4, one
-  thread, 86 -> 70 ms). Where that kernel is not available it is taken as ``(W @ x^T)^T``:
+  two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows it is
+  taken as ``(W @ x^T)^T``:
   MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear`` calls) runs at ~25 GFLOP/s here,
   so four rows cost twice one row's time although the weights are read once; ``W @ x^T`` (the
   rows as ``b`` columns) is the kernel it is faster on (~10 GB/s, compute-bound; the ``(out,
@@ -31,9 +36,9 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   (q, k, v; gate, up) are stored as blocks of one buffer and laid out as their joined matrix:
   one product per group, with no copy (:func:`joined`), which for SmolLM2's q/k/v also turns
   three square-ish matrices that stream at 7-10 GB/s into one wide one;
-- one row, two or more threads: a float32 product of at least :data:`SPLIT_MIN` elements is one
-  ``torch.bmm`` over one block of output features per intra-op thread (views of whichever
-  storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
+- one row, two or more threads, no C kernel: a float32 product of at least :data:`SPLIT_MIN`
+  elements is one ``torch.bmm`` over one block of output features per intra-op thread (views
+  of whichever storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
   setting: a SmolLM2-135M matrix streams at 7-12 GB/s with one thread or two, split in two
   blocks at 13-20 GB/s with two (the machine reads 15-16 GB/s with one thread, 20-24 with two);
   a SmolLM2 step at two threads: ~60 -> ~50 ms. Smaller matrices sit in cache, where the split
@@ -298,9 +303,9 @@ def _store(layers, transposed: bool) -> None:
 
 
 def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
-    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go through
-    :func:`headwise._native.rows_matmul`, else as ``W @ x^T``: 2 to :data:`COLUMN_ROWS` rows of
-    a float32 weight (the module docstring says why)."""
+    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go as ``W @ x^T`` where
+    :func:`headwise._native.rows_matmul` does not apply: 2 to :data:`COLUMN_ROWS` rows of a
+    float32 weight (the module docstring says why)."""
     return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
 
 
@@ -330,19 +335,18 @@ def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor |
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x (b, in) @ W^T + bias -> (b, out)``."""
     m, bias, layout = w
-    if layout is not INT4 and (y := _split_product(x, m, layout, None)) is not None:
-        return y if bias is None else y.add_(bias)
-    if not layout:
-        if _as_columns(x, m):
-            if (y := _native.rows_matmul(x, m, bias)) is not None:
-                return y
-            # (W @ x^T)^T
-            y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
-            return y.t().contiguous()
-        return F.linear(x, m, bias)
     if layout is INT4:
         return m(x) if bias is None else m(x).add_(bias)
-    return torch.mm(x, m) if bias is None else torch.addmm(bias, x, m)
+    if (y := _native_product(x, m, layout, bias, None)) is not None:
+        return y
+    if (y := _split_product(x, m, layout, None)) is not None:
+        return y if bias is None else y.add_(bias)
+    if layout:
+        return torch.mm(x, m) if bias is None else torch.addmm(bias, x, m)
+    if _as_columns(x, m):  # (W @ x^T)^T
+        y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
+        return y.t().contiguous()
+    return F.linear(x, m, bias)
 
 
 def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
@@ -351,12 +355,20 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         out = m(y).add_(x)
+    elif (out := _native_product(y, m, layout, bias, x)) is not None:
+        return out
     elif (split := _split_product(y, m, layout, x)) is not None:
         out = split
     elif not layout and _as_columns(y, m):
-        if (out := _native.rows_matmul(y, m, bias, x)) is not None:
-            return out
         out = torch.addmm(x.t(), m, y.t()).t().contiguous()  # (x^T + W @ y^T)^T
     else:
         out = torch.addmm(x, y, m if layout else m.t())
     return out if bias is None else out.add_(bias)
+
+
+def _native_product(x, m, layout, bias, res) -> torch.Tensor | None:
+    """``x @ W^T + bias (+ res)`` by :func:`headwise._native.rows_matmul` for 1 to
+    :data:`COLUMN_ROWS` rows (one row also of a ``W^T`` layout); None where it does not apply."""
+    if x.shape[0] > COLUMN_ROWS:
+        return None
+    return _native.rows_matmul(x, m.t() if layout else m, bias, res)

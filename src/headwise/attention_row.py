@@ -73,7 +73,10 @@ class AttentionRow:
         kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
-        # a single newest query sees every cached key: no causal mask (bottom-right alignment)
+        # a single newest query sees every cached key: no causal mask (bottom-right alignment);
+        # q, k, v checked finite for the fused path: headwise's C kernel where it applies
+        if fresh and kv_finite and (out := _native.attend_rows(q, k, v)) is not None:
+            return out
         out, _ = dispatch(q, k, v, kv_finite=kv_finite, q_finite=fresh, **self.kw)
         return out.view(b, -1)
 
