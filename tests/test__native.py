@@ -42,10 +42,9 @@ def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, 
     threads."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n_in + pad, generator=gen)[:, :n_in]
-    if transposed and rows == 1:  # W stored as W^T (in, out), rows of W^T padded
-        w = torch.randn(n_in, n_out + pad, generator=gen)[:, :n_out].t()
-    else:
-        w = torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in]
+    wt = transposed and rows == 1  # W given as W^T (in, out), its rows padded
+    w = (torch.randn(n_in, n_out + pad, generator=gen)[:, :n_out].t() if wt
+         else torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in])
     b = torch.randn(n_out, generator=gen) if bias else None
     r = torch.randn(rows, n_out + pad, generator=gen)[:, :n_out] if res else None
     want = x.double() @ w.double().t()
@@ -53,7 +52,7 @@ def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = _native.rows_matmul(x, w, b, r)
+        got = _native.rows_matmul(x, w.t() if wt else w, b, r, wt=wt)
     finally:
         torch.set_num_threads(before)
     assert got is not None and got.shape == (rows, n_out) and got.dtype == torch.float32
@@ -87,7 +86,7 @@ def test_what_the_kernel_cannot_take_is_declined(case):
     elif case == "bias shape":
         args.update(bias=torch.randn(5))
     elif case == "two rows of a W^T":  # (the transposed-storage kernel takes one row)
-        args.update(w=torch.randn(8, 6).t())
+        args.update(w=torch.randn(8, 6), wt=True)
     else:
         args.update(res=torch.randn(2, 5))
     assert _native.rows_matmul(**args) is None

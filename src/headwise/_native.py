@@ -50,6 +50,7 @@ SOURCE = Path(__file__).with_name("step_kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 ROWS = 4  # the kernel's most rows
 
+_F32 = torch.float32
 _lock = threading.Lock()
 _state: dict = {}  # "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None
 
@@ -60,22 +61,24 @@ def status() -> str:
 
 
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                res: torch.Tensor | None = None) -> torch.Tensor | None:
+                res: torch.Tensor | None = None, *, wt: bool = False) -> torch.Tensor | None:
     """``x (b, in) @ w (out, in)^T + bias (out,) + res (b, out)`` -> a new ``(b, out)``, for
-    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous, or one row with ``w`` stored as
-    ``W^T`` (``(in, out)`` rows contiguous: :func:`headwise._rows.lay_out`); None when the
-    kernel does not apply (module docstring): the caller then multiplies as usual."""
-    if not 1 <= x.shape[0] <= ROWS or not _takes(x, w, bias, res):
+    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous; with ``wt=True``, one row times
+    ``w`` given as ``W^T (in, out)`` with its rows contiguous (a :func:`headwise._rows.lay_out`
+    storage or a transposed copy). None when the kernel does not apply (module docstring):
+    the caller then multiplies as usual."""
+    if not _takes(x, w, bias, res, wt):
         return None
     lib = _kernel()
     if lib is None:
         return None
-    (b, n), out = x.shape, w.shape[0]
+    b, n = x.shape
+    out = w.shape[1] if wt else w.shape[0]
     y = torch.empty(b, out)
     bias_ptr = None if bias is None else bias.data_ptr()
-    if w.stride(1) != 1:  # W^T storage, one row (_takes)
+    if wt:
         lib.headwise_row_matmul_t(
-            x.data_ptr(), w.data_ptr(), w.stride(1), y.data_ptr(),
+            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(),
             None if res is None else res.data_ptr(), bias_ptr, out, n, torch.get_num_threads())
         return y
     lib.headwise_rows_matmul(
@@ -113,7 +116,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     lib = _kernel()
     if lib is None:
         return None
-    y = torch.empty(x.shape)
+    y = torch.empty(x.shape[0], x.shape[1])
     lib.headwise_rms_rows(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1],
                           y.data_ptr())
     return y
@@ -144,25 +147,34 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def _takes_rows(*ts) -> bool:
-    """Float32 CPU tensors with nothing to differentiate, outside torch.compile."""
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in ts):
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)
-                or torch.compiler.is_compiling())
+    """Float32 CPU tensors with nothing to differentiate, outside torch.compile. (Called a few
+    hundred times per decoding step: attribute reads only, ~1 us.)"""
+    for t in ts:
+        if t.dtype is not _F32 or not t.is_cpu:
+            return False
+    if torch.is_grad_enabled():
+        for t in ts:
+            if t.requires_grad:
+                return False
+    return not torch.compiler.is_compiling()
 
 
-def _takes(x, w, bias, res) -> bool:
-    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x`` and
-    ``res`` contiguous; ``w``'s rows, or for one row ``w``'s columns (``W^T`` storage)."""
-    if not _takes_rows(*(t for t in (x, w, bias, res) if t is not None)):
-        return False
-    if x.dim() != 2 or w.dim() != 2:
+def _takes(x, w, bias, res, wt: bool) -> bool:
+    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x``,
+    ``w`` and ``res`` contiguous (``w`` ``(out, in)``, or ``(in, out)`` for one row when
+    ``wt``)."""
+    if x.dim() != 2 or w.dim() != 2 or x.stride(1) != 1 or w.stride(1) != 1:
         return False
     b, n = x.shape
-    return (w.shape[1] == n and x.stride(1) == 1
-            and (w.stride(1) == 1 or b == 1 and w.stride(0) == 1)
-            and (bias is None or (bias.shape == (w.shape[0],) and bias.is_contiguous()))
-            and (res is None or (res.shape == (b, w.shape[0]) and res.stride(1) == 1)))
+    n_in, out = (w.shape if wt else reversed(w.shape))
+    if not (n_in == n and (b == 1 if wt else 1 <= b <= ROWS)):
+        return False
+    if bias is not None and (bias.shape != (out,) or not bias.is_contiguous()):
+        return False
+    if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
+        return False
+    return _takes_rows(x, w) and (bias is None or _takes_rows(bias)) and (
+        res is None or _takes_rows(res))
 
 
 def _kernel():

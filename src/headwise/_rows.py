@@ -369,6 +369,4 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
 def _native_product(x, m, layout, bias, res) -> torch.Tensor | None:
     """``x @ W^T + bias (+ res)`` by :func:`headwise._native.rows_matmul` for 1 to
     :data:`COLUMN_ROWS` rows (one row also of a ``W^T`` layout); None where it does not apply."""
-    if x.shape[0] > COLUMN_ROWS:
-        return None
-    return _native.rows_matmul(x, m.t() if layout else m, bias, res)
+    return _native.rows_matmul(x, m, bias, res, wt=layout)
