@@ -1,16 +1,20 @@
-"""The decoding step's weight layouts: both float layouts give nn.Linear's result; the 4-bit
-:class:`~headwise._rows.Int4` multiplies by its codes."""
+"""The decoding step's weight layouts: both float layouts and the C kernel give nn.Linear's
+result, 4-bit layers multiply by their codes, and lay_out moves storage only (into huge-page
+buffers it frees again)."""
 
 import copy
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import headwise as hw
-from headwise import _rows
+from headwise import _int4, _rows
 from headwise.models.feedforward import GatedFeedForward
+
+from .test__int4 import random_int4
 
 
 @settings(max_examples=30, deadline=None)
@@ -103,82 +107,22 @@ def test_the_untransposed_weight_is_the_modules_own_tensor():
     assert _rows.of_linear(layer, True)[0].data_ptr() != layer.weight.data_ptr()
 
 
-def _random_int4(out, groups, seed):
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (out, groups * 32), generator=g)
-    scales = torch.rand(out, groups, generator=g) * 0.1 + 0.01
-    zeros = torch.randn(out, groups, generator=g) * 0.3
-    return codes, scales, zeros
-
-
-def _reference(codes, scales, zeros):
-    """``(q - 8) * scale + zero`` in float64, with scale and zero rounded to bfloat16 as the
-    kernel holds them."""
-    s, z = (t.to(torch.bfloat16).double().repeat_interleave(32, 1) for t in (scales, zeros))
-    return (codes.double() - 8) * s + z
-
-
-@settings(deadline=None, max_examples=20)
-@given(out=st.sampled_from([16, 64, 96]), groups=st.integers(1, 4), rows=st.integers(1, 4),
-       seed=st.integers(0, 2**31 - 1))
-def test_int4_multiplies_by_its_codes(out, groups, rows, seed):
-    codes, scales, zeros = _random_int4(out, groups, seed)
-    w = _rows.Int4(codes, scales, zeros, 32)
-    want_w = _reference(codes, scales, zeros)
-    assert (w.dequantize().double() - want_w).abs().max() < 1e-6 * want_w.abs().max()
-    x = torch.randn(rows, groups * 32, generator=torch.Generator().manual_seed(seed + 1))
-    # the kernel rounds x to bfloat16, accumulates in float32, returns bfloat16 -> x's dtype
-    want = x.to(torch.bfloat16).double() @ want_w.t()
-    got = w(x)
-    assert got.dtype == x.dtype and got.shape == (rows, out)
-    assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 1e-4 * want.abs().max()).all()
-    assert not torch.equal(got, torch.zeros_like(got))
-
-
 @settings(deadline=None, max_examples=10)
 @given(seed=st.integers(0, 2**31 - 1), bias=st.booleans())
 def test_linear_and_residual_take_int4_from_the_layer(seed, bias):
     torch.manual_seed(seed)
     layer = torch.nn.Linear(64, 32, bias=bias)
-    codes, scales, zeros = _random_int4(32, 2, seed)
-    layer.int4 = _rows.Int4(codes, scales, zeros, 32)
+    codes, scales, zeros = random_int4(32, 2, seed)
+    layer.int4 = _int4.Int4(codes, scales, zeros, 32)
     w = _rows.of_linear(layer, transpose=True)  # codes win over any float layout
-    assert w[2] is _rows.INT4 and _rows.quantized(torch.nn.Sequential(layer))
+    assert w[2] is _rows.INT4 and _int4.quantized(torch.nn.Sequential(layer))
     x, res = torch.randn(3, 64), torch.randn(3, 32)
     plain = layer.int4(x) + (layer.bias if bias else 0)
     torch.testing.assert_close(_rows.linear(x, w), plain, rtol=0, atol=0)
     torch.testing.assert_close(_rows.residual(res, x, w), res + plain, rtol=1e-6, atol=1e-6)
     del layer.int4
     assert _rows.of_linear(layer, transpose=False)[2] is False
-    assert not _rows.quantized(torch.nn.Sequential(layer))
-
-
-@settings(deadline=None, max_examples=10)
-@given(seed=st.integers(0, 2**31 - 1), bias=st.booleans(), lead=st.sampled_from([(2,), (2, 3)]))
-def test_int4_linear_is_a_linear_layer_on_its_codes(seed, bias, lead):
-    torch.manual_seed(seed)
-    codes, scales, zeros = _random_int4(32, 2, seed)
-    b = torch.randn(32) if bias else None
-    layer = _rows.Int4Linear(_rows.Int4(codes, scales, zeros, 32), b, torch.float32)
-    assert (layer.in_features, layer.out_features) == (64, 32)
-    assert [n for n, _ in layer.named_parameters()] == (["bias"] if bias else [])  # no weight
-    w = layer.weight  # dequantized on demand, the matrix the kernel multiplies by
-    assert w.shape == (32, 64) and torch.equal(w, layer.int4.dequantize())
-    x = torch.randn(*lead, 64)
-    want = layer.int4(x.reshape(-1, 64)).view(*lead, 32) + (b if bias else 0)
-    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
-    # near F.linear with the dequantized weight: x rounded to bfloat16 inside the kernel moves
-    # each product by at most 2^-9 |x_k w_k| (a bound per element; a relative tolerance fails
-    # where the sum cancels), plus float32 accumulation
-    bound = 2**-8 * (x.abs() @ w.abs().t()) + 1e-5
-    assert ((layer(x) - torch.nn.functional.linear(x, w, b)).abs() <= bound).all()
-    assert _rows.dtype_of(layer) == torch.float32
-    layer.to(torch.bfloat16)  # the model's dtype moves; the codes stay
-    assert _rows.dtype_of(layer) == layer.weight.dtype == torch.bfloat16
-    assert layer.int4.packed.dtype == torch.uint8
-    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
-    plain = torch.nn.Linear(3, 2).double()
-    assert _rows.dtype_of(plain) == torch.float64
+    assert not _int4.quantized(torch.nn.Sequential(layer))
 
 
 def _wide_and_tall(seed: int) -> nn.Module:
@@ -311,16 +255,70 @@ def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):
     it (a decoding step asks for every layer's joined form once per generation)."""
     g = torch.Generator().manual_seed(0)
     layers = nn.ModuleList(
-        _rows.Int4Linear(_rows.Int4(torch.randint(0, 16, (16, 32), generator=g),
+        _int4.Int4Linear(_int4.Int4(torch.randint(0, 16, (16, 32), generator=g),
                                     torch.rand(16, 1, generator=g) + 0.1,
                                     torch.randn(16, 1, generator=g), 32), None, torch.float32)
         for _ in range(2))
 
     def refuse(self):
         raise AssertionError("dequantized")
-    monkeypatch.setattr(_rows.Int4Linear, "weight", property(refuse))
+    monkeypatch.setattr(_int4.Int4Linear, "weight", property(refuse))
     assert _rows.joined(tuple(layers)) is None
     assert _rows.lay_out(layers, 1) == 0
     group = _Siblings(32, (16, 16), False)  # listed as joint linears, as a SwiGLU's gate/up
     group.parts = layers
     assert _rows.lay_out(group, 1) == 0
+
+
+def _held_and_needed(model: nn.Module) -> tuple[int, int]:
+    """Bytes of the distinct storages the parameters live in, and bytes of the parameters."""
+    params = list(model.parameters())
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
+    return sum(storages.values()), sum(p.numel() * p.element_size() for p in params)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), arena_kib=st.sampled_from([64, 1 << 16]),
+       rows=st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_lay_out_moves_matrices_into_huge_page_buffers_that_it_frees_again(seed, arena_kib,
+                                                                          rows):
+    """What lay_out moves goes into buffers advised to huge pages (an madvise span inside each
+    one over 4 MiB), of about ARENA_BYTES each (small: several buffers; large: one); after any
+    sequence of row counts the parameters' storages hold nothing but the parameters (every
+    buffer a relayout left was freed whole: q/k/v here are no wider than the model, so they
+    are moved once and stay, while gate/up and the head move at every change), the values
+    never change, and the model still computes what it did."""
+    from headwise import _large
+    torch.manual_seed(seed)
+    model = hw.models.TransformerLM(hw.models.LMConfig(
+        vocab_size=300, d_model=128, num_heads=4, num_kv_heads=2, head_dim=16, num_layers=3,
+        d_ff=2048, max_len=16, ffn="glu", norm="rms", positional="rope", activation="silu",
+        tie_embeddings=True, dropout=0.0)).eval()
+    values = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ids = torch.randint(0, 300, (2, 7))
+    with torch.no_grad():
+        want = model(ids)[0]
+    held, needed = _held_and_needed(model)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_large, "_MADVISE", lambda at, n, flag: calls.append((at, n, flag)))
+        mp.setattr(_rows, "ARENA_BYTES", arena_kib << 10)
+        for n in [1, *rows]:
+            calls.clear()
+            moved = _rows.lay_out(model, n)
+            assert _held_and_needed(model) == (held, needed)  # no buffer kept for nothing
+            buffers = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                       for p in model.parameters() if p.dim() == 2}
+            for at, size in buffers.items():
+                if moved and size > 4 << 20:  # (one buffer of every wide group, ~6 MiB)
+                    assert any(f == 14 and at <= a and a + m <= at + size for a, m, f in calls)
+    with torch.no_grad():
+        gate_up = _rows.joined(model.blocks[0].ff.joint_linears()[0])[0]
+    assert _rows.stored_transposed(gate_up) is (rows[-1] == 1)
+    wide = {p.untyped_storage().data_ptr() for p in model.parameters()
+            if p.dim() == 2 and p.shape[0] > p.shape[1]}
+    assert len(wide) > 1 if arena_kib == 64 else len(wide) == 1
+    for name, p in model.named_parameters():
+        assert torch.equal(p, values[name]), name
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], want, atol=1e-5, rtol=1e-5)

@@ -43,10 +43,10 @@ product bound by reading the weights once. Each component's ``row`` form (beside
   blocks at 13-20 GB/s with two (the machine reads 15-16 GB/s with one thread, 20-24 with two);
   a SmolLM2 step at two threads: ~60 -> ~50 ms. Smaller matrices sit in cache, where the split
   costs more than it gains, and with one thread it gains nothing;
-- :class:`Int4`: when a layer carries 4-bit codes (``layer.int4``; an :class:`Int4Linear`, which
-  :func:`headwise.pretrained.load_gguf` with ``q4=True`` puts in place of an ``nn.Linear`` to
-  hold a GGUF's own Q4_1 blocks and no float32 copy), the product reads those, about 1/7 of the
-  float32 bytes, whatever ``transpose`` says.
+- :class:`~headwise._int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
+  :class:`~headwise._int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
+  ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
+  copy), the product reads those, about 1/7 of the float32 bytes, whatever ``transpose`` says.
 """
 
 from __future__ import annotations
@@ -55,14 +55,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise import _native
+from headwise import _large, _native
 
-__all__ = ["COLUMN_ROWS", "INT4", "SPLIT_MIN", "Int4", "Int4Linear", "Weight", "dtype_of",
-           "joined", "lay_out", "linear", "of_linear", "quantized", "residual",
-           "stored_transposed", "weight"]
+__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "SPLIT_MIN", "Weight", "joined", "lay_out",
+           "linear", "of_linear", "residual", "stored_transposed", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
-#                 a copy or a W^T storage's view; INT4: an Int4
+#                 a copy or a W^T storage's view; INT4: a headwise._int4.Int4
 INT4 = "int4"
 # Up to this many rows an untransposed weight multiplies through headwise._native, or the rows
 # as columns (module docstring).
@@ -70,99 +69,8 @@ COLUMN_ROWS = _native.ROWS
 # From this many elements a one-row product is split across the intra-op threads (the module
 # docstring says why; smaller matrices sit in cache, where one thread's kernel is faster).
 SPLIT_MIN = 1 << 17
-
-
-class Int4:
-    """``W (out, in)`` as 4-bit codes ``q`` in groups of ``group`` input features,
-    ``w = (q - 8) * scale + zero`` per (output row, group): torch's CPU int4 layout
-    (``torch.ops.aten._convert_weight_to_int4pack_for_cpu``).
-
-    ``packed``: ``(out, in / 2)`` uint8. ``scales_zeros``: ``(in / group, out, 2)`` bfloat16 (the
-    kernel's dtype: it takes bfloat16 rows; float32 rows run a scalar path ~20x slower here).
-    Calling it on rows ``x (b, in)`` rounds them to bfloat16, multiplies with float32
-    accumulation and returns ``(b, out)`` in ``x``'s dtype.
-    """
-
-    __slots__ = ("packed", "scales_zeros", "group")
-
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 group: int):
-        """``codes (out, in)`` integers in [0, 15]; ``scales, zeros (out, in / group)``."""
-        self.group = group
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).contiguous(), 1)
-        self.scales_zeros = torch.stack((scales.t(), zeros.t()), -1).to(torch.bfloat16)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, self.group, self.scales_zeros)
-        return y.to(x.dtype)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """``(out, in)``, as ``nn.Linear.weight``."""
-        return self.packed.shape[0], self.packed.shape[1] * 2
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 ``W (out, in)`` this form multiplies by (for inspection and tests).
-
-        The codes come back through the kernel itself (whose packed layout depends on the CPU's
-        vector width): identity rows with unit scales and zero offsets give ``q - 8``, small
-        integers that bfloat16 holds exactly; then ``(q - 8) * scale + zero`` in float32, where
-        the product is exact (8 + 4 significant bits), so the one rounding is the kernel's."""
-        k = self.shape[1]
-        unit = torch.zeros_like(self.scales_zeros)
-        unit[..., 0] = 1
-        q = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            torch.eye(k, dtype=torch.bfloat16), self.packed, self.group, unit).t().float()
-        scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(self.group, 1)
-                       for i in (0, 1))
-        return q.mul_(scale).add_(zero)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_zeros))
-
-
-class Int4Linear(nn.Module):
-    """An ``nn.Linear`` whose weight exists only as :class:`Int4` codes: the module path
-    multiplies by them as the decoding step does (bfloat16 activations into the products), so a
-    model keeps one copy of each matrix, 1/7 of its float32 bytes.
-
-    ``weight`` is not a parameter: reading it dequantizes the codes afresh (``(out, in)`` in
-    :attr:`dtype`; for inspection, e.g. per-head views). ``dtype`` is the float dtype of the
-    model it sits in: the outputs take their input's dtype, and ``model.to(dtype)`` moves it
-    (the codes and their bfloat16 scales stay as they are). No gradients: inference only.
-
-    ``forward(x (..., in)) -> (..., out)``.
-    """
-
-    def __init__(self, int4: Int4, bias: torch.Tensor | None, dtype: torch.dtype):
-        super().__init__()
-        self.int4, self.dtype = int4, dtype
-        self.out_features, self.in_features = int4.shape
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.int4.dequantize().to(self.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.int4(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
-
-    def _apply(self, fn, recurse=True):
-        self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype  # .to(dtype), .half(), ...
-        return super()._apply(fn, recurse)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int4 group={self.int4.group}")
-
-
-def dtype_of(layer: nn.Module) -> torch.dtype:
-    """The float dtype a linear layer computes in (an :class:`Int4Linear` without reading its
-    weight)."""
-    return layer.dtype if isinstance(layer, Int4Linear) else layer.weight.dtype
+# lay_out stores the matrices it moves in buffers of about this many bytes, advised to huge pages
+ARENA_BYTES = 64 << 20
 
 
 def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weight:
@@ -178,16 +86,12 @@ def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weigh
 
 
 def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
-    """The :data:`Weight` of an ``nn.Linear`` (its :class:`Int4` codes when it carries some)."""
+    """The :data:`Weight` of an ``nn.Linear`` (its :class:`~headwise._int4.Int4` codes when it
+    carries some)."""
     codes = getattr(layer, "int4", None)
     if codes is not None:
         return codes, None if layer.bias is None else layer.bias.detach(), INT4
     return weight(layer.weight, layer.bias, transpose)
-
-
-def quantized(module: nn.Module) -> bool:
-    """Whether some ``nn.Linear`` inside ``module`` carries :class:`Int4` codes."""
-    return any(getattr(m, "int4", None) is not None for m in module.modules())
 
 
 def stored_transposed(w: torch.Tensor) -> bool:
@@ -256,12 +160,14 @@ def lay_out(module: nn.Module, rows: int) -> int:
     stored as blocks of one buffer, laid out as their joined matrix, so the step (and the
     module path's fused projection) multiplies them as one without a copy (:func:`joined`).
     Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
-    optimizer keeps its references), their shapes and values; the extra memory is the largest
-    matrix or group, briefly. The copies are ordinary tensors even inside
+    optimizer keeps its references), their shapes and values. The moved matrices go into
+    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages (fewer TLB misses
+    for a step that streams them every token); the extra memory while they move is a buffer
+    or two, or the largest group. The copies are ordinary tensors even inside
     ``torch.inference_mode``, so the model still trains afterwards."""
     if rows > COLUMN_ROWS:
         return 0
-    moved, seen = 0, set()
+    todo, seen = [], set()
     groups = [g for m in module.modules() for g in getattr(m, "joint_linears", tuple)()]
     singles = [(m,) for m in module.modules() if isinstance(m, nn.Linear)]
     for layers in groups + singles:
@@ -272,24 +178,57 @@ def lay_out(module: nn.Module, rows: int) -> int:
                 or any(w.dtype != torch.float32 or w.device.type != "cpu" for w in ws)):
             continue
         seen.update(id(w) for w in ws)
-        total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        want = rows == 1 and total > n_in
+        want = rows == 1 and _wide(layers)
         whole = _joined(layers)
-        if whole is not None and (stored_transposed(whole[0]) if want
-                                  else whole[0].is_contiguous()):
-            continue
-        with torch.inference_mode(False), torch.no_grad():
-            _store(layers, want)
-        moved += len(layers)
-    return moved
+        if whole is None or not (stored_transposed(whole[0]) if want
+                                 else whole[0].is_contiguous()):
+            todo.append((layers, want))
+    with torch.inference_mode(False), torch.no_grad():
+        for chunk in _chunks(todo):
+            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk), torch.float32)
+            at = 0
+            for layers, want in chunk:
+                _store(layers, want, arena[at:at + _numel(layers)])
+                at += _numel(layers)
+    return sum(len(layers) for layers, _ in todo)
 
 
-def _store(layers, transposed: bool) -> None:
-    """The weights (and biases) of ``layers`` copied into one new buffer as consecutive
-    blocks: ``(in, sum of out)`` columns when ``transposed``, else ``(sum of out, in)`` rows."""
+def _numel(layers) -> int:
+    return sum(layer.weight.numel() for layer in layers)
+
+
+def _chunks(todo):
+    """The groups to store as runs of about :data:`ARENA_BYTES` (a larger group is a run of
+    its own), wide groups (``out > in``) apart from the others: one huge-page buffer per run.
+    Laying a model out for another row count moves exactly its wide groups (one row wants them
+    ``W^T``, 2-4 rows ``(out, in)``), so every run it moves is vacated whole and freed, and the
+    extra memory meanwhile is a run or two, not a second copy of the model."""
+    for wide in (False, True):
+        run, size = [], 0
+        for item in todo:
+            if _wide(item[0]) is not wide:
+                continue
+            n = _numel(item[0]) * 4
+            if run and size + n > ARENA_BYTES:
+                yield run
+                run, size = [], 0
+            run.append(item)
+            size += n
+        if run:
+            yield run
+
+
+def _wide(layers) -> bool:
+    return sum(layer.weight.shape[0] for layer in layers) > layers[0].weight.shape[1]
+
+
+def _store(layers, transposed: bool, buf: torch.Tensor) -> None:
+    """The weights (and biases) of ``layers`` copied into ``buf`` (1-D, their total size) as
+    consecutive blocks: ``(in, sum of out)`` columns when ``transposed``, else ``(sum of out,
+    in)`` rows."""
     ws = [layer.weight for layer in layers]
     total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
-    buf = ws[0].new_empty((n_in, total) if transposed else (total, n_in))
+    buf = buf.view((n_in, total) if transposed else (total, n_in))
     group = len(layers) > 1 and all(layer.bias is not None for layer in layers)
     biases = ws[0].new_empty(total) if group else None  # a single layer keeps its own
     at = 0

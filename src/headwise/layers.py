@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from headwise import _rows, limits
+from headwise import _int4, _rows, limits
 from headwise import masks as _masks
 from headwise import stats as _stats
 from headwise._record import PROJECTION, SPLIT_HEADS, StepKind, record
@@ -152,7 +152,7 @@ class MultiHeadAttention(nn.Module):
             record(StepKind.KV_CACHE, cache.k, reused=True)
             return q, cache.k, cache.v
         if (key is query and value is query and self.kdim == self.vdim == self.embed_dim
-                and isinstance(self.q_proj, nn.Linear)):  # (not 4-bit codes: _rows.Int4Linear)
+                and isinstance(self.q_proj, nn.Linear)):  # (not 4-bit codes: _int4.Int4Linear)
             # Self-attention: the three projections as one GEMM over the concatenated weights
             # (what a fused in_proj does), then cut the result back into q, k, v.
             qkv = F.linear(query, *self.qkv_weight())
@@ -257,7 +257,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check_dtypes(self, query, key, value) -> None:
         """Inputs are floating point and, outside autocast, of the parameters' dtype."""
-        want = _rows.dtype_of(self.q_proj)
+        want = _int4.dtype_of(self.q_proj)
         autocast = torch.is_autocast_enabled(query.device.type)
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not t.is_floating_point():

@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise import _rows
+from headwise import _int4, _rows
 from headwise.cache import KVCache
 
 __all__ = ["COPY_BUDGET", "DecodeStep", "usable"]
@@ -93,7 +93,7 @@ class DecodeStep:
         p = dec.lm_head.weight
         # 4-bit codes attached by a loader are the step's weights already: no further copies
         small = (sum(q.numel() * q.element_size() for q in dec.parameters()) <= COPY_BUDGET
-                 and not _rows.quantized(dec))
+                 and not _int4.quantized(dec))
         # One row: vector-matrix products stream W^T (in, out) faster than W (out, in) here
         # (1.3-1.5x per step measured), worth a transposed copy of the decoder's weights for a
         # long enough generation; from two rows on the (out, in) layout is the faster one.
