@@ -43,7 +43,7 @@ import _common as C
 
 NEW, PROMPT, PREFILL = 256, 64, 512
 WARM = 8  # new tokens of the untimed call each decode candidate makes first
-PREFILL_ROUNDS = 5
+PREFILL_ROUNDS = 9
 TEXT = ("Explain, step by step and with examples, how attention heads in a small language "
         "model decide which earlier words matter for the next word, and why grouped-query "
         "attention lets nine query heads share three key/value heads without losing much.")
@@ -175,7 +175,8 @@ def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
         fns[f"hw {name}"] = lambda m=ours[name]: m(ids)
         fns[f"HF {name}"] = lambda m=theirs[name]: m(ids)
     # a forward takes seconds, not minutes: at least PREFILL_ROUNDS rounds even with --quick (one
-    # round put fp32 at 2 threads at 1.09 where five give 0.96)
+    # round put fp32 at 2 threads at 1.09 where five give 0.96; five rounds in a row of one
+    # session gave 0.977 and 1.00 at 2 threads, the two sides ~2% apart: nine narrow that)
     rounds = max(rounds, PREFILL_ROUNDS)
     with torch.inference_mode():
         times = C.interleave(fns, warmup=1, min_rounds=rounds, max_rounds=rounds)

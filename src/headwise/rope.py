@@ -12,7 +12,9 @@ permutation of each head's q/k projection rows (a GGUF loader undoes it at the l
 Features past ``r`` pass through unrotated (partial rotary, GPT-NeoX / Phi).
 
 The angles are computed in float64 from the positions actually used (no table: nothing to keep
-per layer, nothing a dtype cast can round), then cast to the input's dtype. One
+per layer, nothing a dtype cast can round), then cast to the input's dtype; the last answer is
+kept, so the layers of one forward (which share one instance) compute them once, as Hugging
+Face's model does. One
 :class:`RotaryEmbedding` serves both paths: the module forward (:meth:`forward`, any positions
 ``offset .. offset + n - 1``) and the cached decoding step (:meth:`angles` once per step for all
 layers, :meth:`rotate` per layer).
@@ -23,7 +25,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "rotate_half"]
+__all__ = ["MEMO_MAX", "RotaryEmbedding", "rotate_half"]
+
+#: :meth:`RotaryEmbedding.angles` keeps its last answer up to this many positions x rotated
+#: features (4 MiB of float32 tables; longer prompts compute them per layer, as cheap by then)
+MEMO_MAX = 1 << 19
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -53,19 +59,27 @@ class RotaryEmbedding(nn.Module):
         if not theta > 0:
             raise ValueError(f"RotaryEmbedding: theta must be > 0, got {theta}")
         self.head_dim, self.rotary_dim, self.theta = head_dim, r, float(theta)
+        self._last = None  # (key, angles) of the last call: the layers of a forward share them
 
     def angles(self, offset: int, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, signed sin)``, each ``(n, 2, r/2)`` in ``like``'s dtype and device, for
         positions ``offset .. offset + n - 1``: row 0 of the middle axis holds the first half's
         ``cos`` / ``-sin``, row 1 the second half's ``cos`` / ``+sin`` (the signs of
         :func:`rotate_half`, folded into the table so :meth:`rotate` needs no negation)."""
+        key = (offset, n, like.dtype, like.device, torch.is_inference_mode_enabled())
+        if (self._last is not None and self._last[0] == key
+                and not torch.compiler.is_compiling()):
+            return self._last[1]  # (every layer of one forward asks for the same positions)
         r, dev = self.rotary_dim, like.device
         inv_freq = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=dev) / r)
         pos = torch.arange(offset, offset + n, dtype=torch.float64, device=dev)
         ang = torch.outer(pos, inv_freq)  # (n, r/2): feature k pairs with k + r/2
         cos, sin = ang.cos(), ang.sin()
-        return (torch.stack((cos, cos), dim=-2).to(like.dtype),
-                torch.stack((-sin, sin), dim=-2).to(like.dtype))
+        out = (torch.stack((cos, cos), dim=-2).to(like.dtype),
+               torch.stack((-sin, sin), dim=-2).to(like.dtype))
+        if n * r <= MEMO_MAX and not torch.compiler.is_compiling():
+            self._last = (key, out)
+        return out
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x (..., n, d)`` rotated by ``cos, sin (n, 2, r/2)`` (from :meth:`angles`).

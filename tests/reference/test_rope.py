@@ -85,3 +85,23 @@ def test_rotate_is_the_textbook_form_bit_for_bit(n, half, extra, offset, seed):
     cos, sin = (torch.cat((t, t), -1).float() for t in (ang.cos(), ang.sin()))
     want = torch.cat((x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:]), -1)
     assert torch.equal(rope(x, offset), want)
+
+
+@given(n=st.integers(1, 40), offset=st.integers(0, 100), seed=st.integers(0, 2**31 - 1))
+def test_the_last_angles_are_kept_only_for_the_same_positions_and_mode(n, offset, seed):
+    """The layers of one forward share one RotaryEmbedding, so its last answer is kept: asked
+    again for the same positions it is the same tables; other positions, dtype or autograd mode
+    get their own (equal to a fresh instance's); tables made under inference_mode never reach
+    a forward that autograd records (it could not save them for the backward)."""
+    rope, fresh = RotaryEmbedding(8, theta=500.0), RotaryEmbedding(8, theta=500.0)
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(seed))
+    first = rope.angles(offset, n, x)
+    assert all(a is b for a, b in zip(rope.angles(offset, n, x), first, strict=True))
+    for args in ((offset + 1, n, x), (offset, n + 1, x), (offset, n, x.double())):
+        for got, want in zip(rope.angles(*args), fresh.angles(*args), strict=True):
+            assert torch.equal(got, want)
+    with torch.inference_mode():
+        rope.angles(offset, n, x)
+    q = x.clone().requires_grad_()
+    rope.rotate(q.view(1, 1, n, 8), *rope.angles(offset, n, x)).square().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
