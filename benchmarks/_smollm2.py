@@ -19,7 +19,7 @@ ratios), at each thread count:
              batch * 256 / time of the whole ``generate`` call (the 64-token prefill included:
              conservative for both); ``agree`` = leading new tokens equal to HF's in that row;
              ``ms/step`` = the same medians / 256 (per new token, the prefill included)
-  prefill    one forward over 512 tokens (all logits), time ratio (>= 5 rounds)
+  prefill    one forward over 512 tokens (all logits), time ratio (>= 9 rounds)
   bandwidth  bytes of weights one decode step reads (every parameter once, the tied matrix once;
              q4: the 4-bit codes + their bfloat16 scales instead of the float32 matrices) x
              steps/s / the copy bandwidth (read + write bytes of a 256 MiB copy) measured in the
