@@ -66,7 +66,8 @@ class RotaryEmbedding(nn.Module):
         positions ``offset .. offset + n - 1``: row 0 of the middle axis holds the first half's
         ``cos`` / ``-sin``, row 1 the second half's ``cos`` / ``+sin`` (the signs of
         :func:`rotate_half`, folded into the table so :meth:`rotate` needs no negation)."""
-        key = (offset, n, like.dtype, like.device, torch.is_inference_mode_enabled())
+        key = (offset, n, like.dtype, like.device, torch.is_inference_mode_enabled(),
+               self.theta, self.rotary_dim)
         if (self._last is not None and self._last[0] == key
                 and not torch.compiler.is_compiling()):
             return self._last[1]  # (every layer of one forward asks for the same positions)

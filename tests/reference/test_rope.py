@@ -100,6 +100,9 @@ def test_the_last_angles_are_kept_only_for_the_same_positions_and_mode(n, offset
     for args in ((offset + 1, n, x), (offset, n + 1, x), (offset, n, x.double())):
         for got, want in zip(rope.angles(*args), fresh.angles(*args), strict=True):
             assert torch.equal(got, want)
+    rope.angles(offset, n, x)
+    rope.theta = fresh.theta = 800.0  # (a changed base is a new table, not the kept one)
+    assert torch.equal(rope.angles(offset, n, x)[1], fresh.angles(offset, n, x)[1])
     with torch.inference_mode():
         rope.angles(offset, n, x)
     q = x.clone().requires_grad_()
