@@ -173,8 +173,7 @@ def _takes(x, w, bias, res, wt: bool) -> bool:
         return False
     if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
         return False
-    return _takes_rows(x, w) and (bias is None or _takes_rows(bias)) and (
-        res is None or _takes_rows(res))
+    return _takes_rows(x, w, *[t for t in (bias, res) if t is not None])
 
 
 def _kernel():
