@@ -242,9 +242,9 @@ def test_one_row_split_across_two_threads_matches_the_module_path(monkeypatch, b
     (SPLIT_MIN lowered so this small model's matrices qualify): over the transposed copies of
     a small model and over the joined, laid-out storage of a larger one, tokens and logits
     equal the module path."""
-    from headwise import _rows, step
+    from headwise import _native, _rows, step
     monkeypatch.setattr(_rows, "SPLIT_MIN", 1)
-    monkeypatch.setattr(_rows, "_native_product", lambda *args: None)
+    monkeypatch.setattr(_native, "rows_matmul", lambda *args, **kw: None)
     if budget == "laid out":
         monkeypatch.setattr(step, "COPY_BUDGET", 0)
     torch.manual_seed(5)

@@ -276,7 +276,7 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         return m(x) if bias is None else m(x).add_(bias)
-    if (y := _native_product(x, m, layout, bias, None)) is not None:
+    if (y := _native.rows_matmul(x, m, bias, wt=layout)) is not None:
         return y
     if (y := _split_product(x, m, layout, None)) is not None:
         return y if bias is None else y.add_(bias)
@@ -294,7 +294,7 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         out = m(y).add_(x)
-    elif (out := _native_product(y, m, layout, bias, x)) is not None:
+    elif (out := _native.rows_matmul(y, m, bias, x, wt=layout)) is not None:
         return out
     elif (split := _split_product(y, m, layout, x)) is not None:
         out = split
@@ -303,9 +303,3 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     else:
         out = torch.addmm(x, y, m if layout else m.t())
     return out if bias is None else out.add_(bias)
-
-
-def _native_product(x, m, layout, bias, res) -> torch.Tensor | None:
-    """``x @ W^T + bias (+ res)`` by :func:`headwise._native.rows_matmul` for 1 to
-    :data:`COLUMN_ROWS` rows (one row also of a ``W^T`` layout); None where it does not apply."""
-    return _native.rows_matmul(x, m, bias, res, wt=layout)
