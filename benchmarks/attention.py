@@ -34,7 +34,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise as hw  # noqa: E402
-from headwise import _sdpa  # noqa: E402
+from headwise.attend import fused as _sdpa  # noqa: E402
 
 B, H, E = 4, 8, 512
 

@@ -62,9 +62,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--order", default="importance", choices=("importance", "norm"))
     args = p.parse_args(argv)
+    from headwise.analysis.prune_sweep import sweep
     from headwise.commands._heads_prune import head_order
     from headwise.commands._prune_targets import TARGETS
-    from headwise.prune_sweep import sweep
 
     if args.threads:
         torch.set_num_threads(args.threads)

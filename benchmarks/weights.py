@@ -45,7 +45,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise as hw  # noqa: E402
-from headwise import _large  # noqa: E402
+from headwise.fast import large as _large  # noqa: E402
 
 B, H, E = 4, 8, 512
 CHILD_FLAGS: list[str] = []  # --threads/--clock of this run, passed to each fresh process

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 import headwise as hw
 from headwise import weights as W
 from headwise.models import LMConfig, TransformerLM
+from tests.attend.test_init import configs, draw_inputs
 from tests.reference import reference_attention
-from tests.test_attend import configs, draw_inputs
 
 
 def stats_from_full_weights(w, nq, nk, token_ids=None, top_k=5):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import headwise
-from headwise._record import recording
 from headwise.decoding import generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
+from headwise.observe import recording
 from headwise.step import DecodeStep
 
 LM_VARIANTS = [
@@ -202,7 +202,8 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
     """Over COPY_BUDGET no copies: one row stores the wide matrices (q/k/v and gate/up each
     joined into one, up, the vocabulary head) as W^T, 2-4 rows as (out, in); tokens and logits
     equal the recomputed module path; a checkpoint of the laid-out model loads back equal."""
-    from headwise import _rows, checkpoint, step
+    from headwise import checkpoint, step
+    from headwise.fast import rows as _rows
     monkeypatch.setattr(step, "COPY_BUDGET", 0)
     model = _lm(max_len=60, activation="silu", ffn=ffn, norm="rms", positional="rope",
                 tie_embeddings=True, num_kv_heads=2, bias=True)
@@ -242,7 +243,9 @@ def test_one_row_split_across_two_threads_matches_the_module_path(monkeypatch, b
     (SPLIT_MIN lowered so this small model's matrices qualify): over the transposed copies of
     a small model and over the joined, laid-out storage of a larger one, tokens and logits
     equal the module path."""
-    from headwise import _native, _rows, step
+    from headwise import step
+    from headwise.fast import native as _native
+    from headwise.fast import rows as _rows
     monkeypatch.setattr(_rows, "SPLIT_MIN", 1)
     monkeypatch.setattr(_native, "rows_matmul", lambda *args, **kw: None)
     if budget == "laid out":

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 
 import headwise as hw
-from tests.test_attend import configs, draw_inputs
+from tests.attend.test_init import configs, draw_inputs
 
 
 def qkv(d=8, e=8, dtype=torch.float32):

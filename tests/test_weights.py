@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise as hw
-from tests.test_attend import configs, draw_inputs
+from tests.attend.test_init import configs, draw_inputs
 
 selections = st.fixed_dictionaries({
     "heads": st.one_of(st.none(), st.integers(-1, 0), st.lists(st.integers(0, 8), min_size=1,
@@ -84,7 +84,7 @@ def test_asking_for_weights_leaves_the_output_and_its_gradients_unchanged(cfg):
 
 
 def _recorded(q, k, v, **kwargs) -> dict:
-    from headwise._record import recording
+    from headwise.observe import recording
     steps = {}
     with recording(lambda step, tensor, **info: steps.setdefault(step, info)):
         hw.attention(q, k, v, causal=True, **kwargs)
@@ -93,7 +93,7 @@ def _recorded(q, k, v, **kwargs) -> dict:
 
 
 def test_the_record_says_which_kernel_made_the_output_and_how_the_weights_were_made():
-    from headwise._record import WEIGHTS_AT_V
+    from headwise.observe import WEIGHTS_AT_V
     q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
     # all weights, nothing for autograd: the output is those weights @ v, block by block
     run = _recorded(q, k, v, return_weights=True)

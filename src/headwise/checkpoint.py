@@ -141,7 +141,7 @@ def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, t
 def _save_model(model: nn.Module, path: Path) -> None:
     """safetensors' ``save_model`` (tied weights written once) for weights in any storage
     layout: a decoding step may store a matrix transposed, or several as blocks of one buffer
-    (:func:`headwise._rows.lay_out`), which ``save_model`` cannot take. Each such tensor is
+    (:func:`headwise.fast.rows.lay_out`), which ``save_model`` cannot take. Each such tensor is
     copied once, so tensors that are one (tied) still share the copy and stay tied in the
     file."""
     from types import SimpleNamespace
@@ -257,7 +257,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     of a model with other heads (pruned) is refused naming both structures."""
     from safetensors.torch import load_model
 
-    from headwise.prune import check_structure
+    from headwise.models.pruned import check_structure
     check_structure(_unwrap(model), path / _MODEL, path / _CONFIG)
     try:
         load_model(_unwrap(model), str(path / _MODEL), strict=True)

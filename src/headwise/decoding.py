@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from einops import repeat
 
-from headwise._record import active
 from headwise.models import _checks
 from headwise.models.lm import TransformerLM
 from headwise.models.transformer import Transformer
+from headwise.observe import active
 from headwise.step import DecodeStep
 from headwise.step import usable as step_usable
 

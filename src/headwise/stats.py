@@ -284,7 +284,7 @@ def observing(callback):
     :class:`~headwise.MultiHeadAttention` call inside the block (``q (b, h, i, d)``,
     ``k (b, g, j, d)`` after the head split and rotary positions; ``mask`` and ``causal`` as the
     kernel got them). :func:`collect` is one such callback; the head catalogue
-    (:mod:`headwise.head_catalogue`) is another. Blocks nest: the innermost callback is active."""
+    (:mod:`headwise.analysis.catalogue`) is another. Blocks nest: the innermost callback is active."""
     global _collector
     previous, _collector = _collector, callback
     try:

@@ -16,14 +16,14 @@ this module only strings them together, so a new component is written once:
 
 - ``Embeddings.row()`` (token embedding, scale, additive positions);
 - ``DecoderBlock.row()`` -> :class:`~headwise.models.blocks.BlockRow`: the residual order, with
-  ``MultiHeadAttention.row()`` (:class:`~headwise.attention_row.AttentionRow`: projections,
+  ``MultiHeadAttention.row()`` (:class:`~headwise.layers.row.AttentionRow`: projections,
   RoPE at the cached position, grouped key/value heads, sliding window as a slice of the cache,
   the attention dispatch with soft-capping / sinks), ``LayerNorm.row()`` / ``RMSNorm.row()`` and
   ``FeedForward.row()`` / ``GatedFeedForward.row()``;
 - RoPE's angles, computed here once per generation for every position and layer
   (:meth:`~headwise.rope.RotaryEmbedding.angles`; each layer only rotates).
 
-What makes the step fast (see :mod:`headwise._rows`): rows ``(b, m)`` instead of ``(b, 1, m)``;
+What makes the step fast (see :mod:`headwise.fast.rows`): rows ``(b, m)`` instead of ``(b, 1, m)``;
 residual additions fused into the output products (``torch.addmm``); for small models
 (:data:`COPY_BUDGET`) self-attention's ``cat(W_q, W_k, W_v)`` and the gated feed-forward's
 ``cat(W_gate, W_up)`` copied once per generation so each is one product, and for a single row
@@ -32,12 +32,12 @@ layout a vector-matrix product streams fastest here; on the CPU in float32, oneD
 the step (``torch._C._set_mkldnn_enabled``): its exact-GELU primitive costs ~20 us per call
 whatever the size, the native kernel ~4 us. The flag is process-wide and restored after each
 step. Larger models use the modules' own weights: no copy, so memory stays at the weights plus
-the cache; their storage is laid out for the step's row count (:func:`headwise._rows.lay_out`:
+the cache; their storage is laid out for the step's row count (:func:`headwise.fast.rows.lay_out`:
 self-attention's q/k/v and a gated feed-forward's gate/up each stored as blocks of one matrix,
 multiplied as one product through a view; for one row the wide matrices, those two joined ones
 and the vocabulary head, stored ``(in, out)``, 72 -> 60 ms per SmolLM2-135M step at one thread;
 for 2-4 rows ``(out, in)``). On an x86-64 CPU with AVX2 the products of 1-4 rows and the
-attention of the one new query run headwise's own C kernels (:mod:`headwise._native`: the
+attention of the one new query run headwise's own C kernels (:mod:`headwise.fast.native`: the
 weights read at 20-24 GB/s where MKL's kernels reach 12-20 for one row and ~10 for 2-4; a
 SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout). The layout stays
 after the generation (a run of generations at one batch size pays the copy once); values,
@@ -54,8 +54,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise import _int4, _rows
 from headwise.cache import KVCache
+from headwise.fast import int4 as _int4
+from headwise.fast import rows as _rows
 
 __all__ = ["COPY_BUDGET", "DecodeStep", "usable"]
 

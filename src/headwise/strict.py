@@ -50,7 +50,7 @@ def weights_budget() -> int:
 
 def fallback_reason(q, k, v, mask, dropout_p: float, kernel: str) -> str | None:
     """Why the attention of ``q (b, h, i, d)``, ``k``, ``v (b, g, j, e)`` leaves the fused
-    kernel (``kernel`` is torch's choice, see :func:`headwise._sdpa.sdpa_kernel_name`),
+    kernel (``kernel`` is torch's choice, see :func:`headwise.attend.fused.sdpa_kernel_name`),
     or None when it does not."""
     if kernel != "MATH":
         return None

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headwise import _large
+from headwise.fast import large as _large
 
 __all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "release_memory", "softmax_rows",
            "CHUNK_ELEMENTS"]

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from headwise.analysis.head_scores import HeadScores
 from headwise.cli import main
-from headwise.head_scores import HeadScores
 
 
 @pytest.fixture(scope="module")

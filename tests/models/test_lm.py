@@ -228,10 +228,10 @@ def test_sliding_window_receptive_field_by_gradients(window, layers):
 
 
 def test_large_inference_logits_are_the_heads_product_in_recyclable_memory():
-    """Under no_grad a large logits tensor (over headwise._large's 16 MiB) is the head's own
-    product bit for bit, written into memory headwise._large hands out (a dropped result's
+    """Under no_grad a large logits tensor (over headwise.fast.large's 16 MiB) is the head's own
+    product bit for bit, written into memory headwise.fast.large hands out (a dropped result's
     memory comes back to the next call); a hook on the head still sees every call."""
-    from headwise import _large
+    from headwise.fast import large as _large
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=9000, d_model=16, num_heads=2, num_layers=1,
                                    d_ff=32, max_len=600, dropout=0.0)).eval()

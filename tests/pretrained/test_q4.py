@@ -47,7 +47,7 @@ def _q4_gguf(path, seed=0):
 
 
 def test_every_4bit_matrix_gets_its_codes_in_rotate_half_order(tmp_path):
-    from headwise._int4 import Int4Linear
+    from headwise.fast.int4 import Int4Linear
     from headwise.pretrained.gguf import headwise_name, load_gguf, read_gguf
 
     path, types = _q4_gguf(tmp_path / "q4.gguf")

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 import headwise as hw
 from headwise import weights as W
+from tests.attend.test_init import configs, draw_inputs
 from tests.reference import reference_attention
-from tests.test_attend import configs, draw_inputs
 
 
 @given(cfg=configs, budget=st.sampled_from([1, 7, W.CHUNK_ELEMENTS]))

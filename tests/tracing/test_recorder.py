@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise as hw
-from headwise import _record
+from headwise import observe as _record
 from headwise.models import Decoder, Encoder, LMConfig, TransformerConfig, build
 from headwise.models.bert import BertConfig, BertModel
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import headwise as hw
-from headwise._record import StepKind
 from headwise.models import LMConfig, TransformerConfig, build
 from headwise.models.bert import BertConfig, BertModel
+from headwise.observe import StepKind
 
 
 def _tiny_transformer(**kw) -> TransformerConfig:

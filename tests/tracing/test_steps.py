@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headwise._record import WeightsSource
+from headwise.observe import WeightsSource
 from headwise.tracing.steps import fact, named_shape, weights_source
 
 AXES = st.sampled_from(["b", "h", "g", "i", "j", "d", "m", "(h d)"])

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from headwise.head_catalogue import catalogue
+from headwise.analysis.catalogue import catalogue
 from headwise.models import LMConfig, build
 from headwise.viz import catalogue_page
 

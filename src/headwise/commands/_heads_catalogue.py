@@ -59,7 +59,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise.head_catalogue import catalogue
+    from headwise.analysis.catalogue import catalogue
 
     for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size),
                         ("--window", args.window), ("--top-tokens", args.top_tokens),
@@ -103,8 +103,8 @@ def _chunks(batch, size: int) -> list:
 
 def _checkpoint(args, device):
     from headwise import checkpoint
-    from headwise.recipe import task_for
-    from headwise.train_config import TrainConfig
+    from headwise.train.config import TrainConfig
+    from headwise.train.recipe import task_for
 
     loaded = checkpoint.load(args.checkpoint, device=device)
     cfg = loaded.metadata.get("train_config")

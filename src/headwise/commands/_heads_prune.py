@@ -1,6 +1,6 @@
 """``headwise heads prune``: score the heads (:func:`headwise.importance` as each model's target
 says, or with ``--order norm`` the mean norm of each head's write to the residual stream,
-:func:`headwise.prune_sweep.output_norms`), prune the least important at growing
+:func:`headwise.analysis.prune_sweep.output_norms`), prune the least important at growing
 fractions without retraining (:func:`headwise.prune_heads`: the matrices really shrink),
 evaluate and time every pruned copy against the unpruned model in the same process, print the
 table and write it (JSON) with a plot of metric and speed against heads pruned into the report
@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     folder = page.parent
     import torch
 
+    from headwise.analysis.head_scores import HeadScores
+    from headwise.analysis.prune_sweep import sweep
     from headwise.commands._prune_targets import TARGETS
-    from headwise.head_scores import HeadScores
-    from headwise.prune_sweep import sweep
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,7 +113,7 @@ def head_order(target, order: str) -> dict:
         return target.importance(target.model)
     import torch
 
-    from headwise.prune_sweep import output_norms
+    from headwise.analysis.prune_sweep import output_norms
     with torch.inference_mode():
         return output_norms(target.model, target.calibrate)
 

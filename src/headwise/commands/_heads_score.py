@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from headwise import checkpoint
-    from headwise.scoring import importance
+    from headwise.analysis.scoring import importance
 
     for flag, value in (("--examples", args.examples), ("--top", args.top)):
         if value < 1:
@@ -75,8 +75,8 @@ def _folder(output: str | None, checkpoint: str) -> Path:
 
 def held_out(loaded, examples: int, where: str):
     """``examples`` held-out examples of the task a checkpoint was trained on."""
-    from headwise.recipe import task_for
-    from headwise.train_config import TrainConfig
+    from headwise.train.config import TrainConfig
+    from headwise.train.recipe import task_for
 
     saved = loaded.metadata.get("train_config")
     if not saved:

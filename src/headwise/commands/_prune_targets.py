@@ -65,7 +65,7 @@ def reverse(checkpoint: str | Path | None = None, *, quick: bool = False, steps:
     from headwise import checkpoint as ckpt
     from headwise.commands.demo import demo_config
     from headwise.data import make_task
-    from headwise.evaluate import evaluate, greedy_decode
+    from headwise.train.evaluate import evaluate, greedy_decode
 
     path = Path(checkpoint) if checkpoint else Path("headwise-demo/checkpoint")
     cfg = demo_config()

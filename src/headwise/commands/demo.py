@@ -180,7 +180,7 @@ def _learned_table(cfg, result, scores, n_params: int):
 
 
 def _examples(model, task, heldout, device, count: int = 6) -> list[dict]:
-    from headwise.evaluate import greedy_decode, strip_special
+    from headwise.train.evaluate import greedy_decode, strip_special
     tok = task.tokenizer
     order = sorted(range(len(heldout)), key=lambda k: int(heldout.src_lens[k]))
     picks = [order[round(q * (len(order) - 1) / (count - 1))] for q in range(count)]
@@ -259,7 +259,7 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
 def _importance(model, heldout, device, out: Path, examples: int = 256):
     """Michel et al.'s gradient importance of every head on held-out strings, written as
     ``importance.json`` and ``importance.png`` (one backward pass: a fraction of a second)."""
-    from headwise.scoring import importance
+    from headwise.analysis.scoring import importance
 
     batch = type(heldout)(**{f: getattr(heldout, f)[:examples] for f in
                              ("src", "src_lens", "tgt_in", "tgt_out")}).to(device)

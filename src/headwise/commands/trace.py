@@ -134,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     for path in (args.svg, args.png):
         if path:
-            from headwise.diagram import draw
+            from headwise.viz.diagram import draw
 
             torch.manual_seed(args.seed)
             written = draw(model, *inputs, path=path, mask=kwargs.get("mask"),

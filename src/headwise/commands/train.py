@@ -82,7 +82,7 @@ _EPILOG = "\x00presets"  # replaced by the preset table when the help is shown
 def presets_table() -> str:
     """The presets with their sizes and estimated time on this machine (torch-free)."""
     from headwise import limits
-    from headwise.train_config import PRESETS, TrainConfig, estimate_seconds, format_seconds
+    from headwise.train.config import PRESETS, TrainConfig, estimate_seconds, format_seconds
     rows = [f"presets (`headwise train TASK --size SIZE`; time estimated on this machine, "
             f"{limits.cpu_count()} CPUs, from a quick matmul benchmark):",
             f"  {'task':<20} {'size':<6} {'model':<30} {'steps':>6} {'batch':>6}  estimate"]
@@ -146,7 +146,7 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace):
     """``(TrainConfig or None when resuming, overrides)`` from parsed options: explicit
     options only, by field name (model fields included)."""
-    from headwise.train_config import TrainConfig
+    from headwise.train.config import TrainConfig
     given = {dest: getattr(args, dest) for _, dest, _, _ in OPTIONS
              if getattr(args, dest, None) is not None}
     if args.resume:
@@ -165,7 +165,7 @@ def run_args(args: argparse.Namespace) -> int:
     from headwise import checkpoint as ckpt
     from headwise.errors import CheckpointError
     from headwise.train import train
-    from headwise.train_config import TrainConfig
+    from headwise.train.config import TrainConfig
     config, given = config_from_args(args)
     resume = None
     if args.resume:
@@ -228,8 +228,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m headwise.train`` (torchrun's entry): ``headwise train ARGS`` in this
     process (the same parser and error reporting), then leave the process group."""
-    from headwise._dist import shutdown
     from headwise.cli import main as cli_main
+    from headwise.train.dist import shutdown
     try:
         return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
     finally:

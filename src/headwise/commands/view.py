@@ -103,7 +103,7 @@ def _importance(path: str | None):
     """The :class:`~headwise.HeadScores` saved at ``path`` (None: no scores on the page)."""
     if path is None:
         return None
-    from headwise.head_scores import HeadScores
+    from headwise.analysis.head_scores import HeadScores
     try:
         return HeadScores.from_json(Path(path).read_text(encoding="utf-8"))
     except (KeyError, TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError

@@ -18,12 +18,12 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from headwise._record import StepKind, record
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 from headwise.models.config import ModelConfig
-from headwise.prune import restructure
+from headwise.models.pruned import restructure
+from headwise.observe import StepKind, record
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel"]
 

@@ -18,8 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from headwise import _rows
-from headwise._record import StepKind, record
+from headwise.fast import rows as _rows
 from headwise.layers import MultiHeadAttention
 from headwise.models.feedforward import (
     ACTIVATIONS,
@@ -30,6 +29,7 @@ from headwise.models.feedforward import (
     overwritable,
 )
 from headwise.models.norms import make_norm
+from headwise.observe import StepKind, record
 from headwise.rope import RotaryEmbedding
 
 __all__ = [

@@ -126,7 +126,7 @@ class ModelConfig:
 
     def layer_kv_heads(self, kind: str) -> list[int]:
         """Key/value heads of each layer of ``kind`` (fewer where heads were pruned)."""
-        from headwise.prune import config_plans
+        from headwise.models.pruned import config_plans
         return [len(groups) for _, groups in config_plans(self)[kind]]
 
     # ------------------------------------------------------------------------------ checks
@@ -153,7 +153,7 @@ class ModelConfig:
             raise ValueError(f"{name}: layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         self._check_pad_id(name)
         check_backend(self.backend, name)
-        from headwise.prune import check_pruned
+        from headwise.models.pruned import check_pruned
         object.__setattr__(self, "pruned_heads", check_pruned(
             self.pruned_heads, self.attention_kinds(), self.num_heads, self.kv_heads, name))
 

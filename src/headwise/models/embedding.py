@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise._record import StepKind, record
 from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
+from headwise.observe import StepKind, record
 
 __all__ = ["Embeddings", "add_output_head", "init_weights"]
 

@@ -9,7 +9,7 @@ Axis legend: ``b`` batch, ``n`` position, ``m`` model dim, ``f`` feed-forward wi
   ``down_proj`` as ``gate`` / ``up`` / ``down``.
 
 Each supplies :meth:`row`, its one-row form for the cached decoding step: ``(inner, down)``
-where ``inner(y (b, m)) -> (b, f)`` and ``down`` is the output :data:`~headwise._rows.Weight`
+where ``inner(y (b, m)) -> (b, f)`` and ``down`` is the output :data:`~headwise.fast.rows.Weight`
 the step multiplies with the residual addition fused.
 """
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise import _rows
+from headwise.fast import rows as _rows
 
 __all__ = ["ACTIVATIONS", "FFNS", "IN_PLACE", "FeedForward", "GatedFeedForward",
            "check_activation", "drop", "make_feedforward", "overwritable"]
@@ -121,7 +121,7 @@ class GatedFeedForward(FeedForward):
         return self.down(drop(self, gated.mul_(up) if overwritable(self.gate) else gated * up))
 
     def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
-        """gate and up read one input (:func:`headwise._rows.lay_out` stores them as one
+        """gate and up read one input (:func:`headwise.fast.rows.lay_out` stores them as one
         matrix)."""
         return ((self.gate, self.up),)
 

@@ -36,9 +36,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headwise import _large
-from headwise._record import StepKind, record
 from headwise.cache import KVCache
+from headwise.fast import large as _large
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
@@ -46,7 +45,8 @@ from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
 from headwise.models.embedding import Embeddings, add_output_head
 from headwise.models.feedforward import overwritable
-from headwise.prune import restructure
+from headwise.models.pruned import restructure
+from headwise.observe import StepKind, record
 
 __all__ = ["TransformerLM"]
 
@@ -152,7 +152,7 @@ class TransformerLM(nn.Module):
 
 def _logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``head(x) (..., vocab)``. Under inference, with no hook on ``head``, the same product
-    (the ``mm`` / ``addmm`` that ``F.linear`` runs) written into :func:`headwise._large.empty`:
+    (the ``mm`` / ``addmm`` that ``F.linear`` runs) written into :func:`headwise.fast.large.empty`:
     the logits of a long prompt are large (512 tokens x 49152: 96 MiB), and fresh memory takes
     a page fault per 4 KiB; recycled or huge-page memory does not (SmolLM2's 512-token head,
     one thread: ~390 -> ~345 ms with huge pages, less when recycled)."""

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from headwise import _native
+from headwise.fast import native as _native
 
 __all__ = ["LayerNorm", "NORMS", "RMSNorm", "make_norm"]
 

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from headwise import masks as _masks
-from headwise._record import StepKind, record
 from headwise.cache import KVCache
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
@@ -23,7 +22,8 @@ from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import Embeddings, add_output_head, init_weights
-from headwise.prune import restructure
+from headwise.models.pruned import restructure
+from headwise.observe import StepKind, record
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
 

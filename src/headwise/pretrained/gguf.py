@@ -292,10 +292,10 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
 def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
     """Replace every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 by an
-    :class:`~headwise._int4.Int4Linear` holding the file's own codes (:mod:`headwise.pretrained.q4`)
+    :class:`~headwise.fast.int4.Int4Linear` holding the file's own codes (:mod:`headwise.pretrained.q4`)
     and no float copy; returns how many. q and k rows go back to rotate-half order as the
     dequantized ones do."""
-    from headwise._int4 import Int4, Int4Linear
+    from headwise.fast.int4 import Int4, Int4Linear
     from headwise.pretrained.q4 import BLOCK, KINDS, fields
 
     c, done = file.config, 0

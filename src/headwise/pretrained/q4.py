@@ -22,7 +22,7 @@ agreed at every position and the greedy answers for all 48 tokens; over a 256-to
 such perturbations flip a near-tie now and then, and the continuations part from there.
 Everything else (norms, RoPE, attention, the cache, the residual stream, the lm_head) stays in
 the model's dtype. The matrices exist only as codes
-(:class:`~headwise._int4.Int4Linear`): the prompt through the modules multiplies by them too, so
+(:class:`~headwise.fast.int4.Int4Linear`): the prompt through the modules multiplies by them too, so
 the model's resident memory is the codes plus the float32 embedding, not the float32 matrices.
 """
 

@@ -8,7 +8,7 @@ and records two kinds of steps:
   layer norm, feed-forward, each block ...), nested by module path;
 - **the inside of attention**, through the structured records that
   :class:`~headwise.MultiHeadAttention` and the attention backends send with
-  :func:`headwise._record.record`: a step from the table :class:`headwise._record.StepKind`
+  :func:`headwise.observe.record`: a step from the table :class:`headwise.observe.StepKind`
   (input, q/k/v projection, split heads, scores, mask, softmax, dropout, weighted sum or fused
   kernel, head mask, merge heads, output projection) and facts (the einops pattern; the kernel,
   its memory class, why it was chosen and how any weights were produced).

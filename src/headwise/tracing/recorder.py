@@ -1,5 +1,5 @@
 """Recording one forward pass: forward hooks for module outputs, and the structured records the
-attention code sends through :func:`headwise._record.record` for the inside of attention."""
+attention code sends through :func:`headwise.observe.record` for the inside of attention."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwise._record import Role, StepKind, recording
 from headwise.layers import MultiHeadAttention
+from headwise.observe import Role, StepKind, recording
 from headwise.tracing.naming import (
     argument_axes,
     describe,
@@ -145,7 +145,7 @@ class _Recorder:
 
     # ------------------------------------------------------------------ the structured records
     def record(self, kind: StepKind, tensor: torch.Tensor | None, **facts: Any) -> None:
-        """One :func:`headwise._record.record` call: dispatch on the table member's role."""
+        """One :func:`headwise.observe.record` call: dispatch on the table member's role."""
         node, module = self.stack[-1], self.modules[-1]
         info = {k: fact(v) for k, v in facts.items()}
         if kind.role is Role.FUSED_ATTENTION:

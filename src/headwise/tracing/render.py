@@ -1,6 +1,6 @@
 """Text for a trace: the indented listing, the attention summary and the Markdown table.
 
-Labels and notes come from the step table's display strings (:mod:`headwise._record`) filled
+Labels and notes come from the step table's display strings (:mod:`headwise.observe`) filled
 with each step's structured facts; nothing here is read back into the trace."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from headwise._record import StepKind, describe
+from headwise.observe import StepKind, describe
 from headwise.tracing.steps import AttentionRun, Node, Step, weights_source
 
 __all__ = ["listing", "markdown", "step_label", "step_notes", "summary"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from headwise._record import WEIGHTS_AT_V, WeightsSource
+from headwise.observe import WEIGHTS_AT_V, WeightsSource
 
 __all__ = ["AttentionRun", "Step", "fact", "named_shape"]
 
@@ -18,7 +18,7 @@ class Step:
     """One recorded step.
 
     Attributes:
-        name: the step's stable name, a :class:`headwise._record.StepKind` key (``"split heads
+        name: the step's stable name, a :class:`headwise.observe.StepKind` key (``"split heads
             q"``, ``"scores"``) or, for what the trace itself sees, ``"output"`` (a module's
             output) and ``"input NAME"``.
         path: module path inside the traced module (``"blocks.0.self_attn"``; ``""`` = root).

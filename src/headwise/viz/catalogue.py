@@ -1,6 +1,6 @@
 """The head catalogue as one self-contained, offline HTML page.
 
-Every head of a :class:`~headwise.head_catalogue.Catalogue` is a row: its scores (sortable by
+Every head of a :class:`~headwise.analysis.catalogue.Catalogue` is a row: its scores (sortable by
 clicking a column), its averaged attention pattern (a ``grid x grid`` heatmap on positions
 scaled to each input's length), its relative-offset profile (self-attention) and the tokens it
 attends to most. Above the table, one layers x heads grid per attention kind is coloured by the
@@ -25,7 +25,7 @@ __all__ = ["catalogue_page"]
 
 def catalogue_page(catalogue, path: str | os.PathLike | None = None, *,
                    title: str | None = None) -> HeadView:
-    """The page of ``catalogue`` (a :class:`~headwise.head_catalogue.Catalogue`); written to
+    """The page of ``catalogue`` (a :class:`~headwise.analysis.catalogue.Catalogue`); written to
     ``path`` (``.html``, atomically) when given. Displays inline in Jupyter."""
     # duck-typed: the Catalogue class imports this module for its .page()
     if not (isinstance(getattr(catalogue, "meta", None), dict)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise.head_scores import as_tables
+from headwise.analysis.head_scores import as_tables
 from headwise.viz import _blocks
 from headwise.viz.display import HeadView
 from headwise.viz.rollout import attention_rollout

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headwise import _rows
+from headwise.fast import rows as _rows
 from headwise.models.feedforward import FeedForward, GatedFeedForward, make_feedforward
 
 

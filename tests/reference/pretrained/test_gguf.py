@@ -102,7 +102,7 @@ def test_64_greedy_tokens_match_transformers_generate(smollm2, hf_smollm2):
 
 
 def test_four_rows_decode_like_transformers_generate(smollm2, hf_smollm2):
-    """Batch 4 through the decode step (its rows-as-columns products, headwise._rows): every
+    """Batch 4 through the decode step (its rows-as-columns products, headwise.fast.rows): every
     row's 24 greedy tokens equal HF's batch-4 ``generate`` and the logits they were chosen from
     agree within 1e-4."""
     import torch

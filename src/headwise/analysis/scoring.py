@@ -1,0 +1,218 @@
+"""Which heads matter: ``headwise.importance(model, batches, method=...)`` -> :class:`HeadScores`,
+a ``(layers, heads)`` table per attention kind.
+
+Methods:
+
+- ``"gradient"`` (Michel, Levy & Neubig 2019, "Are Sixteen Heads Really Better than One?",
+  eq. 2): a gate ``xi_h = 1`` multiplies each head's output, and the score is the expected
+  ``|dL/dxi_h|`` over the examples (one gate per example, so the absolute value is taken per
+  example), divided by its layer's L2 norm over heads (their section 4.1; ``normalize=False``
+  keeps the raw expectation).
+- ``"ablation"``: how much the loss rises when the head alone is removed (``ablation="zero"``:
+  its output is 0; ``"mean"``: its mean output over the same batches), averaged over batches.
+  Negative: the model does better without it.
+- ``"prev_token"``, ``"induction"``, ``"sink"``, ``"entropy"``: what the head does, from the
+  streaming statistics of :mod:`headwise.stats` (weight on the previous token, on the token
+  after an earlier occurrence of the current one, on the first key; row entropy in nats),
+  averaged over query rows and examples. Previous-token and induction are self-attention
+  behaviours (NaN for cross-attention); induction needs the token ids of the sequence
+  (language models, BERT, and a Transformer's decoder).
+
+The loss is the model's own training loss (teacher-forced cross-entropy; see
+:func:`headwise.analysis.run.default_loss`) or ``loss(model, batch) -> scalar tensor`` (lower is
+better). Scores are computed in eval mode (no dropout); the model's mode is restored.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+
+from headwise import stats as _stats
+from headwise.analysis.ablation import ABLATIONS, ablate, edit_heads, head_means
+from headwise.analysis.head_scores import HeadScores
+from headwise.analysis.run import as_batches, default_loss, run_batch
+from headwise.data import LMBatch, Seq2SeqBatch
+from headwise.models._heads import attention_layers
+from headwise.train.evaluate import device_of
+
+__all__ = ["BEHAVIOURS", "METHODS", "importance"]
+
+BEHAVIOURS = {"prev_token": "prev_token", "induction": "induction", "sink": "sink",
+              "entropy": "entropy"}  # method -> HeadStats field
+METHODS = ("gradient", "ablation", *BEHAVIOURS)
+_SELF_ONLY = ("prev_token", "induction")
+
+
+def importance(model: nn.Module, batches, *, method: str = "gradient",
+               loss: Callable | None = None, ablation: str = "zero",
+               normalize: bool = True) -> HeadScores:
+    """Score every head of ``model`` on ``batches`` (see the module docstring for the methods).
+
+    Args:
+        model: a headwise model (TransformerLM, Transformer, Encoder, Decoder, BertModel).
+        batches: an iterable of batches, or one batch: Seq2SeqBatch / LMBatch, ``(b, n)``
+            token-id tensors, dicts of keyword arguments of the model's forward.
+        method: one of :data:`METHODS`.
+        loss: ``loss(model, batch) -> scalar tensor``, lower is better (default: the model's
+            training loss; required for BERT, which has none).
+        ablation: ``"zero"`` or ``"mean"`` (method ``"ablation"``).
+        normalize: method ``"gradient"``: divide each layer's scores by their L2 norm.
+
+    Returns:
+        :class:`HeadScores` with ``{kind: (layers, heads)}``.
+    """
+    if method not in METHODS:
+        close = difflib.get_close_matches(str(method), METHODS, n=1)
+        raise ValueError(f"importance: unknown method {method!r}; choose from "
+                         f"{', '.join(METHODS)}" + (f" (did you mean {close[0]!r}?)"
+                                                    if close else ""))
+    if ablation not in ABLATIONS:
+        raise ValueError(f"importance: ablation must be one of {ABLATIONS}, got {ablation!r}")
+    if loss is not None and not callable(loss):
+        raise TypeError(f"importance: loss must be a callable loss(model, batch) -> scalar "
+                        f"tensor, got {type(loss).__name__}")
+    layers = attention_layers(model)
+    batches = as_batches(batches, "importance", device_of(model))
+    loss = loss or default_loss
+    was_training = model.training
+    model.eval()
+    try:
+        if method == "gradient":
+            return _gradient(model, layers, batches, loss, normalize)
+        if method == "ablation":
+            return _ablation(model, layers, batches, loss, ablation)
+        return _behaviour(model, layers, batches, method)
+    finally:
+        model.train(was_training)
+
+
+def _table(layers, kind: str) -> torch.Tensor:
+    mods = layers[kind]
+    return torch.full((len(mods), max(m.num_heads for m in mods)), float("nan"),
+                      dtype=torch.float64)
+
+
+def _scalar(value, where: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise TypeError(f"importance: the loss must return a scalar tensor ({where}), got "
+                        f"{type(value).__name__}{tuple(getattr(value, 'shape', ()))}")
+    if not torch.isfinite(value):
+        raise ValueError(f"importance: the loss is {float(value)} on a batch; check the batches "
+                         "(all labels padding?) and the model")
+    return value.reshape(())
+
+
+def _gate(x: torch.Tensor, *, gates: list, kind: str, layer: int) -> torch.Tensor:
+    """``x (b, i, h, d)`` times a fresh gate ``xi (b, h)`` of ones (kept in ``gates``)."""
+    g = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device, requires_grad=True)
+    gates.append((kind, layer, g))
+    return x * g[:, None, :, None]
+
+
+def _gradient(model, layers, batches, loss, normalize: bool) -> HeadScores:
+    """Michel et al.: expected |dL/dxi_h| with one gate xi = 1 per example and head."""
+    totals = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
+              for kind, mods in layers.items()}
+    examples = 0
+    for batch in batches:
+        gates: list[tuple[str, int, torch.Tensor]] = []
+        edits = [(mha, partial(_gate, gates=gates, kind=kind, layer=layer))
+                 for kind, mods in layers.items() for layer, mha in enumerate(mods)]
+        with edit_heads(edits):
+            value = _scalar(loss(model, batch), "method 'gradient'")
+        if not value.requires_grad:
+            raise ValueError("importance: the loss does not depend on any head (no gradient); "
+                             "compute it from the model's output, not under torch.no_grad()")
+        grads = torch.autograd.grad(value, [g for *_, g in gates], allow_unused=True)
+        for (kind, layer, _), grad in zip(gates, grads, strict=True):
+            if grad is not None:
+                totals[kind][layer] += grad.abs().sum(0).double().cpu()
+        examples += gates[0][2].shape[0]
+    scores = {}
+    for kind, per_layer in totals.items():
+        table = _table(layers, kind)
+        for layer, t in enumerate(per_layer):
+            t = t / examples
+            table[layer, :len(t)] = t / (t.norm() + 1e-20) if normalize else t
+        scores[kind] = table
+    return HeadScores("gradient", scores, {"batches": len(batches), "examples": examples,
+                                           "normalized": normalize})
+
+
+@torch.no_grad()
+def _mean_loss(model, batches, loss) -> float:
+    return sum(float(_scalar(loss(model, b), "method 'ablation'")) for b in batches) / len(batches)
+
+
+@torch.no_grad()
+def _ablation(model, layers, batches, loss, mode: str) -> HeadScores:
+    """The loss with one head removed minus the loss with none removed."""
+    means = head_means(model, batches) if mode == "mean" else None
+    base = _mean_loss(model, batches, loss)
+    scores = {}
+    for kind, mods in layers.items():
+        table = _table(layers, kind)
+        for layer, mha in enumerate(mods):
+            for head in range(mha.num_heads):
+                with ablate(model, {kind: {layer: [head]}}, mode=mode, means=means):
+                    table[layer, head] = _mean_loss(model, batches, loss) - base
+        scores[kind] = table
+    return HeadScores("ablation", scores, {"batches": len(batches), "ablation": mode,
+                                           "baseline_loss": base})
+
+
+def _token_ids(batch):
+    """The ids of the sequence the induction score looks up (None when unknown)."""
+    if isinstance(batch, LMBatch):
+        return batch.inputs
+    if isinstance(batch, Seq2SeqBatch):
+        return batch.tgt_in
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict):
+        return batch.get("input_ids", batch.get("tokens"))
+    return None
+
+
+def _ids_kind(layers) -> str:
+    """The kind whose sequence :func:`_token_ids` returns (a decoder's when there is one)."""
+    return "decoder_self" if "decoder_self" in layers else "encoder_self"
+
+
+@torch.no_grad()
+def _behaviour(model, layers, batches, method: str) -> HeadScores:
+    """Per-head averages of one :class:`headwise.stats.HeadStats` field over rows and examples."""
+    field = BEHAVIOURS[method]
+    where = {id(mha): (kind, layer) for kind, mods in layers.items()
+             for layer, mha in enumerate(mods)}
+    paths = {name: where[id(m)] for name, m in model.named_modules() if id(m) in where}
+    sums = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
+            for kind, mods in layers.items()}
+    counts = {kind: [0] * len(mods) for kind, mods in layers.items()}
+    for batch in batches:
+        with _stats.collect(model, token_ids=_token_ids(batch)) as found:
+            run_batch(model, batch)
+        for path, calls in found.items():
+            kind, layer = paths[path]
+            if (kind == "cross" and method in _SELF_ONLY) or \
+                    (method == "induction" and kind != _ids_kind(layers)):
+                continue
+            for s in calls:
+                if getattr(s, field) is None:
+                    continue
+                per_head = s.per_head(field)  # (b, h)
+                sums[kind][layer] += per_head.sum(0).double().cpu()
+                counts[kind][layer] += per_head.shape[0]
+    scores = {}
+    for kind, per_layer in sums.items():
+        table = _table(layers, kind)
+        for layer, total in enumerate(per_layer):
+            if counts[kind][layer]:
+                table[layer, :len(total)] = total / counts[kind][layer]
+        scores[kind] = table
+    return HeadScores(method, scores, {"batches": len(batches)})

@@ -1,0 +1,232 @@
+"""The ``"sdpa"`` backend: the output from ``F.scaled_dot_product_attention``'s fused kernels,
+fed what they are fast on (4-D tensors, masks in their smallest broadcast form, causality as
+``is_causal`` where the kernel accepts it), and per-head weights recomputed exactly, in chunks
+(:mod:`headwise.weights`; :func:`_weights_plan` says how). Registered under its name by
+:mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy every backend applies
+(:func:`nan_policy`), kept here because the fused kernel is where it has to be enforced.
+
+Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads, ``i`` query position, ``j``
+key position, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from headwise import masks as _masks
+from headwise import strict as _strict
+from headwise import weights as _weights
+from headwise.fast import flash_cpu as _flash_cpu
+from headwise.heads import expand_kv
+from headwise.observe import (
+    FUSED_KERNEL,
+    WEIGHTS_AT_V,
+    Memory,
+    StepKind,
+    WeightsSource,
+    active,
+    record,
+)
+
+__all__ = ["sdpa", "sdpa_kernel_name", "nan_policy"]
+
+
+def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
+         strict=None, kv_finite=False, q_finite=False):
+    """The output from ``F.scaled_dot_product_attention``'s fused kernel; weights, when asked
+    for, recomputed exactly in chunks for only the heads/rows/keys asked for
+    (:mod:`headwise.weights`): whole rows as their softmax, a key range from the kernel's row
+    log-sum-exp. All weights without autograd take the output from the same chunks instead
+    (``weights @ v``, see :func:`_weights_plan`). ``kv_finite``: the caller vouches that k and v
+    hold no NaN/inf (:func:`headwise.attend.dispatch`): the NaN policy reads only q, and with
+    ``q_finite`` as well, nothing."""
+    h, g = q.shape[1], k.shape[1]
+    mask, is_causal, causal_in_mask = _sdpa_inputs(q, k, v, mask, causal, dropout_p)
+    selection = _weights.as_selection(return_weights)
+    strict_on = _strict.enabled(strict)
+    if active() or strict_on:
+        kernel = sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)
+        reason = _strict.fallback_reason(q, k, v, mask, dropout_p, kernel)
+        _strict.check(strict, reason)
+        if selection is not None and selection.everything:
+            _check_budget(strict, q, k)
+    plan = _weights_plan(selection, q, k, v, dropout_p, strict_on)
+    weights = lse = None
+    if plan == WEIGHTS_AT_V:
+        weights, out = _weights.softmax_rows(q, k, v, mask=mask, causal=is_causal, scale=scale)
+    elif plan == "lse":
+        out, lse = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
+    else:
+        out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
+    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
+    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
+    if not (kv_finite and q_finite):
+        out = nan_policy(out, q) if kv_finite else nan_policy(out, q, k, v)
+    if active():
+        _record_sdpa(out, q, k, selection, plan, lse is not None, kernel, reason, mask,
+                     is_causal, causal_in_mask)
+    if plan == "rows":
+        heads, rows, _ = selection.resolve(h, q.shape[2], k.shape[2], q.device)
+        weights, _ = _weights.softmax_rows(q, k, mask=mask, causal=is_causal, scale=scale,
+                                           heads=heads, rows=rows)
+    elif plan == "lse":
+        if lse is None:
+            lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
+        weights = _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                                    selection=selection)
+    return out, weights
+
+
+def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
+    """How :func:`sdpa` produces its output and weights:
+
+    - ``None``: no weights; the fused kernel.
+    - ``"weights @ v"``: all weights, nothing for autograd to record, no dropout, not strict:
+      every score is computed for the returned weights anyway, so the output is those weights
+      times v, block by block while the block is in cache — one ``q k^T`` instead of two (the
+      fused kernel's and the recompute's). Strict mode keeps the fused kernel for the output.
+    - ``"rows"``: the fused kernel's output; the selected whole rows recomputed as a softmax.
+    - ``"lse"``: a key range: the fused kernel's output and its log-sum-exp, which a part of
+      a row needs (:func:`headwise.weights.from_lse`).
+    """
+    if selection is None:
+        return None
+    if selection.keys is not None:
+        return "lse"
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if selection.everything and not grad and dropout_p == 0.0 and not strict_on:
+        return WEIGHTS_AT_V
+    return "rows"
+
+
+def _record_sdpa(out, q, k, selection, plan, flash_lse, kernel, reason, mask, is_causal,
+                 causal_in_mask) -> None:
+    source = None
+    if selection is not None:
+        rows = _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
+                                   _weights.BLOCK_ELEMENTS)
+        source = (WeightsSource("lse", "flash" if flash_lse else "chunked pass",
+                                min(rows, q.shape[2])) if plan == "lse"
+                  else WeightsSource("rows", "", min(rows, q.shape[2])))
+    quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V
+    if plan == WEIGHTS_AT_V:
+        kernel, reason = WEIGHTS_AT_V, ("all weights asked for, no autograd: one q k^T serves "
+                                         "the weights and the output")
+    record(StepKind.FUSED_ATTENTION, out, backend="sdpa", kernel=kernel,
+           fused=not quadratic, memory=Memory.QUADRATIC if quadratic else Memory.LINEAR,
+           reason=reason or FUSED_KERNEL, weights_source=source,
+           mask=_mask_kind(mask) if mask is not None else "none",
+           causal="is_causal" if is_causal else ("in mask" if causal_in_mask else "no"))
+
+
+def _selected(index, n: int) -> int:
+    """How many of ``n`` keys a Selection picks (for the trace's chunk size)."""
+    return len(range(n)[index]) if isinstance(index, slice) else (
+        n if index is None else 1 if isinstance(index, int) else len(index))
+
+
+def _sdpa_inputs(q, k, v, mask, causal, dropout_p):
+    """What the fused kernel is fast on: ``(mask 4-D or None, is_causal, causal folded into
+    the mask)``. ``is_causal`` (top-left in torch) only when ``i == j``."""
+    h, g = q.shape[1], k.shape[1]
+    nq, nk = q.shape[-2], k.shape[-2]
+    if mask is not None and mask.dim() < 4:  # (j,), (i, j), (h, i, j): the kernel wants 4-D
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if causal and nq == 1:  # bottom-right: the single newest query sees every key
+        causal = False
+    is_causal = False
+    if causal:
+        if nq == nk and _flash_takes(q, k, v, mask, dropout_p, h != g):
+            is_causal = True  # keep the mask (b, 1, 1, j)-small; the kernel skips blocks
+        else:  # top-left is_causal would be wrong for nq != nk, or the kernel rejects the pair
+            mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    return mask, is_causal, causal and not is_causal
+
+
+def _fused(q, k, v, mask, is_causal, dropout_p, scale):
+    h, g = q.shape[1], k.shape[1]
+    if _flash_cpu.applies(q, k, v, dropout_p,
+                          lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
+        # bf16 training on the CPU: torch's flash forward, its float32 backward (faster and
+        # more accurate than the bf16 one; see headwise.fast.flash_cpu). The flash kernel takes
+        # the mask in additive form, as F.sdpa passes it.
+        return _flash_cpu.FlashUpcastBackward.apply(
+            q, expand_kv(k, h), expand_kv(v, h),
+            None if mask is None else _masks.as_bias(mask, q.dtype), is_causal, scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=h != g)
+
+
+def _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale):
+    """``(out, lse or None)``: the CPU flash op returns its log-sum-exp with the output (the
+    same op ``F.sdpa`` runs, so output and gradients are unchanged); other kernels give None."""
+    h, g = q.shape[1], k.shape[1]
+    if not _flash_cpu.takes(q, k, v, dropout_p,
+                            lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
+        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None
+    bias = None if mask is None else _masks.as_bias(mask, q.dtype)
+    if _flash_cpu.applies(q, k, v, dropout_p, lambda: "FLASH_ATTENTION"):
+        return _flash_cpu.FlashUpcastBackward.apply(q, expand_kv(k, h), expand_kv(v, h),
+                                                    bias, is_causal, scale)
+    return _flash_cpu.with_lse(q, expand_kv(k, h), expand_kv(v, h), bias, is_causal, scale)
+
+
+def _check_budget(strict, q, k) -> None:
+    b, h, nq, _ = q.shape
+    size = b * h * nq * k.shape[-2] * q.element_size()
+    if size > _strict.weights_budget():
+        _strict.check(strict, f"weights for every head and row, (b, h, i, j)=({b}, {h}, {nq}, "
+                      f"{k.shape[-2]}) = {size / 2**20:.0f} MiB, exceed the budget of "
+                      f"{_strict.weights_budget() / 2**20:.0f} MiB (HEADWISE_WEIGHTS_BUDGET_MB); "
+                      "ask for a selection (headwise.Selection(heads=..., rows=...))")
+
+
+def sdpa_kernel_name(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=False) -> str:
+    """Which kernel ``F.scaled_dot_product_attention`` would run for these inputs."""
+    try:
+        from torch.nn.attention import SDPBackend
+        choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, enable_gqa=gqa)
+        return SDPBackend(choice).name
+    except Exception:  # private API: older or newer torch may differ
+        return "unknown"
+
+
+def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
+    """True when the chosen kernel accepts ``attn_mask`` together with ``is_causal`` (the CPU
+    flash kernel does, the math kernel raises)."""
+    if mask is None:
+        return True
+    return q.device.type == "cpu" and sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) \
+        == "FLASH_ATTENTION"
+
+
+def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
+    """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
+    head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
+    in one pass without a copy (NaN or inf in, non-finite sum out).
+
+    On the CPU one total over q, k and v comes first: finite (every call but a broken one), and
+    ``out`` is returned as it is, for 3 reductions and one read of a scalar instead of a dozen
+    small ops and a copy of ``out`` (on a GPU that read would be a device sync, so the
+    per-row and per-head masks are always built there, and under torch.compile, which fuses
+    them and cannot branch on a value)."""
+    if out.device.type == "cpu" and not torch.compiler.is_compiling():  # (compiled: fused)
+        total = q.detach().sum(dtype=torch.float32)
+        for t in kv:
+            total = total + t.detach().sum(dtype=torch.float32)
+        if math.isfinite(total.item()):
+            return out
+    bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
+    for t in kv:
+        heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)
+        bad = bad | expand_kv(heads[..., None, None], q.shape[1])
+    return out.masked_fill(bad, float("nan"))
+
+
+def _mask_kind(mask: torch.Tensor) -> str:
+    return f"{_masks.form(mask)} {tuple(mask.shape)}"

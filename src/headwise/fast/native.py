@@ -1,0 +1,231 @@
+"""The decoding step's C kernels, built on first use: the product of 1 to 4 rows, the attention
+of one new query per row over the cache, and RoPE and RMSNorm on rows (one call each instead of
+four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit for bit
+:meth:`headwise.rope.RotaryEmbedding.rotate`).
+
+Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the
+weights are read once, so the product should run at the speed memory delivers them. MKL's
+float32 kernels for so few rows do not: on this project's CPUs (AMD EPYC, AVX2) one row streams
+SmolLM2-135M's matrices at 12-20 GB/s depending on shape and layout, and for 2-4 rows ``x @
+W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise.fast.rows`' column form) at ~10 GB/s of
+weights read, compute-bound; a single core reads ~21 GB/s. ``step_kernels.c`` (beside this file)
+reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a ``W^T (in, out)``
+storage with the result kept in cache, or two rows of ``W`` against every row of ``x`` for 2-4:
+20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md``, sessions 10 and 11). The
+attention of the single newest query (``F.scaled_dot_product_attention``'s 1-query call costs
+~80 us per SmolLM2 layer in a step, mostly fixed costs) is four keys' scores at a time, the
+softmax with a vectorized exp, and the values weighed 64 features at a time in registers, each
+key/value head once for the query heads that share it: a SmolLM2 step ~1.5 ms faster.
+
+How. The first call compiles the source with the C compiler (``$CC``, else ``cc`` / ``gcc``;
+``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into ``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under
+a name that hashes the source and flags, written to a temporary file and renamed into place, so
+concurrent first calls never load a half-written library; later processes load it at once. It
+splits output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
+torch has already loaded (``libgomp.so.1``).
+
+When not. Anything else takes the torch path (MKL; the same result up to float32 rounding): no
+x86-64 CPU with AVX2 and FMA, no compiler or a failed build (:func:`status` says why), the
+environment variable ``HEADWISE_NATIVE=0``, tensors that are not float32 on the CPU, rows that
+are not contiguous, autograd (no backward exists), torch.compile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "status"]
+
+SOURCE = Path(__file__).with_name("step_kernels.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
+ROWS = 4  # the kernel's most rows
+
+_F32 = torch.float32
+_lock = threading.Lock()
+_state: dict = {}  # "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None
+
+
+def status() -> str:
+    """``"ready"``, or why the kernel is not used (building it first if not tried yet)."""
+    return "ready" if _kernel() is not None else _state["why"]
+
+
+def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                res: torch.Tensor | None = None, *, wt: bool = False) -> torch.Tensor | None:
+    """``x (b, in) @ w (out, in)^T + bias (out,) + res (b, out)`` -> a new ``(b, out)``, for
+    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous; with ``wt=True``, one row times
+    ``w`` given as ``W^T (in, out)`` with its rows contiguous (a :func:`headwise.fast.rows.lay_out`
+    storage or a transposed copy). None when the kernel does not apply (module docstring):
+    the caller then multiplies as usual."""
+    if not _takes(x, w, bias, res, wt):
+        return None
+    lib = _kernel()
+    if lib is None:
+        return None
+    b, n = x.shape
+    out = w.shape[1] if wt else w.shape[0]
+    y = torch.empty(b, out)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    if wt:
+        lib.headwise_row_matmul_t(
+            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(),
+            None if res is None else res.data_ptr(), bias_ptr, out, n, torch.get_num_threads())
+        return y
+    lib.headwise_rows_matmul(
+        x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
+        None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
+        bias_ptr, b, out, n, torch.get_num_threads())
+    return y
+
+
+def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
+              r: int) -> bool | None:
+    """RoPE on the first ``heads`` heads of ``d`` features of each row of ``rows (b, width)``
+    (a fused q|k|v projection: q and k heads first), in place, by ``cos, sin`` ``(1, 2, r/2)``
+    (:meth:`~headwise.rope.RotaryEmbedding.angles`), bit for bit what
+    :meth:`~headwise.rope.RotaryEmbedding.rotate` computes; returns whether every feature of
+    every row is finite afterwards. None (nothing done) when the kernel does not apply."""
+    tables = (cos, sin)
+    if (rows.dim() != 2 or rows.stride(1) != 1 or heads * d > rows.shape[1]
+            or not _takes_rows(rows, *tables)
+            or any(t.numel() != r or not t.is_contiguous() for t in tables)):
+        return None
+    lib = _kernel()
+    if lib is None:
+        return None
+    return bool(lib.headwise_rope_rows(rows.data_ptr(), rows.shape[0], rows.stride(0), heads, d,
+                                       r, cos.data_ptr(), sin.data_ptr(), rows.shape[1]))
+
+
+def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of rows ``x (b, m)`` with weight ``w (m,)`` -> a new ``(b, m)``; None when the
+    kernel does not apply."""
+    if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
+            or not _takes_rows(x, w)):
+        return None
+    lib = _kernel()
+    if lib is None:
+        return None
+    y = torch.empty(x.shape[0], x.shape[1])
+    lib.headwise_rms_rows(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1],
+                          y.data_ptr())
+    return y
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """Attention of one new query per row over every cached position, no mask, scale
+    ``1/sqrt(d)``: ``q (b, h, 1, d)`` (heads ``d`` apart, e.g. a view of a fused q|k|v row),
+    ``k, v (b, g, n, d)`` with ``g`` dividing ``h`` (grouped-query heads; views of a cache, the
+    same strides) -> a new ``(b, h*d)``; what ``F.scaled_dot_product_attention(q, k, v,
+    enable_gqa=True)`` returns, to float32 rounding (its exp a ~1 ulp polynomial). Finite
+    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not
+    spread as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
+    b, h, i, d = q.shape
+    g, n = k.shape[1], k.shape[2]
+    if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
+            or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
+            or k.stride(3) != 1 or not _takes_rows(q, k, v)):
+        return None
+    lib = _kernel()
+    if lib is None:
+        return None
+    out = torch.empty(b, h * d)
+    failed = lib.headwise_attend_rows(
+        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), *k.stride()[:3], b, h, g, n, d,
+        d ** -0.5, out.data_ptr(), h * d, torch.get_num_threads())
+    return None if failed else out
+
+
+def _takes_rows(*ts) -> bool:
+    """Float32 CPU tensors with nothing to differentiate, outside torch.compile. (Called a few
+    hundred times per decoding step: attribute reads only, ~1 us.)"""
+    for t in ts:
+        if t.dtype is not _F32 or not t.is_cpu:
+            return False
+    if torch.is_grad_enabled():
+        for t in ts:
+            if t.requires_grad:
+                return False
+    return not torch.compiler.is_compiling()
+
+
+def _takes(x, w, bias, res, wt: bool) -> bool:
+    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x``,
+    ``w`` and ``res`` contiguous (``w`` ``(out, in)``, or ``(in, out)`` for one row when
+    ``wt``)."""
+    if x.dim() != 2 or w.dim() != 2 or x.stride(1) != 1 or w.stride(1) != 1:
+        return False
+    b, n = x.shape
+    n_in, out = (w.shape if wt else reversed(w.shape))
+    if not (n_in == n and (b == 1 if wt else 1 <= b <= ROWS)):
+        return False
+    if bias is not None and (bias.shape != (out,) or not bias.is_contiguous()):
+        return False
+    if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
+        return False
+    return _takes_rows(x, w, *[t for t in (bias, res) if t is not None])
+
+
+def _kernel():
+    """The loaded library, or None with ``_state["why"]`` set; built once per process."""
+    if "fn" not in _state:
+        with _lock:
+            if "fn" not in _state:
+                try:
+                    _state["fn"] = _load()
+                except (OSError, subprocess.SubprocessError) as e:
+                    _state.update(fn=None, why=f"could not build or load {SOURCE.name}: {e}")
+    return _state["fn"]
+
+
+def _load():
+    if os.environ.get("HEADWISE_NATIVE", "1") == "0":
+        return _off("HEADWISE_NATIVE=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return _off(f"not an x86-64 CPU ({platform.machine()})")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return _off(f"no AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return _off("no C compiler (cc or gcc) on PATH")
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
+    path = root / f"step_kernels-{key}.so"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            built = Path(tmp) / path.name
+            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+                                 capture_output=True, text=True, timeout=300)
+            if run.returncode != 0:
+                return _off(f"{cc} failed: {run.stderr.strip()[-300:]}")
+            os.replace(built, path)  # atomic: another process sees all of it or nothing
+    lib = ctypes.CDLL(str(path))
+    ptr, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    for name, args, result in (
+            ("headwise_rows_matmul",
+             [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32], i32),
+            ("headwise_row_matmul_t", [ptr, ptr, long, ptr, ptr, ptr, long, long, i32], None),
+            ("headwise_rope_rows", [ptr, long, long, long, long, long, ptr, ptr, long], i32),
+            ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None),
+            ("headwise_attend_rows", [ptr, long, ptr, ptr, long, long, long, long, long, long,
+                                      long, long, ctypes.c_float, ptr, long, i32], i32)):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    return lib
+
+
+def _off(why: str):
+    _state["why"] = why
+    return None

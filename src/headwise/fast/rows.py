@@ -1,0 +1,306 @@
+"""Weights in the form a one-row decoding step multiplies fastest (see :mod:`headwise.step`).
+
+Axis legend: ``b`` rows, ``in`` / ``out`` a linear map's input and output features.
+
+A cached decoding step feeds ``(b, in)`` rows with ``b`` small: every product is a matrix-vector
+product bound by reading the weights once. Each component's ``row`` form (beside its
+``forward``) holds its matrices as :data:`Weight` tuples and multiplies through
+:func:`linear` / :func:`residual`, so the layout choice is made here, once:
+
+- the C kernel: for 1 to :data:`COLUMN_ROWS` rows of float32 on an x86-64 CPU with AVX2, every
+  product of either layout below is headwise's own (:mod:`headwise.fast.native`), which reads the
+  weights at the speed memory delivers them: SmolLM2-135M's matrices at one row 20-24 GB/s
+  against MKL's 12-20 (its step's products 26.8 -> 23.0 ms at one thread, 21.9 -> 17.5 ms
+  at two), at 2-4 rows 14-15 GB/s against ~10 (a step at batch 4, one thread, 86 -> 70 ms).
+  It splits its products over the intra-op threads itself. The rest of this list is what
+  runs where it does not apply;
+- ``transpose=False``: the module's own ``(out, in)`` weight, no copy (the faster layout from
+  two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows it is
+  taken as ``(W @ x^T)^T``:
+  MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear`` calls) runs at ~25 GFLOP/s here,
+  so four rows cost twice one row's time although the weights are read once; ``W @ x^T`` (the
+  rows as ``b`` columns) is the kernel it is faster on (~10 GB/s, compute-bound; the ``(out,
+  b)`` result is copied back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as
+  fast; bfloat16 products run oneDNN's kernels, where the column form measured no faster;
+- ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams 1.3-1.5x
+  faster on this CPU, at the price of a second copy of the weights while a generation runs
+  (small models only: :data:`headwise.step.COPY_BUDGET`);
+- :func:`lay_out`: no copy kept: the module's own weight *stored* as ``W^T`` (its
+  ``(out, in)`` shape and values unchanged, strides ``(1, out)``), for the matrices where the
+  layout matters most. One row of ``x @ W^T`` over a wide matrix (``out > in``: a gated
+  feed-forward's gate/up, the vocabulary head) streams ``(in, out)`` storage at 11-17 GB/s
+  here against 6-9 GB/s for ``(out, in)`` (float32, MKL, 1-2 threads; square and tall matrices
+  measure the same either way or better untransposed); ``F.linear`` takes such a weight as it
+  is. Larger models are laid out this way for a one-row generation and back for 2 to
+  :data:`COLUMN_ROWS` rows, whose column form needs ``(out, in)``. Layers that read one input
+  (q, k, v; gate, up) are stored as blocks of one buffer and laid out as their joined matrix:
+  one product per group, with no copy (:func:`joined`), which for SmolLM2's q/k/v also turns
+  three square-ish matrices that stream at 7-10 GB/s into one wide one;
+- one row, two or more threads, no C kernel: a float32 product of at least :data:`SPLIT_MIN`
+  elements is one ``torch.bmm`` over one block of output features per intra-op thread (views
+  of whichever storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
+  setting: a SmolLM2-135M matrix streams at 7-12 GB/s with one thread or two, split in two
+  blocks at 13-20 GB/s with two (the machine reads 15-16 GB/s with one thread, 20-24 with two);
+  a SmolLM2 step at two threads: ~60 -> ~50 ms. Smaller matrices sit in cache, where the split
+  costs more than it gains, and with one thread it gains nothing;
+- :class:`~headwise.fast.int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
+  :class:`~headwise.fast.int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
+  ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
+  copy), the product reads those, about 1/7 of the float32 bytes, whatever ``transpose`` says.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headwise.fast import large as _large
+from headwise.fast import native as _native
+
+__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "SPLIT_MIN", "Weight", "joined", "lay_out",
+           "linear", "of_linear", "residual", "stored_transposed", "weight"]
+
+Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
+#                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4
+INT4 = "int4"
+# Up to this many rows an untransposed weight multiplies through headwise.fast.native, or the rows
+# as columns (module docstring).
+COLUMN_ROWS = _native.ROWS
+# From this many elements a one-row product is split across the intra-op threads (the module
+# docstring says why; smaller matrices sit in cache, where one thread's kernel is faster).
+SPLIT_MIN = 1 << 17
+# lay_out stores the matrices it moves in buffers of about this many bytes, advised to huge pages
+ARENA_BYTES = 64 << 20
+
+
+def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weight:
+    """A :data:`Weight` of ``w (out, in)`` and ``bias (out,)`` (detached: decoding has no
+    gradients). A ``w`` already stored as ``W^T`` (:func:`lay_out`) is taken as that ``(in,
+    out)`` view, copied or not: the product is then one ``mm`` call, the same BLAS call that
+    ``F.linear`` makes after its transpose and dispatch."""
+    w = w.detach()
+    bias = None if bias is None else bias.detach()
+    if transpose or stored_transposed(w):
+        return w.t().contiguous(), bias, True  # (no copy when stored so)
+    return w, bias, False
+
+
+def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
+    """The :data:`Weight` of an ``nn.Linear`` (its :class:`~headwise.fast.int4.Int4` codes when it
+    carries some)."""
+    codes = getattr(layer, "int4", None)
+    if codes is not None:
+        return codes, None if layer.bias is None else layer.bias.detach(), INT4
+    return weight(layer.weight, layer.bias, transpose)
+
+
+def stored_transposed(w: torch.Tensor) -> bool:
+    """Whether a matrix ``w (out, in)`` is stored as ``W^T``: ``(in, out)`` contiguous."""
+    return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
+
+
+def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(W, bias)`` of ``nn.Linear`` layers that read one input (q, k, v; gate, up) as one
+    ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
+    storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
+    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None.
+    Also None while autograd would need the parameters' gradients: the view is detached (a
+    product through it would train none of them), so training takes ``torch.cat``; and under
+    torch.compile, which cannot read storages."""
+    if not all(isinstance(layer, nn.Linear) for layer in layers):
+        return None  # (an Int4Linear's weight would be dequantized just to look)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            p.requires_grad for layer in layers for p in layer.parameters())):
+        return None
+    return _joined(layers)
+
+
+def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """:func:`joined` whatever autograd needs (for :func:`lay_out`'s "already so?")."""
+    ws = [layer.weight for layer in layers]
+    n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
+    strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
+    w = _consecutive(ws, (total, n_in), strides, strides and strides[0])
+    if w is None:
+        return None
+    biases = [layer.bias for layer in layers]
+    if all(bias is None for bias in biases):
+        return w, None
+    if any(bias is None for bias in biases):
+        return None
+    bias = _consecutive(biases, (total,), (1,), 1)
+    return None if bias is None else (w, bias)
+
+
+def _consecutive(ts, shape, strides, step):
+    """``ts`` as one tensor of ``shape``/``strides`` over their common storage, each starting
+    where the one before ends (``step`` elements per leading index); None otherwise."""
+    first = ts[0]
+    if strides is None or any(t.dtype != first.dtype or t.device != first.device
+                              or t.untyped_storage().data_ptr()
+                              != first.untyped_storage().data_ptr() for t in ts):
+        return None
+    at = first.storage_offset()
+    for t in ts:
+        if t.storage_offset() != at or t.stride() != strides[-t.dim():]:
+            return None
+        at += t.shape[0] * step
+    return first.detach().as_strided(shape, strides, first.storage_offset())
+
+
+def lay_out(module: nn.Module, rows: int) -> int:
+    """Store the float32 CPU ``nn.Linear`` weights of ``module`` the way a decoding step over
+    ``rows`` rows reads them fastest (module docstring), in place; returns how many matrices
+    moved.
+
+    One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``;
+    2 to :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are
+    (``F.linear`` measures the same on either). The layers a component lists as reading one
+    input (``joint_linears()``: self-attention's q, k, v; a gated feed-forward's gate, up) are
+    stored as blocks of one buffer, laid out as their joined matrix, so the step (and the
+    module path's fused projection) multiplies them as one without a copy (:func:`joined`).
+    Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
+    optimizer keeps its references), their shapes and values. The moved matrices go into
+    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages (fewer TLB misses
+    for a step that streams them every token); the extra memory while they move is a buffer
+    or two, or the largest group. The copies are ordinary tensors even inside
+    ``torch.inference_mode``, so the model still trains afterwards."""
+    if rows > COLUMN_ROWS:
+        return 0
+    todo, seen = [], set()
+    groups = [g for m in module.modules() for g in getattr(m, "joint_linears", tuple)()]
+    singles = [(m,) for m in module.modules() if isinstance(m, nn.Linear)]
+    for layers in groups + singles:
+        if not all(isinstance(m, nn.Linear) for m in layers):
+            continue  # (before reading .weight: an Int4Linear's would be dequantized)
+        ws = [layer.weight for layer in layers]
+        if (any(id(w) in seen for w in ws)
+                or any(w.dtype != torch.float32 or w.device.type != "cpu" for w in ws)):
+            continue
+        seen.update(id(w) for w in ws)
+        want = rows == 1 and _wide(layers)
+        whole = _joined(layers)
+        if whole is None or not (stored_transposed(whole[0]) if want
+                                 else whole[0].is_contiguous()):
+            todo.append((layers, want))
+    with torch.inference_mode(False), torch.no_grad():
+        for chunk in _chunks(todo):
+            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk), torch.float32)
+            at = 0
+            for layers, want in chunk:
+                _store(layers, want, arena[at:at + _numel(layers)])
+                at += _numel(layers)
+    return sum(len(layers) for layers, _ in todo)
+
+
+def _numel(layers) -> int:
+    return sum(layer.weight.numel() for layer in layers)
+
+
+def _chunks(todo):
+    """The groups to store as runs of about :data:`ARENA_BYTES` (a larger group is a run of
+    its own), wide groups (``out > in``) apart from the others: one huge-page buffer per run.
+    Laying a model out for another row count moves exactly its wide groups (one row wants them
+    ``W^T``, 2-4 rows ``(out, in)``), so every run it moves is vacated whole and freed, and the
+    extra memory meanwhile is a run or two, not a second copy of the model."""
+    for wide in (False, True):
+        run, size = [], 0
+        for item in todo:
+            if _wide(item[0]) is not wide:
+                continue
+            n = _numel(item[0]) * 4
+            if run and size + n > ARENA_BYTES:
+                yield run
+                run, size = [], 0
+            run.append(item)
+            size += n
+        if run:
+            yield run
+
+
+def _wide(layers) -> bool:
+    return sum(layer.weight.shape[0] for layer in layers) > layers[0].weight.shape[1]
+
+
+def _store(layers, transposed: bool, buf: torch.Tensor) -> None:
+    """The weights (and biases) of ``layers`` copied into ``buf`` (1-D, their total size) as
+    consecutive blocks: ``(in, sum of out)`` columns when ``transposed``, else ``(sum of out,
+    in)`` rows."""
+    ws = [layer.weight for layer in layers]
+    total, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
+    buf = buf.view((n_in, total) if transposed else (total, n_in))
+    group = len(layers) > 1 and all(layer.bias is not None for layer in layers)
+    biases = ws[0].new_empty(total) if group else None  # a single layer keeps its own
+    at = 0
+    for layer, w in zip(layers, ws, strict=True):
+        n = w.shape[0]
+        block = buf[:, at:at + n].t() if transposed else buf[at:at + n]
+        w.data = block.copy_(w.detach())
+        if biases is not None:
+            layer.bias.data = biases[at:at + n].copy_(layer.bias.detach())
+        at += n
+
+
+def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
+    """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go as ``W @ x^T`` where
+    :func:`headwise.fast.native.rows_matmul` does not apply: 2 to :data:`COLUMN_ROWS` rows of a
+    float32 weight (the module docstring says why)."""
+    return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
+
+
+def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor | None):
+    """One row ``x (1, in)`` times a float32 matrix split into ``k`` blocks of output features,
+    one per intra-op thread, as one batched product (plus ``res (1, out)`` when given) ->
+    ``(1, out)``; None when the product is not split: one thread, another row count, a matrix
+    under :data:`SPLIT_MIN` elements, ``k`` not dividing ``out``, a strided storage. The blocks
+    are views: rows ``(k, out / k, in)`` of an ``(out, in)`` storage, columns
+    ``(k, in, out / k)`` of an ``(in, out)`` one (a ``transpose`` copy or :func:`lay_out`)."""
+    k = torch.get_num_threads()  # (first: one thread, the common case, returns at once)
+    if k < 2 or x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
+        return None
+    wt = m if layout else m.t() if stored_transposed(m) else None  # (in, out), contiguous
+    out = m.shape[0] if wt is None else wt.shape[1]
+    if out % k or m.device.type != "cpu" or (wt is None and not m.is_contiguous()):
+        return None
+    if wt is not None:  # the row times each (in, out / k) block
+        a, b = x.expand(k, 1, -1), wt.view(wt.shape[0], k, -1).permute(1, 0, 2)
+        res = None if res is None else res.reshape(k, 1, -1)
+    else:  # each (out / k, in) block times the row as a column
+        a, b = m.view(k, -1, m.shape[1]), x.t().expand(k, -1, 1)
+        res = None if res is None else res.reshape(k, -1, 1)
+    return (torch.bmm(a, b) if res is None else torch.baddbmm(res, a, b)).view(1, -1)
+
+
+def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``x (b, in) @ W^T + bias -> (b, out)``."""
+    m, bias, layout = w
+    if layout is INT4:
+        return m(x) if bias is None else m(x).add_(bias)
+    if (y := _native.rows_matmul(x, m, bias, wt=layout)) is not None:
+        return y
+    if (y := _split_product(x, m, layout, None)) is not None:
+        return y if bias is None else y.add_(bias)
+    if layout:
+        return torch.mm(x, m) if bias is None else torch.addmm(bias, x, m)
+    if _as_columns(x, m):  # (W @ x^T)^T
+        y = torch.mm(m, x.t()) if bias is None else torch.addmm(bias[:, None], m, x.t())
+        return y.t().contiguous()
+    return F.linear(x, m, bias)
+
+
+def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``x + (y @ W^T + bias)``: one product with the addition fused (as ``F.linear`` fuses
+    its bias), plus one add when there is a bias."""
+    m, bias, layout = w
+    if layout is INT4:
+        out = m(y).add_(x)
+    elif (out := _native.rows_matmul(y, m, bias, x, wt=layout)) is not None:
+        return out
+    elif (split := _split_product(y, m, layout, x)) is not None:
+        out = split
+    elif not layout and _as_columns(y, m):
+        out = torch.addmm(x.t(), m, y.t()).t().contiguous()  # (x^T + W @ y^T)^T
+    else:
+        out = torch.addmm(x, y, m if layout else m.t())
+    return out if bias is None else out.add_(bias)

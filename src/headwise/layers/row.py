@@ -1,0 +1,94 @@
+"""Multi-head attention for one new position per row: the cached decoding step's form of
+:class:`~headwise.layers.MultiHeadAttention` (built by its ``row`` method).
+
+Axis legend: ``b`` rows, ``m`` model dim, ``h`` query heads, ``g`` key/value heads, ``d`` head
+dim, ``j`` cached positions, ``r`` rotated features.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from headwise.attend import dispatch, takes_finite
+from headwise.fast import native as _native
+from headwise.fast import rows as _rows
+
+__all__ = ["AttentionRow"]
+
+
+class AttentionRow:
+    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new position each.
+
+    The same projections (as :mod:`headwise.fast.rows` weights), the same RoPE, the same attention
+    dispatch (backend, soft-capping, sinks) and the same :class:`~headwise.cache.KVCache` as the
+    module; only the bookkeeping is gone. A sliding window reads the last ``window`` cached
+    positions instead of masking the rest (the single newest query needs no mask at all).
+    """
+
+    __slots__ = ("qkv", "q", "k", "v", "out", "h", "g", "d", "rope", "window", "kw", "vouch")
+
+    def __init__(self, attn, *, transpose: bool, fuse: bool, cross: bool):
+        t = transpose
+        self.h, self.g, self.d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.out = _rows.of_linear(attn.out_proj, t)
+        self.rope, self.window = attn.rope, attn.window
+        sinks = None if attn.sinks is None else attn.sinks.detach()
+        self.kw = dict(backend=attn.backend, softcap=attn.softcap, sinks=sinks)
+        # the fused path's NaN policy takes the step's word; the eager one reads for itself
+        self.vouch = takes_finite(attn.backend, attn.softcap, attn.sinks)
+        self.qkv = self.k = self.v = None
+        self.q = _rows.of_linear(attn.q_proj, t)
+        if cross:
+            return
+        whole = next((_rows.joined(group) for group in attn.joint_linears()), None)
+        if fuse or whole is not None:  # one product over cat(W_q, W_k, W_v): their joined
+            # storage (_rows.lay_out), or a copy made once per generation
+            self.qkv, self.q = _rows.weight(*(whole or attn.qkv_weight()), t), None
+        else:
+            self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
+
+    def self_attend(self, x: torch.Tensor, cache, rot) -> torch.Tensor:
+        """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
+        ``rot``: this position's RoPE ``(cos, signed sin)`` from
+        :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
+        b, h, g, d = x.shape[0], self.h, self.g, self.d
+        turned = None  # the C kernel's answer: q and k turned in place, is every q/k/v finite?
+        if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
+            row = _rows.linear(x, self.qkv)
+            if self.rope is not None:
+                turned = _native.rope_rows(row, *rot, h + g, d, self.rope.rotary_dim)
+            qk, v = row.split_with_sizes((h * d + g * d, g * d), dim=-1)
+        else:
+            qk = torch.cat([_rows.linear(x, w) for w in (self.q, self.k)], dim=-1)
+            v = _rows.linear(x, self.v)
+        qk = qk.view(b, h + g, 1, d)
+        if self.rope is not None and turned is None:
+            qk = self.rope.rotate(qk, *rot)
+        q, k = qk.split_with_sizes((h, g), dim=1)
+        # NaN policy: one look at this position's q, k, v; the cache vouches for the others
+        fresh = self.vouch and x.device.type == "cpu" and (
+            turned if turned is not None else _finite(qk, v))
+        k, v = cache.update(k, v.view(b, g, 1, d))
+        kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
+        if self.window is not None and k.shape[2] > self.window:
+            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
+        # a single newest query sees every cached key: no causal mask (bottom-right alignment);
+        # q, k, v checked finite for the fused path: headwise's C kernel where it applies
+        if fresh and kv_finite and (out := _native.attend_rows(q, k, v)) is not None:
+            return out
+        out, _ = dispatch(q, k, v, kv_finite=kv_finite, q_finite=fresh, **self.kw)
+        return out.view(b, -1)
+
+    def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:
+        """``x (b, m)`` against the encoder keys/values the prompt step stored in ``cache``."""
+        b = x.shape[0]
+        q = _rows.linear(x, self.q).view(b, self.h, 1, self.d)
+        out, _ = dispatch(q, cache.k, cache.v, mask=mask, **self.kw)
+        return out.view(b, -1)
+
+
+def _finite(qk: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``qk`` and ``v`` hold no NaN or inf: one float32 total (a non-finite sum)."""
+    return math.isfinite((qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())

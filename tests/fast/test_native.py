@@ -1,0 +1,236 @@
+"""headwise.fast.native: the C product for 1-4 rows equals float64 arithmetic on any shape, layout
+and thread count it takes, declines what it cannot take, and says why when it cannot be built."""
+
+import platform
+import shutil
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from headwise.fast import native as _native
+
+
+def _builds_here() -> bool:
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            and shutil.which("cc") is not None)
+
+
+def test_the_kernel_is_built_where_a_compiler_and_avx2_exist():
+    assert (_native.status() == "ready") is _builds_here(), _native.status()
+
+
+needs_kernel = pytest.mark.skipif(not _builds_here(), reason="no x86-64 AVX2 CPU or no cc")
+
+
+@needs_kernel
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 4), n_in=st.integers(1, 70), n_out=st.integers(1, 150),
+       bias=st.booleans(), res=st.booleans(), threads=st.sampled_from([1, 2]),
+       pad=st.integers(0, 9), seed=st.integers(0, 2**31 - 1), transposed=st.booleans())
+@example(rows=1, n_in=37, n_out=70, bias=True, res=True, threads=2, pad=3, seed=5,
+         transposed=True)
+@example(rows=1, n_in=70, n_out=61, bias=False, res=True, threads=1, pad=0, seed=6,
+         transposed=False)
+def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, seed,
+                                    transposed):
+    """Every row count, odd sizes (remainders of the 8-wide loops, of the row pairs and of
+    one row's eight-row passes), padded row strides of x, W (or of W^T for one row: the
+    transposed-storage kernel) and the residual, bias and residual each on or off, 1 or 2
+    threads."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in + pad, generator=gen)[:, :n_in]
+    wt = transposed and rows == 1  # W given as W^T (in, out), its rows padded
+    w = (torch.randn(n_in, n_out + pad, generator=gen)[:, :n_out].t() if wt
+         else torch.randn(n_out, n_in + pad, generator=gen)[:, :n_in])
+    b = torch.randn(n_out, generator=gen) if bias else None
+    r = torch.randn(rows, n_out + pad, generator=gen)[:, :n_out] if res else None
+    want = x.double() @ w.double().t()
+    want = want + (0 if b is None else b.double()) + (0 if r is None else r.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.rows_matmul(x, w.t() if wt else w, b, r, wt=wt)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (rows, n_out) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * (n_in ** 0.5 + 1), rtol=1e-6)
+
+
+@needs_kernel
+def test_a_joined_matrix_block_is_read_through_its_view():
+    """The step multiplies views of one storage (q/k/v joined): a block of rows is taken in
+    place, and the rows outside it are never read into the result."""
+    w = torch.randn(30, 16)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(_native.rows_matmul(x, w[10:20]), x @ w[10:20].t(),
+                               atol=1e-5, rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["float64", "five rows", "strided features", "grad",
+                                  "bias shape", "residual shape", "two rows of a W^T"])
+def test_what_the_kernel_cannot_take_is_declined(case):
+    x, w = torch.randn(2, 8), torch.randn(6, 8)
+    args = dict(x=x, w=w)
+    if case == "float64":
+        args.update(x=x.double(), w=w.double())
+    elif case == "five rows":
+        args.update(x=torch.randn(5, 8))
+    elif case == "strided features":
+        args.update(w=torch.randn(6, 16)[:, ::2])
+    elif case == "grad":
+        args.update(w=w.requires_grad_())
+    elif case == "bias shape":
+        args.update(bias=torch.randn(5))
+    elif case == "two rows of a W^T":  # (the transposed-storage kernel takes one row)
+        args.update(w=torch.randn(8, 6), wt=True)
+    else:
+        args.update(res=torch.randn(2, 5))
+    assert _native.rows_matmul(**args) is None
+
+
+def test_no_kernel_says_why_and_declines(monkeypatch, tmp_path):
+    """Switched off by the environment, or a compiler that fails: the status names the reason
+    and every call is declined (the caller's MKL path runs); nothing is left in the cache."""
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("HEADWISE_NATIVE", "0")
+    assert _native.status() == "HEADWISE_NATIVE=0"
+    assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
+    if not _builds_here():
+        return
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.delenv("HEADWISE_NATIVE")
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", shutil.which("false") or "false")
+    assert "failed" in _native.status()
+    assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+
+
+@needs_kernel
+def test_a_fresh_cache_builds_once_and_loads(monkeypatch, tmp_path):
+    """A new cache directory: the first status builds the library there (one file, named by
+    the source's hash), and the product it loads is right."""
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path))
+    assert _native.status() == "ready"
+    built = list(tmp_path.iterdir())
+    assert len(built) == 1 and built[0].name.startswith("step_kernels-") and built[0].suffix == ".so"
+    x, w = torch.randn(4, 40), torch.randn(24, 40)
+    torch.testing.assert_close(_native.rows_matmul(x, w), x @ w.t(), atol=1e-5, rtol=0)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), heads=st.integers(1, 6), half=st.integers(1, 12),
+       extra=st.integers(0, 5), tail=st.integers(0, 9), pos=st.integers(0, 500),
+       bad=st.sampled_from([None, float("nan"), float("inf"), -float("inf")]),
+       seed=st.integers(0, 2**31 - 1))
+def test_rope_rows_is_rotate_bit_for_bit_and_reports_finiteness(rows, heads, half, extra, tail,
+                                                                pos, bad, seed):
+    """Partial rotary (``r < d``), value features after the q/k heads, any position: the turned
+    heads equal RotaryEmbedding.rotate bit for bit, everything else is untouched, and the answer
+    says whether every feature of every row is finite (a NaN or inf anywhere, v included)."""
+    from headwise.rope import RotaryEmbedding
+    gen = torch.Generator().manual_seed(seed)
+    r, d = 2 * half, 2 * half + extra
+    rope = RotaryEmbedding(d, theta=10000.0, rotary_dim=r)
+    cos, sin = rope.angles(pos, 1, torch.empty(0))
+    x = torch.randn(rows, heads * d + tail, generator=gen) * 3
+    if bad is not None:
+        x.view(-1)[int(torch.randint(0, x.numel(), (1,), generator=gen))] = bad
+    want = rope.rotate(x[:, :heads * d].reshape(rows, heads, 1, d), cos, sin).reshape(rows, -1)
+    got = x.clone()
+    finite = _native.rope_rows(got, cos, sin, heads, d, r)
+    assert finite is bool(torch.isfinite(got).all())
+    assert finite is (bad is None)
+    torch.testing.assert_close(got[:, :heads * d], want, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(got[:, heads * d:], x[:, heads * d:], atol=0, rtol=0,
+                               equal_nan=True)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), m=st.integers(1, 700), eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+       seed=st.integers(0, 2**31 - 1))
+def test_rms_rows_equals_float64_rms_norm(rows, m, eps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, m, generator=gen) * 2, torch.randn(m, generator=gen)
+    want = torch.rms_norm(x.double(), (m,), w.double(), eps)
+    torch.testing.assert_close(_native.rms_rows(x, w, eps).double(), want, atol=2e-6, rtol=1e-6)
+
+
+@needs_kernel
+def test_rope_and_rms_rows_decline_what_they_cannot_take():
+    from headwise.rope import RotaryEmbedding
+    cos, sin = RotaryEmbedding(8).angles(0, 1, torch.empty(0))
+    assert _native.rope_rows(torch.randn(2, 16).double(), cos, sin, 2, 8, 8) is None
+    assert _native.rope_rows(torch.randn(2, 15), cos, sin, 2, 8, 8) is None  # too narrow
+    assert _native.rope_rows(torch.randn(16, 2).t(), cos, sin, 2, 8, 8) is None  # strided
+    assert _native.rms_rows(torch.randn(2, 8), torch.randn(7), 1e-5) is None
+    assert _native.rms_rows(torch.randn(2, 8, requires_grad=True), torch.randn(8), 1e-5) is None
+
+
+def _attention64(q, k, v):
+    """float64 softmax(q k^T / sqrt(d)) v with each key/value head shared by h / g query heads."""
+    per = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(per, 1) for t in (k, v))
+    s = q.double() @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return (s.softmax(-1) @ v).reshape(q.shape[0], -1)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), g=st.integers(1, 3), per=st.integers(1, 4), n=st.integers(1, 70),
+       d=st.sampled_from([1, 5, 8, 12, 64, 72, 130]), start=st.integers(0, 6),
+       spread=st.sampled_from([0.1, 1.0, 6.0]), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**31 - 1))
+def test_attend_rows_equals_float64_attention(rows, g, per, n, d, start, spread, threads, seed):
+    """One query per row over n cached positions: every head grouping (g key/value heads, each
+    shared by ``per`` query heads), head sizes below, at and past the 64-feature register
+    block, cache views that start later (a sliding window) and end before the buffer does,
+    the query a view of a fused q|k|v row, scores from flat to sharply peaked (the exp
+    polynomial over its range), 1 or 2 threads."""
+    gen = torch.Generator().manual_seed(seed)
+    h, length = g * per, start + n + 3
+    row = torch.randn(rows, (h + 2 * g) * d, generator=gen) * spread
+    q = row[:, :h * d].view(rows, h, 1, d)
+    kc, vc = (torch.randn(rows, g + 1, length, d, generator=gen) for _ in range(2))
+    k, v = kc[:, :g, start:start + n], vc[:, :g, start:start + n]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.attend_rows(q, k, v)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (rows, h * d)
+    # float32 scores carry ~2^-24 of their size into the exponent: the tolerance scales with the
+    # largest score (over 3000 draws the kernel's error reached 2.1e-7 of 1 + max |score|,
+    # F.scaled_dot_product_attention's own 2.8e-7)
+    per_q = k.double().repeat_interleave(per, 1)
+    top = float((q.double() @ per_q.transpose(-1, -2)).abs().max()) / d ** 0.5
+    torch.testing.assert_close(got.double(), _attention64(q, k, v), atol=1e-6 * (1 + top),
+                               rtol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["two queries", "heads not grouped", "float64", "grad",
+                                  "strided query heads", "k and v strides differ"])
+def test_attend_rows_declines_what_it_cannot_take(case):
+    q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    if case == "two queries":
+        q = torch.randn(2, 6, 2, 8)
+    elif case == "heads not grouped":
+        k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)
+    elif case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    elif case == "grad":
+        q.requires_grad_()
+    elif case == "strided query heads":
+        q = torch.randn(2, 6, 1, 16)[..., :8]
+    else:
+        v = torch.randn(2, 3, 8, 5).transpose(-1, -2)
+    assert _native.attend_rows(q, k, v) is None
