@@ -19,10 +19,11 @@ A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
+
+from headwise.fast import finite, host
 
 __all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "SelfAttentionCache"]
 
@@ -79,13 +80,11 @@ class SelfAttentionCache:
         last ``vouched`` of them finite itself (the step checks a new position's q, k and v in
         one total). CPU only: elsewhere the answer would cost a device sync, and this says False
         (the caller checks as usual)."""
-        if self.k.device.type != "cpu":
+        if not host(self.k):
             return False
         if self.checked < end - vouched:
             new = (slice(None), slice(None), slice(self.checked, end - vouched))
-            total = (self.k[new].sum(dtype=torch.float32)
-                     + self.v[new].sum(dtype=torch.float32))
-            if not math.isfinite(total.item()):  # (torch.isfinite on a scalar: ~50 us)
+            if not finite(self.k[new], self.v[new]):
                 return False
         self.checked = max(self.checked, end)
         return True

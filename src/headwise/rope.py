@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from headwise.fast import compiling
+
 __all__ = ["MEMO_MAX", "RotaryEmbedding", "rotate_half"]
 
 #: :meth:`RotaryEmbedding.angles` keeps its last answer up to this many positions x rotated
@@ -68,8 +70,7 @@ class RotaryEmbedding(nn.Module):
         :func:`rotate_half`, folded into the table so :meth:`rotate` needs no negation)."""
         key = (offset, n, like.dtype, like.device, torch.is_inference_mode_enabled(),
                self.theta, self.rotary_dim)
-        if (self._last is not None and self._last[0] == key
-                and not torch.compiler.is_compiling()):
+        if self._last is not None and self._last[0] == key and not compiling():
             return self._last[1]  # (every layer of one forward asks for the same positions)
         r, dev = self.rotary_dim, like.device
         inv_freq = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=dev) / r)
@@ -78,7 +79,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = ang.cos(), ang.sin()
         out = (torch.stack((cos, cos), dim=-2).to(like.dtype),
                torch.stack((-sin, sin), dim=-2).to(like.dtype))
-        if n * r <= MEMO_MAX and not torch.compiler.is_compiling():
+        if n * r <= MEMO_MAX and not compiling():
             self._last = (key, out)
         return out
 

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from headwise.cache import KVCache
+from headwise.fast import applies
 from headwise.fast import int4 as _int4
 from headwise.fast import rows as _rows
 
@@ -113,7 +114,7 @@ class DecodeStep:
         self.final_norm = None if isinstance(dec.final_norm, nn.Identity) else dec.final_norm.row()
         self.head = _rows.of_linear(dec.lm_head, t)
         self.like = p
-        self.native = p.device.type == "cpu" and p.dtype == torch.float32
+        self.native = applies(p, autograd=True)  # (the step only reads its weights)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.native:

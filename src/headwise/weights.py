@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headwise.fast import finite
 from headwise.fast import large as _large
 
 __all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "release_memory", "softmax_rows",
@@ -324,12 +325,11 @@ def _nan_rows(w: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor) -> None:
     """The NaN policy on weights ``w (b, hs, is, j)``, in place: NaN in every row whose query
     ``qs (b, hs, is, d)`` holds NaN or inf, and in every head whose keys ``ks (b, hs, j, d)``
     do (see :mod:`headwise.attention`)."""
-    if math.isfinite((qs.sum(dtype=torch.float32) + ks.sum(dtype=torch.float32)).item()):
-        return  # the common case: one total instead of a mask
+    if finite(qs, ks):
+        return  # the common case (on the CPU): one total instead of a mask
     bad = ~torch.isfinite(qs.sum(dim=-1, keepdim=True, dtype=torch.float32))
     bad = bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
-    if bad.any():
-        w.masked_fill_(bad, float("nan"))
+    w.masked_fill_(bad, float("nan"))  # (no `if bad.any()`: on a GPU that is a sync)
 
 
 def _softmax_into(s: torch.Tensor, dest: torch.Tensor) -> None:

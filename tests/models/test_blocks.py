@@ -71,9 +71,11 @@ def test_dropout_is_used_in_training_only():
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_inference_writes_in_place_with_the_same_bits_as_the_autograd_path(
         ffn, activation, norm_first):
-    """Under no_grad the feed-forward's activation and gating and the residual additions
-    reuse their buffers (headwise.models.feedforward.overwritable): the block's output is bit
-    for bit the one autograd's out-of-place path gives, and the input is left as it was."""
+    """Under no_grad, in a forward that reuses its buffers (headwise.fast.reuse.scope, which
+    every model's forward enters), the feed-forward's activation and gating and the residual
+    additions write in place: the block's output is bit for bit the one autograd's
+    out-of-place path gives, and the input is left as it was."""
+    from headwise.fast import reuse
     from headwise.models import DecoderBlock
     torch.manual_seed(len(ffn) + len(activation) + norm_first)
     block = DecoderBlock(16, 4, 40, dropout=0.0, norm_first=norm_first, activation=activation,
@@ -81,9 +83,9 @@ def test_inference_writes_in_place_with_the_same_bits_as_the_autograd_path(
     x = torch.randn(2, 7, 16)
     keep = x.clone()
     want, _ = block(x)  # grad on: out of place
-    with torch.no_grad():
+    with torch.no_grad(), reuse.scope(block) as on:
         got, _ = block(x)
-    assert want.requires_grad and torch.equal(got, want.detach()) and torch.equal(x, keep)
+    assert on and want.requires_grad and torch.equal(got, want.detach()) and torch.equal(x, keep)
 
 
 @pytest.mark.parametrize("where", ["ff.gate", "ff.down", "ff", "self_attn.out_proj", "self_attn",
@@ -93,6 +95,7 @@ def test_a_forward_hook_keeps_what_it_was_handed(where):
     feed-forward's gate, its output projection, the feed-forward, attention's output
     projection, attention itself, or a global hook, nothing is overwritten after the hook ran,
     so the cached tensor still equals that module's output recomputed alone."""
+    from headwise.fast import reuse
     from headwise.models import DecoderBlock
     torch.manual_seed(3)
     block = DecoderBlock(16, 4, 40, dropout=0.0, activation="silu", ffn="glu",
@@ -110,7 +113,9 @@ def test_a_forward_hook_keeps_what_it_was_handed(where):
         module = block.get_submodule(where)
         handle = module.register_forward_hook(keep)
     with torch.no_grad():
-        block(torch.randn(2, 5, 16))
+        with reuse.scope(block) as on:
+            block(torch.randn(2, 5, 16))
+        assert not on
         handle.remove()  # (before recomputing: the hook would replace what it kept)
         again = module(*seen["in"], **({"causal": True} if where == "self_attn" else {}))
     again = again[0] if isinstance(again, tuple) else again

@@ -11,14 +11,13 @@ key position, ``d`` head dim.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
+from headwise.fast import finite
 from headwise.fast import flash_cpu as _flash_cpu
 from headwise.heads import expand_kv
 from headwise.observe import (
@@ -201,8 +200,7 @@ def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
     flash kernel does, the math kernel raises)."""
     if mask is None:
         return True
-    return q.device.type == "cpu" and sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) \
-        == "FLASH_ATTENTION"
+    return sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) == "FLASH_ATTENTION"
 
 
 def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
@@ -215,12 +213,8 @@ def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.T
     small ops and a copy of ``out`` (on a GPU that read would be a device sync, so the
     per-row and per-head masks are always built there, and under torch.compile, which fuses
     them and cannot branch on a value)."""
-    if out.device.type == "cpu" and not torch.compiler.is_compiling():  # (compiled: fused)
-        total = q.detach().sum(dtype=torch.float32)
-        for t in kv:
-            total = total + t.detach().sum(dtype=torch.float32)
-        if math.isfinite(total.item()):
-            return out
+    if finite(q, *kv):  # (None off the CPU and under compile: the masks below, fused)
+        return out
     bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
     for t in kv:
         heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from headwise.fast import host
+
 __all__ = ["FlashUpcastBackward", "applies", "takes", "with_lse"]
 
 _ops = torch.ops.aten
@@ -33,7 +35,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
     """True when the attention of ``q, k, v`` is a reduced-precision CPU flash call that
     autograd will differentiate. ``kernel()`` names torch's kernel choice; it is asked last,
     only when every cheap condition holds."""
-    return (_AVAILABLE and dropout_p == 0.0 and q.device.type == "cpu"
+    return (_AVAILABLE and dropout_p == 0.0 and host(q)
             and q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad)
             and kernel() == "FLASH_ATTENTION")
@@ -43,7 +45,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
           kernel: Callable[[], str]) -> bool:
     """True when torch's CPU flash op would run this attention, so :func:`with_lse` gives the
     same output (and gradients) as ``F.scaled_dot_product_attention`` plus its log-sum-exp."""
-    return (_AVAILABLE and dropout_p == 0.0 and q.device.type == "cpu"
+    return (_AVAILABLE and dropout_p == 0.0 and host(q)
             and kernel() == "FLASH_ATTENTION")
 
 

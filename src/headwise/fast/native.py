@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from headwise.fast import applies
+
 __all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "status"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
@@ -97,7 +99,7 @@ def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     every row is finite afterwards. None (nothing done) when the kernel does not apply."""
     tables = (cos, sin)
     if (rows.dim() != 2 or rows.stride(1) != 1 or heads * d > rows.shape[1]
-            or not _takes_rows(rows, *tables)
+            or not applies(rows, *tables)
             or any(t.numel() != r or not t.is_contiguous() for t in tables)):
         return None
     lib = _kernel()
@@ -111,7 +113,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     """RMSNorm of rows ``x (b, m)`` with weight ``w (m,)`` -> a new ``(b, m)``; None when the
     kernel does not apply."""
     if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
-            or not _takes_rows(x, w)):
+            or not applies(x, w)):
         return None
     lib = _kernel()
     if lib is None:
@@ -134,7 +136,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     g, n = k.shape[1], k.shape[2]
     if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
             or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
-            or k.stride(3) != 1 or not _takes_rows(q, k, v)):
+            or k.stride(3) != 1 or not applies(q, k, v)):
         return None
     lib = _kernel()
     if lib is None:
@@ -144,19 +146,6 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
         q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), *k.stride()[:3], b, h, g, n, d,
         d ** -0.5, out.data_ptr(), h * d, torch.get_num_threads())
     return None if failed else out
-
-
-def _takes_rows(*ts) -> bool:
-    """Float32 CPU tensors with nothing to differentiate, outside torch.compile. (Called a few
-    hundred times per decoding step: attribute reads only, ~1 us.)"""
-    for t in ts:
-        if t.dtype is not _F32 or not t.is_cpu:
-            return False
-    if torch.is_grad_enabled():
-        for t in ts:
-            if t.requires_grad:
-                return False
-    return not torch.compiler.is_compiling()
 
 
 def _takes(x, w, bias, res, wt: bool) -> bool:
@@ -173,7 +162,7 @@ def _takes(x, w, bias, res, wt: bool) -> bool:
         return False
     if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
         return False
-    return _takes_rows(x, w, *[t for t in (bias, res) if t is not None])
+    return applies(x, w, *[t for t in (bias, res) if t is not None])
 
 
 def _kernel():

@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headwise.fast import applies
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 
@@ -110,8 +111,7 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     torch.compile, which cannot read storages."""
     if not all(isinstance(layer, nn.Linear) for layer in layers):
         return None  # (an Int4Linear's weight would be dequantized just to look)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-            p.requires_grad for layer in layers for p in layer.parameters())):
+    if not applies(*(p for layer in layers for p in layer.parameters())):
         return None
     return _joined(layers)
 
@@ -175,8 +175,7 @@ def lay_out(module: nn.Module, rows: int) -> int:
         if not all(isinstance(m, nn.Linear) for m in layers):
             continue  # (before reading .weight: an Int4Linear's would be dequantized)
         ws = [layer.weight for layer in layers]
-        if (any(id(w) in seen for w in ws)
-                or any(w.dtype != torch.float32 or w.device.type != "cpu" for w in ws)):
+        if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True):
             continue
         seen.update(id(w) for w in ws)
         want = rows == 1 and _wide(layers)
@@ -246,7 +245,7 @@ def _as_columns(x: torch.Tensor, m: torch.Tensor) -> bool:
     """Whether rows ``x (b, in)`` times an untransposed ``W (out, in)`` go as ``W @ x^T`` where
     :func:`headwise.fast.native.rows_matmul` does not apply: 2 to :data:`COLUMN_ROWS` rows of a
     float32 weight (the module docstring says why)."""
-    return 1 < x.shape[0] <= COLUMN_ROWS and m.dtype == torch.float32
+    return 1 < x.shape[0] <= COLUMN_ROWS and applies(x, m)
 
 
 def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor | None):
@@ -257,11 +256,11 @@ def _split_product(x: torch.Tensor, m: torch.Tensor, layout, res: torch.Tensor |
     are views: rows ``(k, out / k, in)`` of an ``(out, in)`` storage, columns
     ``(k, in, out / k)`` of an ``(in, out)`` one (a ``transpose`` copy or :func:`lay_out`)."""
     k = torch.get_num_threads()  # (first: one thread, the common case, returns at once)
-    if k < 2 or x.shape[0] != 1 or m.numel() < SPLIT_MIN or m.dtype != torch.float32:
+    if k < 2 or x.shape[0] != 1 or m.numel() < SPLIT_MIN or not applies(x, m):
         return None
     wt = m if layout else m.t() if stored_transposed(m) else None  # (in, out), contiguous
     out = m.shape[0] if wt is None else wt.shape[1]
-    if out % k or m.device.type != "cpu" or (wt is None and not m.is_contiguous()):
+    if out % k or (wt is None and not m.is_contiguous()):
         return None
     if wt is not None:  # the row times each (in, out / k) block
         a, b = x.expand(k, 1, -1), wt.view(wt.shape[0], k, -1).permute(1, 0, 2)

@@ -7,11 +7,10 @@ dim, ``j`` cached positions, ``r`` rotated features.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from headwise.attend import dispatch, takes_finite
+from headwise.fast import finite
 from headwise.fast import native as _native
 from headwise.fast import rows as _rows
 
@@ -68,8 +67,7 @@ class AttentionRow:
             qk = self.rope.rotate(qk, *rot)
         q, k = qk.split_with_sizes((h, g), dim=1)
         # NaN policy: one look at this position's q, k, v; the cache vouches for the others
-        fresh = self.vouch and x.device.type == "cpu" and (
-            turned if turned is not None else _finite(qk, v))
+        fresh = self.vouch and (turned if turned is not None else finite(qk, v) is True)
         k, v = cache.update(k, v.view(b, g, 1, d))
         kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
         if self.window is not None and k.shape[2] > self.window:
@@ -88,7 +86,3 @@ class AttentionRow:
         out, _ = dispatch(q, cache.k, cache.v, mask=mask, **self.kw)
         return out.view(b, -1)
 
-
-def _finite(qk: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``qk`` and ``v`` hold no NaN or inf: one float32 total (a non-finite sum)."""
-    return math.isfinite((qk.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)).item())

@@ -6,6 +6,7 @@ import torch
 
 from headwise import limits
 from headwise import masks as _masks
+from headwise.fast import compiling
 
 
 def tokens(ids, vocab_size: int, name: str, where: str) -> None:
@@ -25,7 +26,7 @@ def tokens(ids, vocab_size: int, name: str, where: str) -> None:
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{where}: {name} is empty, shape {tuple(ids.shape)}; give at least one "
                          "row and one token")
-    if torch.compiler.is_compiling():  # reading the values would break torch.compile's graph
+    if compiling():  # reading the values would break torch.compile's graph
         return
     lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0 or hi >= vocab_size:

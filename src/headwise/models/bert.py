@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from headwise.fast import reuse
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
@@ -127,6 +128,7 @@ class BertModel(nn.Module):
         restructure(self)
         self._no_masks = [None] * config.num_layers
 
+    @reuse.buffers
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *,
                 head_mask: torch.Tensor | None = None,

@@ -18,6 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from headwise.fast import reuse
 from headwise.fast import rows as _rows
 from headwise.layers import MultiHeadAttention
 from headwise.models.feedforward import (
@@ -26,7 +27,6 @@ from headwise.models.feedforward import (
     check_activation,
     drop,
     make_feedforward,
-    overwritable,
 )
 from headwise.models.norms import make_norm
 from headwise.observe import StepKind, record
@@ -131,14 +131,16 @@ class _Block(nn.Module):
         self.ff_norm = new_norm()
         self.dropout = nn.Dropout(dropout)
 
-    def _sublayer(self, x, norm, fn, owner):
+    def _sublayer(self, x, norm, fn):
         """One residual sublayer in either order; ``fn`` maps ``(b, n, m)`` to
-        ``((b, n, m), extra)``: the output of ``owner`` (attention or feed-forward)."""
+        ``((b, n, m), extra)`` (attention or feed-forward). The residual sum is
+        :func:`headwise.fast.reuse.add`: ``x + out``, into ``out`` when the model's forward
+        reuses its buffers."""
         if self.norm_first:
             out, extra = fn(norm(x))
-            return _residual(x, drop(self, out), owner), extra
+            return reuse.add(x, drop(self, out)), extra
         out, extra = fn(x)
-        return norm(_residual(x, drop(self, out), owner)), extra
+        return norm(reuse.add(x, drop(self, out))), extra
 
     def row(self, cache, *, transpose: bool, fuse: bool) -> BlockRow:
         """This block's one-row form for the cached decoding step (:class:`BlockRow`)."""
@@ -192,9 +194,8 @@ class EncoderBlock(_Block):
         Returns ``(x (b, n, m), weights (b, h, n, n) or None)``.
         """
         x, weights = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
-            y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights),
-            self.self_attn)
-        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None), self.ff)
+            y, mask=mask, causal=causal, head_mask=head_mask, return_weights=return_weights))
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
         record(StepKind.BLOCK_OUTPUT, x)
         return x, weights
 
@@ -252,7 +253,7 @@ class DecoderBlock(_Block):
                                                                       cache.cross_attn)
         x, self_w = self._sublayer(x, self.attn_norm, lambda y: self.self_attn(
             y, mask=self_mask, causal=causal, head_mask=head_mask, return_weights=want_self,
-            cache=self_cache), self.self_attn)
+            cache=self_cache))
         cross_w = None
         if memory is not None:
             if self.cross_attn is None:
@@ -260,23 +261,13 @@ class DecoderBlock(_Block):
                                  "(a language-model block); call it with memory=None")
             x, cross_w = self._sublayer(x, self.cross_norm, lambda y: self.cross_attn(
                 y, memory, mask=memory_mask, head_mask=cross_head_mask,
-                return_weights=want_cross, cache=cross_cache), self.cross_attn)
-        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None), self.ff)
+                return_weights=want_cross, cache=cross_cache))
+        x, _ = self._sublayer(x, self.ff_norm, lambda y: (self.ff(y), None))
         record(StepKind.BLOCK_OUTPUT, x)
         return x, (self_w, cross_w)
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"
-
-
-def _residual(x: torch.Tensor, out: torch.Tensor, owner: nn.Module) -> torch.Tensor:
-    """``x + out``; written into ``out`` (the same sum) when it is the sublayer's fresh output
-    and no one else holds it (:func:`~headwise.models.feedforward.overwritable`: the sublayer
-    and its output projection unhooked, autograd off)."""
-    last = getattr(owner, "out_proj" if isinstance(owner, MultiHeadAttention) else "down", owner)
-    if out.shape == x.shape and out.dtype == x.dtype and overwritable(owner, last):
-        return out.add_(x)
-    return x + out
 
 
 class BlockRow:

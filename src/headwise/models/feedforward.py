@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headwise.fast import reuse
 from headwise.fast import rows as _rows
 
-__all__ = ["ACTIVATIONS", "FFNS", "IN_PLACE", "FeedForward", "GatedFeedForward",
-           "check_activation", "drop", "make_feedforward", "overwritable"]
+__all__ = ["ACTIVATIONS", "FFNS", "FeedForward", "GatedFeedForward", "check_activation", "drop",
+           "make_feedforward"]
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -31,12 +32,6 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 # "gelu" is the exact erf form BERT uses; "gelu_tanh" the approximation of GPT-2.
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
-# The same kernels writing into their input (the values bit for bit those of ACTIVATIONS).
-IN_PLACE = {"relu": torch.relu_, "gelu": torch.ops.aten.gelu_,
-            "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
-            "silu": lambda x: F.silu(x, inplace=True)}
-
-
 def check_activation(activation: str, where: str) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"{where}: activation must be one of {sorted(ACTIVATIONS)}, got "
@@ -48,17 +43,6 @@ def drop(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
     one token at a time is bound by per-call overhead, not arithmetic (``owner.training`` is a
     plain attribute; reading the submodule is not free)."""
     return owner.dropout(x) if owner.training and owner.dropout.p > 0 else x
-
-
-def overwritable(*modules: nn.Module) -> bool:
-    """Whether the outputs of ``modules`` are the caller's to overwrite in place: autograd is
-    off (no backward needs their values) and no forward hook, theirs or global, was handed
-    them (an activation cache would see the change). Inference then reuses those buffers
-    instead of allocating new ``(b, n, f)`` ones: fresh large buffers are mapped and
-    page-faulted anew (~0.5 ms per MiB here), ~4% of a SmolLM2 prefill of 512 tokens."""
-    if torch.is_grad_enabled() or nn.modules.module._global_forward_hooks:
-        return False
-    return not any(m._forward_hooks for m in modules)
 
 
 RowForm = tuple  # (inner: (b, m) -> (b, f), down: _rows.Weight)
@@ -88,11 +72,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: (b, n, m) -> (b, n, m)``."""
-        return self.down(drop(self, self._activate(self.up(x), self.up)))
-
-    def _activate(self, h: torch.Tensor, source: nn.Linear) -> torch.Tensor:
-        """``act(h)`` of ``source``'s output ``h``: in place when it is ours (:func:`overwritable`)."""
-        return IN_PLACE[self.activation](h) if overwritable(source) else self._act(h)
+        return self.down(drop(self, reuse.activate(self.activation, self.up(x), self._act)))
 
     def row(self, *, transpose: bool, fuse: bool) -> RowForm:
         """``(inner, down)`` for rows ``(b, m)`` (eval: no dropout). ``fuse`` is unused (one
@@ -117,8 +97,8 @@ class GatedFeedForward(FeedForward):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: (b, n, m) -> (b, n, m)``."""
-        gated, up = self._activate(self.gate(x), self.gate), self.up(x)
-        return self.down(drop(self, gated.mul_(up) if overwritable(self.gate) else gated * up))
+        gated = reuse.activate(self.activation, self.gate(x), self._act)
+        return self.down(drop(self, reuse.gate(gated, self.up(x))))
 
     def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
         """gate and up read one input (:func:`headwise.fast.rows.lay_out` stores them as one

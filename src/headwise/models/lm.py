@@ -37,14 +37,13 @@ import torch
 from torch import nn
 
 from headwise.cache import KVCache
-from headwise.fast import large as _large
+from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
 from headwise.models.embedding import Embeddings, add_output_head
-from headwise.models.feedforward import overwritable
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
 
@@ -117,6 +116,7 @@ class TransformerLM(nn.Module):
             _checks.length(tokens.shape[1], offset, cache.max_len, "tokens",
                            "TransformerLM (KV cache)")
 
+    @reuse.buffers
     def _forward(self, tokens: torch.Tensor, cache: KVCache | None, want: list[bool],
                  last_only: bool = False, masks: list | None = None,
                  ) -> tuple[torch.Tensor, list]:
@@ -133,7 +133,7 @@ class TransformerLM(nn.Module):
             cache.advance(tokens.shape[1])
         if last_only and x.shape[1] > 1:  # generation needs only the newest position
             x = x[:, -1:]
-        logits = _logits(self.lm_head, self.final_norm(x))
+        logits = reuse.linear(self.lm_head, self.final_norm(x))
         record(StepKind.LOGITS, logits)
         return logits, weights
 
@@ -148,21 +148,3 @@ class TransformerLM(nn.Module):
     def num_parameters(self) -> int:
         """Distinct parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def _logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``head(x) (..., vocab)``. Under inference, with no hook on ``head``, the same product
-    (the ``mm`` / ``addmm`` that ``F.linear`` runs) written into :func:`headwise.fast.large.empty`:
-    the logits of a long prompt are large (512 tokens x 49152: 96 MiB), and fresh memory takes
-    a page fault per 4 KiB; recycled or huge-page memory does not (SmolLM2's 512-token head,
-    one thread: ~390 -> ~345 ms with huge pages, less when recycled)."""
-    if (type(head) is not nn.Linear or x.device.type != "cpu" or head.weight.dtype != x.dtype
-            or torch.is_autocast_enabled("cpu") or not overwritable(head)):
-        return head(x)
-    out = _large.empty((*x.shape[:-1], head.out_features), x.dtype, x.device)
-    rows, flat, w = x.reshape(-1, x.shape[-1]), out.view(-1, head.out_features), head.weight.t()
-    if head.bias is None:
-        torch.mm(rows, w, out=flat)
-    else:
-        torch.addmm(head.bias, rows, w, out=flat)
-    return out

@@ -16,6 +16,7 @@ from torch import nn
 
 from headwise import masks as _masks
 from headwise.cache import KVCache
+from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
@@ -80,6 +81,7 @@ class Encoder(nn.Module):
                                   src.device)
         return _checks.key_mask(src, lens, src.shape[1], c.pad_id)
 
+    @reuse.buffers
     def _forward(self, src, mask, want, masks=None) -> tuple[torch.Tensor, list]:
         x = self.embed(src)
         weights = []
@@ -163,6 +165,7 @@ class Decoder(nn.Module):
         return {"decoder_self": [block.self_attn for block in self.blocks],
                 "cross": [block.cross_attn for block in self.blocks]}
 
+    @reuse.buffers
     def _forward(self, tgt, memory, memory_mask, self_mask, cache, want, last_only=False,
                  masks=None):
         """Unchecked forward: ``(logits, self weights per layer, cross weights per layer)``;
