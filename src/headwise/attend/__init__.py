@@ -120,15 +120,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
-             return_weights=False, backend="auto", softcap=None, sinks=None, strict=None,
-             kv_finite=False, q_finite=False):
+             return_weights=False, backend="auto", softcap=None, sinks=None, strict=None):
     """:func:`attention` without the input checks, for callers that validated their inputs at
     their own boundary (MultiHeadAttention): a decoding step pays for no check twice.
-
-    ``kv_finite=True``: the caller knows ``k`` and ``v`` hold no NaN or inf (a decoding step
-    whose cache checked its positions as they came: :meth:`~headwise.cache.SelfAttentionCache.
-    all_finite`); the ``"sdpa"`` backend's NaN policy then reads only ``q``, and nothing when
-    ``q_finite`` says ``q`` is known finite too.
 
     ``softcap`` (a float) and ``sinks`` (``(h,)`` logits) change the softmax itself: no fused
     kernel takes a function of the scores or an extra softmax column, so either one runs the
@@ -138,16 +132,14 @@ def dispatch(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None,
         return eager(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
                      return_weights=return_weights, softcap=softcap, sinks=sinks, strict=False)
     core = BACKENDS[resolve_backend(backend)]
-    extra = (dict(kv_finite=True, q_finite=q_finite)  # sdpa's own keywords
-             if kv_finite and takes_finite(backend, softcap, sinks) else {})
     return core(q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, scale=scale,
-                return_weights=return_weights, strict=strict, **extra)
+                return_weights=return_weights, strict=strict)
 
 
-def takes_finite(backend: str, softcap, sinks) -> bool:
-    """Whether :func:`dispatch` with these settings uses a caller's ``kv_finite``/``q_finite``
-    (the ``"sdpa"`` backend's NaN policy; the eager reference reads its inputs itself), so a
-    caller need not check what would go unused."""
+def fused_path(backend: str, softcap, sinks) -> bool:
+    """Whether :func:`dispatch` with these settings runs the fused ``"sdpa"`` kernel (not the
+    eager reference, which soft-capping and sinks need): a caller that knows every input is
+    finite may then call the kernel itself, with no NaN policy to apply (the decoding row)."""
     return softcap is None and sinks is None and BACKENDS[resolve_backend(backend)] is sdpa
 
 

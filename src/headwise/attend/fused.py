@@ -34,14 +34,12 @@ __all__ = ["sdpa", "sdpa_kernel_name", "nan_policy"]
 
 
 def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
-         strict=None, kv_finite=False, q_finite=False):
+         strict=None):
     """The output from ``F.scaled_dot_product_attention``'s fused kernel; weights, when asked
     for, recomputed exactly in chunks for only the heads/rows/keys asked for
     (:mod:`headwise.weights`): whole rows as their softmax, a key range from the kernel's row
     log-sum-exp. All weights without autograd take the output from the same chunks instead
-    (``weights @ v``, see :func:`_weights_plan`). ``kv_finite``: the caller vouches that k and v
-    hold no NaN/inf (:func:`headwise.attend.dispatch`): the NaN policy reads only q, and with
-    ``q_finite`` as well, nothing."""
+    (``weights @ v``, see :func:`_weights_plan`)."""
     h, g = q.shape[1], k.shape[1]
     mask, is_causal, causal_in_mask = _sdpa_inputs(q, k, v, mask, causal, dropout_p)
     selection = _weights.as_selection(return_weights)
@@ -62,8 +60,7 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
     # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
     # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
-    if not (kv_finite and q_finite):
-        out = nan_policy(out, q) if kv_finite else nan_policy(out, q, k, v)
+    out = nan_policy(out, q, k, v)
     if active():
         _record_sdpa(out, q, k, selection, plan, lse is not None, kernel, reason, mask,
                      is_causal, causal_in_mask)

@@ -8,8 +8,9 @@ dim, ``j`` cached positions, ``r`` rotated features.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from headwise.attend import dispatch, takes_finite
+from headwise.attend import dispatch, fused_path
 from headwise.fast import finite
 from headwise.fast import native as _native
 from headwise.fast import rows as _rows
@@ -35,8 +36,8 @@ class AttentionRow:
         self.rope, self.window = attn.rope, attn.window
         sinks = None if attn.sinks is None else attn.sinks.detach()
         self.kw = dict(backend=attn.backend, softcap=attn.softcap, sinks=sinks)
-        # the fused path's NaN policy takes the step's word; the eager one reads for itself
-        self.vouch = takes_finite(attn.backend, attn.softcap, attn.sinks)
+        # the fused path takes the step's word on NaN; the eager one reads for itself
+        self.vouch = fused_path(attn.backend, attn.softcap, attn.sinks)
         self.qkv = self.k = self.v = None
         self.q = _rows.of_linear(attn.q_proj, t)
         if cross:
@@ -52,6 +53,25 @@ class AttentionRow:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
         ``rot``: this position's RoPE ``(cos, signed sin)`` from
         :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
+        q, k, v, fresh = self._project(x, rot)
+        k, v = cache.update(k, v)
+        # NaN policy: this position's q, k, v were looked at once; the cache vouches for the
+        # others, so with every input known finite the fused kernel needs no policy at all
+        finite = fresh and cache.all_finite(k.shape[2], vouched=1)
+        if self.window is not None and k.shape[2] > self.window:
+            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
+        # a single newest query sees every cached key: no causal mask (bottom-right alignment)
+        if not finite:
+            return dispatch(q, k, v, **self.kw)[0].view(x.shape[0], -1)
+        out = _native.attend_rows(q, k, v)  # headwise's C kernel where it applies
+        if out is None:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.h != self.g)
+        return out.view(x.shape[0], -1)
+
+    def _project(self, x: torch.Tensor, rot):
+        """``(q (b, h, 1, d), k (b, g, 1, d), v (b, g, 1, d), fresh)``: the projections, RoPE
+        turned; ``fresh``: all three were found finite (only asked where the fused path reads
+        the answer)."""
         b, h, g, d = x.shape[0], self.h, self.g, self.d
         turned = None  # the C kernel's answer: q and k turned in place, is every q/k/v finite?
         if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
@@ -66,18 +86,8 @@ class AttentionRow:
         if self.rope is not None and turned is None:
             qk = self.rope.rotate(qk, *rot)
         q, k = qk.split_with_sizes((h, g), dim=1)
-        # NaN policy: one look at this position's q, k, v; the cache vouches for the others
         fresh = self.vouch and (turned if turned is not None else finite(qk, v) is True)
-        k, v = cache.update(k, v.view(b, g, 1, d))
-        kv_finite = self.vouch and cache.all_finite(k.shape[2], vouched=int(fresh))
-        if self.window is not None and k.shape[2] > self.window:
-            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
-        # a single newest query sees every cached key: no causal mask (bottom-right alignment);
-        # q, k, v checked finite for the fused path: headwise's C kernel where it applies
-        if fresh and kv_finite and (out := _native.attend_rows(q, k, v)) is not None:
-            return out
-        out, _ = dispatch(q, k, v, kv_finite=kv_finite, q_finite=fresh, **self.kw)
-        return out.view(b, -1)
+        return q, k, v.view(b, g, 1, d), fresh
 
     def cross_attend(self, x: torch.Tensor, cache, mask) -> torch.Tensor:
         """``x (b, m)`` against the encoder keys/values the prompt step stored in ``cache``."""
