@@ -1,8 +1,10 @@
-"""The package: its public names, and an import graph without cycles.
+"""The package: its public names, an import graph without cycles, no module reaching into
+another's private names, and the size and test-mirror rules of the tree.
 
 The graph counts every ``import`` of a headwise module anywhere in a file, including imports
-inside functions: if the graph with those edges is acyclic, no function-level import exists to
-dodge a cycle (each one could move to the top of its file without creating one)."""
+inside functions, and the packages Python initialises on the way to that module: if the graph
+with those edges is acyclic, no function-level import exists to dodge a cycle (each one could
+move to the top of its file without creating one)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import ast
 import importlib
 import types
 from pathlib import Path
+
+import pytest
 
 import headwise
 import headwise.decoding
@@ -25,24 +29,59 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def import_graph(root: Path = SRC) -> dict[str, set[str]]:
-    """``{module: {headwise modules it imports}}`` over every ``.py`` file under ``root``."""
-    files = {_module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
+def _sources(root: Path) -> dict[str, tuple[str, ast.Module]]:
+    """``{module: (its package, its parsed source)}`` for every ``.py`` file under ``root``; a
+    package is its own package (``from . import x`` in an ``__init__.py`` reads from it)."""
+    found = {}
+    for path in root.rglob("*.py"):
+        name = _module_name(path, root)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found[name] = package, ast.parse(path.read_text(), filename=str(path))
+    return found
+
+
+def _packages_run(target: str, package: str) -> set[str]:
+    """What importing ``target`` runs, seen from a module in ``package``: ``target`` and every
+    package above it, less ``package`` and its own ancestors (those are being initialised
+    already, which is why ``from . import x`` inside a package never waits on the package)."""
+    parts = target.split(".")
+    prefixes = {".".join(parts[:n]) for n in range(1, len(parts))}
+    parts = package.split(".")
+    mine = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}
+    return {target} | (prefixes - mine)
+
+
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from`` import reads from: a relative one climbs ``node.level - 1``
+    packages from ``package``, the package of the importing file."""
+    if not node.level:
+        return node.module or ""
+    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(up + ([node.module] if node.module else []))
+
+
+def _imported(node: ast.Import | ast.ImportFrom, package: str, files) -> set[str]:
+    """The modules one import statement names: ``import a.b.c`` names ``a.b.c``;
+    ``from p import m`` names ``p.m`` when that is a module, else ``p`` (``m`` is a name in it)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    base = _from_base(node, package)
+    return {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+
+
+def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """``{module: {headwise modules whose code importing it runs}}`` over every ``.py`` file
+    under ``root``: each module it imports and the packages above that module which Python
+    initialises first (``from headwise.models._heads import x`` in ``headwise.analysis.prune``
+    runs ``headwise/models/__init__.py`` before ``_heads.py``)."""
+    files = _sources(root)
+    graph: dict[str, set[str]] = {}
+    for name, (package, tree) in files.items():
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: climb from this file's package
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                for alias in node.names:  # `from p import m` imports module p.m when it is one
-                    sub = f"{base}.{alias.name}"
-                    targets.add(sub if sub in files else base)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _imported(node, package, files):
+                    targets |= _packages_run(target, package)
         graph[name] = {t for t in targets if t in files and t != name}
     return graph
 
@@ -87,9 +126,119 @@ def test_the_cycle_finder_finds_a_planted_cycle(tmp_path):
     (pkg / "layers.py").write_text("def f():\n    from headwise.models.lm import X\n")
     graph = import_graph(pkg)
     assert graph["headwise.models"] == {"headwise.models.lm"}
-    assert find_cycle(graph) == ["headwise.layers", "headwise.models.lm", "headwise.layers"]
+    assert find_cycle(graph) == ["headwise.layers", "headwise.models", "headwise.models.lm",
+                                 "headwise.layers"]
     (pkg / "layers.py").write_text("def f():\n    return 1\n")
     assert find_cycle(import_graph(pkg)) is None
+
+
+@pytest.mark.parametrize("statement, runs", [
+    ("from headwise.models._heads import X", {"headwise.models", "headwise.models._heads"}),
+    ("import headwise.models._heads", {"headwise.models", "headwise.models._heads"}),
+    ("from .models import _heads", {"headwise.models", "headwise.models._heads"}),
+    ("from .models._heads import X", {"headwise.models", "headwise.models._heads"}),
+    ("from headwise.models import X", {"headwise.models"}),  # a name: the package alone
+])
+def test_an_import_runs_the_packages_above_the_module_it_names(tmp_path, statement, runs):
+    """The cycle of 98de0c0, planted: ``prune`` imports ``models._heads`` inside a function,
+    which runs ``models/__init__.py`` first, which imports ``models.lm``, which imports
+    ``prune``. A module's own packages are no edge (they are being initialised already)."""
+    pkg = tmp_path / "headwise"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("from headwise.models import lm\nX = 1\n")
+    (pkg / "models" / "_heads.py").write_text("X = 1\n")
+    (pkg / "models" / "lm.py").write_text("from headwise import prune\n"
+                                          "from headwise.models import _heads\n")
+    (pkg / "prune.py").write_text(f"def f():\n    {statement}\n")
+    graph = import_graph(pkg)
+    assert graph["headwise.prune"] == runs
+    assert graph["headwise.models.lm"] == {"headwise.prune", "headwise.models._heads"}
+    assert find_cycle(graph) == ["headwise.models", "headwise.models.lm", "headwise.prune",
+                                 "headwise.models"]
+    (pkg / "models" / "lm.py").write_text("from headwise.models import _heads\n")
+    assert find_cycle(import_graph(pkg)) is None  # the rule moved: prune no longer imported
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_of(expr: ast.expr, modules: dict[str, str], files) -> str | None:
+    """The headwise module ``expr`` names (``h`` or ``headwise.models._heads``), or None."""
+    if isinstance(expr, ast.Name):
+        return modules.get(expr.id)
+    if isinstance(expr, ast.Attribute) and (parent := _module_of(expr.value, modules, files)):
+        return f"{parent}.{expr.attr}" if f"{parent}.{expr.attr}" in files else None
+    return None
+
+
+def private_uses(root: Path = SRC) -> list[str]:
+    """Every use of another module's private name under ``root``, as ``importer -> owner.name``:
+    ``from headwise.x import _name`` and ``x._name`` on a module bound by an import, where
+    ``_name`` is not itself a module (importing a private module, ``models._heads``, is fine,
+    and so are dunder names)."""
+    files = _sources(root)
+    found = set()
+    for name, (package, tree) in files.items():
+        modules: dict[str, str] = {}  # local name -> the headwise module an import binds to it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    bound = a.name if a.asname else a.name.partition(".")[0]
+                    modules[a.asname or bound] = bound
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(node, package)
+                for a in node.names:
+                    if f"{base}.{a.name}" in files:
+                        modules[a.asname or a.name] = f"{base}.{a.name}"
+                    elif _is_private(a.name) and base != name:
+                        found.add(f"{name} -> {base}.{a.name}")
+        modules = {k: v for k, v in modules.items() if v in files}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                owner = _module_of(node.value, modules, files)
+                if owner not in (None, name) and f"{owner}.{node.attr}" not in files:
+                    found.add(f"{name} -> {owner}.{node.attr}")
+    return sorted(found)
+
+
+# Private names still used across modules, waiting for the engineer rewriting these files (#27):
+# each ``importer -> owner.name``; the fix makes the name public (in ``__all__``) or moves the
+# rule to where it belongs, and then drops its entry here.
+PRIVATE_USES_TO_FIX = (
+    "headwise.analysis.catalogue -> headwise.weights._chunks",
+    "headwise.stats -> headwise.weights._mask4",
+    "headwise.stats -> headwise.weights._mask_scores",
+)
+
+
+def test_no_module_uses_another_modules_private_name():
+    """A name another module needs is public, or the rule it holds moves to where it belongs."""
+    found = private_uses()
+    assert [u for u in found if u not in PRIVATE_USES_TO_FIX] == []
+    assert [u for u in PRIVATE_USES_TO_FIX if u not in found] == [], "fixed: drop it from the list"
+
+
+def test_the_private_name_check_finds_both_forms(tmp_path):
+    pkg = tmp_path / "headwise"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "_heads.py").write_text("_SELF_ONLY = 1\ndef layers(): ...\n")
+    (pkg / "stats.py").write_text(
+        "import headwise.weights\n"
+        "from headwise import weights as _weights\n"
+        "from headwise.models import _heads\n"  # a private module: fine
+        "from .models._heads import _SELF_ONLY, layers\n"  # a private name: reported
+        "def f():\n"
+        "    _heads.layers(), _weights.__name__, headwise.models\n"  # public and dunder: fine
+        "    return _weights._mask_scores(), headwise.weights._mask4\n")  # reported
+    (pkg / "weights.py").write_text("def _mask4(): ...\ndef _mask_scores(): ...\n"
+                                    "def f():\n    return _mask4()\n")  # its own: fine
+    assert private_uses(pkg) == ["headwise.stats -> headwise.models._heads._SELF_ONLY",
+                                 "headwise.stats -> headwise.weights._mask4",
+                                 "headwise.stats -> headwise.weights._mask_scores"]
 
 
 def test_public_functions_shadow_no_module():
@@ -121,6 +270,9 @@ def test_no_public_name_is_both_a_function_and_a_submodule():
     assert headwise.attention is headwise.attend.attention
 
 
+# A module over the limit becomes a package (a folder of modules, each named for what it
+# holds), not a sibling ``_x.py`` beside it; and it never loses its explanation (docstrings,
+# comments saying why) to fit.
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60  # from the `def` line to the last line of the body, docstring included
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from headwise import __version__, commands
 from headwise.errors import USER_ERRORS, one_line
 
-__all__ = ["USER_ERRORS", "build_parser", "command_names", "main"]
+__all__ = ["USER_ERRORS", "Subparsers", "build_parser", "command_names", "main"]
 
 
 def command_names() -> list[str]:
@@ -58,7 +58,7 @@ class _Formatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-class _Subparsers:
+class Subparsers:
     """What a command's ``register`` receives: ``add_parser`` with the module's ``HELP`` line,
     its ``EXAMPLE`` as the epilog and our parser class."""
 
@@ -86,7 +86,7 @@ def build_parser(full: Collection[str] | None = None) -> Parser:
     for name in command_names():
         module = importlib.import_module(f"headwise.commands.{name}")
         if full is None or name in full:
-            module.register(_Subparsers(subparsers, module))
+            module.register(Subparsers(subparsers, module))
         else:
             subparsers.add_parser(name, help=module.HELP)
     return parser

@@ -12,7 +12,7 @@ import torch
 
 import headwise as hw
 from headwise.viz import head_view, heatmaps
-from headwise.viz.display import HeadView, Heatmaps
+from headwise.viz.display import HeadView, Heatmaps, asset
 
 
 def softmaxed(*shape, seed=0):
@@ -92,3 +92,9 @@ def test_head_view_takes_hugging_face_output_attentions(minilm_folder):
         want = out.attentions[layer][0, head].numpy()
         assert np.all(np.abs(got - want) <= want.max(1, keepdims=True) / 510 + 1e-6)
     assert view._repr_html_().startswith("<iframe srcdoc=")
+
+
+def test_asset_is_the_script_or_style_a_page_inlines_verbatim():
+    page = head_view({"encoder_self": [softmaxed(1, 2, 3, 3)]}, list("abc")).html
+    for name in ("head_view.js", "head_view.css"):
+        assert asset(name) and asset(name) in page

@@ -28,8 +28,8 @@ def register(subparsers) -> None:
                     "and top tokens.")
     inner = p.add_subparsers(dest="heads_command", metavar="SUBCOMMAND")
     inner.required = True
-    from headwise.cli import _Subparsers  # the top level's add_parser: HELP, EXAMPLE, format
+    from headwise.cli import Subparsers  # the top level's add_parser: HELP, EXAMPLE, format
 
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"headwise.commands._heads_{name}")
-        module.register(_Subparsers(inner, module))
+        module.register(Subparsers(inner, module))

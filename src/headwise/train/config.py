@@ -21,7 +21,8 @@ from typing import Any
 
 from headwise import limits
 
-__all__ = ["FAMILY", "PRESETS", "TrainConfig", "estimate_seconds", "model_fields"]
+__all__ = ["FAMILY", "PRESETS", "TrainConfig", "estimate_seconds", "model_fields",
+           "tokens_per_example"]
 
 # The Austen "small" run's training settings, shared by its Llama-style variant so the two
 # differ only in the model.
@@ -320,7 +321,7 @@ def machine_flops() -> float:
     return _RATE[0]
 
 
-def _tokens_per_example(cfg: TrainConfig) -> tuple[float, float]:
+def tokens_per_example(cfg: TrainConfig) -> tuple[float, float]:
     """(source or input tokens, target tokens) of a typical example of ``cfg``'s task."""
     fam = cfg.family
     if fam == "synthetic":
@@ -341,7 +342,7 @@ def estimate_seconds(cfg: TrainConfig) -> float:
     m = cfg.model
     d, layers, ff = m["d_model"], m["num_layers"], m["d_ff"]
     vocab = _TYPICAL[cfg.family][0] if cfg.tokenizer == "char" else 259
-    src, tgt = _tokens_per_example(cfg)
+    src, tgt = tokens_per_example(cfg)
     kind = cfg.kind
     fields = dict(m, vocab_size=vocab, src_vocab_size=vocab, tgt_vocab_size=vocab)
     params = limits.parameter_count(kind, fields)

@@ -16,7 +16,7 @@ from headwise import checkpoint as ckpt
 from headwise import limits
 from headwise.data import make_task
 from headwise.errors import CheckpointError
-from headwise.train.config import FAMILY, TrainConfig, _tokens_per_example
+from headwise.train.config import FAMILY, TrainConfig, tokens_per_example
 
 __all__ = ["RESUME_OVERRIDES", "build_model_config", "check_fits", "check_resumable",
            "configure", "lr_at", "make_optimizer", "step_seed", "task_for"]
@@ -84,7 +84,7 @@ def check_fits(cfg: TrainConfig, model_config, task) -> None:
     # weights + gradients + AdamW's two moments, float32
     limits.check_memory(16 * n, f"a {model_config.kind} model of {n:,} parameters (training)",
                         "train", "pass smaller --d-model/--layers/--d-ff")
-    src, tgt = _tokens_per_example(cfg)
+    src, tgt = tokens_per_example(cfg)
     c = model_config
     layers = c.num_layers * (1 if c.kind == "lm" else 3)
     per_token = 4 * (layers * (8 * c.d_model + 2 * c.d_ff) + 3 * task.tokenizer.vocab_size)

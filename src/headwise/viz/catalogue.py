@@ -17,8 +17,8 @@ import html
 import json
 import os
 
-from headwise.viz.display import HeadView
-from headwise.viz.head_view import KIND_LABELS, _asset
+from headwise.viz.display import HeadView, asset
+from headwise.viz.head_view import KIND_LABELS
 
 __all__ = ["catalogue_page"]
 
@@ -44,8 +44,8 @@ def catalogue_page(catalogue, path: str | os.PathLike | None = None, *,
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:;\">",
         f"<title>{html.escape(meta['title'])}</title>",
-        f"<style>{_asset('catalogue.css')}</style></head>\n<body>",
+        f"<style>{asset('catalogue.css')}</style></head>\n<body>",
         f'<script type="application/json" id="hw-catalogue">{text}</script>\n',
-        f"<script>{_asset('catalogue.js')}</script>\n</body></html>\n"])
+        f"<script>{asset('catalogue.js')}</script>\n</body></html>\n"])
     view = HeadView(page, height=900)
     return view if path is None else view.save(path)

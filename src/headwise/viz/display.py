@@ -5,6 +5,7 @@ that save to a file and display inline in Jupyter, offline.
   in an ``<iframe srcdoc>`` (its scripts, styles and ids stay apart from the notebook's and from
   other views; nothing is fetched).
 - :class:`Heatmaps` -- the matplotlib grid. ``_repr_png_`` gives the PNG bytes.
+- :func:`asset` -- a script or style from ``viz/assets``, which every offline page inlines.
 
 Both are path-like once saved (``open(result)``, ``Path(result)``), so code that treated the
 return value as the written path keeps working.
@@ -16,12 +17,18 @@ import html
 import io
 import os
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from headwise._io import atomic_write
 
-__all__ = ["HeadView", "Heatmaps"]
+__all__ = ["HeadView", "Heatmaps", "asset"]
+
+
+def asset(name: str) -> str:
+    """The text of ``headwise/viz/assets/<name>`` (``head_view.js``, ``catalogue.css``, ...)."""
+    return resources.files("headwise.viz").joinpath("assets", name).read_text("utf-8")
 
 
 class _Saved:

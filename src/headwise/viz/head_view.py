@@ -26,7 +26,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ import torch
 
 from headwise.analysis.head_scores import as_tables
 from headwise.viz import _blocks
-from headwise.viz.display import HeadView
+from headwise.viz.display import HeadView, asset
 from headwise.viz.rollout import attention_rollout
 
 __all__ = ["head_view", "KINDS"]
@@ -344,10 +343,6 @@ def _check_generated(start, sides: dict, batch: int) -> list[int] | None:
 
 # ----------------------------------------------------------------------------- page
 
-def _asset(name: str) -> str:
-    return resources.files("headwise.viz").joinpath("assets", name).read_text("utf-8")
-
-
 def _page(meta: dict, blocks: list[str]) -> str:
     # "<" escaped so no token can close the <script> element.
     meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
@@ -357,9 +352,9 @@ def _page(meta: dict, blocks: list[str]) -> str:
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:;\">",
-        f"<title>{title}</title><style>{_asset('head_view.css')}</style></head>\n<body>",
+        f"<title>{title}</title><style>{asset('head_view.css')}</style></head>\n<body>",
         f'<script type="application/json" id="hw-meta">{meta_json}</script>\n',
-        f"<script>{_asset('head_view.js')}</script>\n",
+        f"<script>{asset('head_view.js')}</script>\n",
         "\n".join(blocks),
         "\n<script>window.headwise && window.headwise._dataLoaded();</script></body></html>\n",
     ])

@@ -34,7 +34,7 @@ import torch
 from headwise import stats as _stats
 from headwise import weights as _weights
 from headwise.analysis.catalogue.inputs import Prepared, attention_modules, prepare
-from headwise.analysis.catalogue.result import _SELF_ONLY, SCORES, Catalogue
+from headwise.analysis.catalogue.result import SCORES, SELF_ONLY, Catalogue
 
 __all__ = ["Catalogue", "catalogue", "SCORES"]
 
@@ -148,7 +148,7 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
     layer.rows += rows.sum((0, 2)).double().cpu()
     for name in _FROM_STATS:
         x = getattr(st, name)
-        if x is not None and (is_self or name not in _SELF_ONLY):
+        if x is not None and (is_self or name not in SELF_ONLY):
             layer.sums[name] = layer.sums.get(name, 0) + (x * rows).sum((0, 2)).double().cpu()
     lse = _weights.logsumexp(q, k, mask=mask, causal=causal, scale=scale, budget=budget)
     b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]

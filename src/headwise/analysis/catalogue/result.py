@@ -12,7 +12,7 @@ import torch
 
 from headwise.analysis.head_scores import as_tables
 
-__all__ = ["Catalogue", "SCORES"]
+__all__ = ["Catalogue", "SCORES", "SELF_ONLY"]
 
 # The per-head scores, in table order: (name, what it is). Streamed from headwise.stats unless
 # marked; "self-only" scores are None for cross-attention (query and key positions differ).
@@ -27,7 +27,7 @@ SCORES = {
     "max_weight": "largest weight of the row (high = focused)",
     "distance": "mean |query - key| position under the weights",
 }
-_SELF_ONLY = ("prev_token", "next_token", "self", "induction")
+SELF_ONLY = ("prev_token", "next_token", "self", "induction")
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Catalogue:
 
 
 def _score(a, name: str, h: int, kind: str, rows, window: int):
-    if kind == "cross" and name in _SELF_ONLY:
+    if kind == "cross" and name in SELF_ONLY:
         return None
     if name == "next_token":
         value = a.profile[h, window + 2] / rows[h]
