@@ -203,21 +203,9 @@ def private_uses(root: Path = SRC) -> list[str]:
     return sorted(found)
 
 
-# Private names still used across modules, waiting for the engineer rewriting these files (#27):
-# each ``importer -> owner.name``; the fix makes the name public (in ``__all__``) or moves the
-# rule to where it belongs, and then drops its entry here.
-PRIVATE_USES_TO_FIX = (
-    "headwise.analysis.catalogue -> headwise.weights._chunks",
-    "headwise.stats -> headwise.weights._mask4",
-    "headwise.stats -> headwise.weights._mask_scores",
-)
-
-
 def test_no_module_uses_another_modules_private_name():
     """A name another module needs is public, or the rule it holds moves to where it belongs."""
-    found = private_uses()
-    assert [u for u in found if u not in PRIVATE_USES_TO_FIX] == []
-    assert [u for u in PRIVATE_USES_TO_FIX if u not in found] == [], "fixed: drop it from the list"
+    assert private_uses() == []
 
 
 def test_the_private_name_check_finds_both_forms(tmp_path):

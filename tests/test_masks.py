@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headwise import masks
 
@@ -70,3 +72,28 @@ def test_form_names_how_the_mask_enters_the_scores():
     assert masks.form(torch.ones(1, 1, 1, 3, dtype=torch.bool)) == "bool"
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         assert masks.form(torch.zeros(2, 3, dtype=dtype)) == "float (additive)"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 12), st.data())
+def test_causal_block_is_the_causal_rule_for_any_block(nq, nk, data):
+    """The chunked passes' block form and the whole mask are one rule (bottom-right)."""
+    rows = torch.tensor(sorted(data.draw(st.sets(st.integers(0, nq - 1), min_size=1))))
+    keys = torch.tensor(sorted(data.draw(st.sets(st.integers(0, nk - 1), min_size=1))))
+    whole = masks.causal(nq, nk)
+    assert torch.equal(masks.causal_block(rows, keys, nq, nk), whole[rows][:, keys])
+
+
+def test_fill_is_the_one_way_a_mask_enters_scores():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 4, 5)
+    allowed = torch.rand(2, 1, 4, 5) > 0.4
+    bias = torch.randn(1, 1, 4, 5, dtype=torch.float64)
+    got = masks.fill(scores, allowed)
+    assert torch.equal(got.isneginf(), ~allowed.expand_as(scores))
+    assert torch.equal(got[allowed.expand_as(scores)], scores[allowed.expand_as(scores)])
+    torch.testing.assert_close(masks.fill(scores, bias), scores + bias.float(), rtol=0, atol=0)
+    s = scores.clone()
+    assert masks.fill(s, allowed, inplace=True) is s and torch.equal(s, got)
+    assert masks.as_4d(torch.ones(5, dtype=torch.bool)).shape == (1, 1, 1, 5)
+    assert masks.as_4d(None) is None

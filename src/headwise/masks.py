@@ -14,8 +14,8 @@ import torch
 
 from headwise import limits
 
-__all__ = ["causal", "sliding_window", "from_valid_lens", "padding", "combine", "as_bias",
-           "check"]
+__all__ = ["causal", "causal_block", "sliding_window", "from_valid_lens", "padding", "combine",
+           "as_bias", "as_4d", "fill", "check"]
 
 _ALIGNS = ("bottom_right", "top_left")
 
@@ -39,6 +39,29 @@ def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
         raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
     offset = nk - nq if align == "bottom_right" else 0
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def causal_block(rows: torch.Tensor, keys: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
+    """The bottom-right rule of :func:`causal` for a block of it: ``(c, js)`` bool for query
+    positions ``rows (c,)`` and key positions ``keys (js,)`` of an ``(nq, nk)`` attention, key
+    ``j`` allowed for query ``i`` iff ``j <= i + nk - nq`` (the chunked weights and statistics
+    take it block by block instead of building the whole ``(i, j)`` mask)."""
+    return keys[None, :] <= rows[:, None] + (nk - nq)
+
+
+def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``mask`` broadcastable to ``(b, h, i, j)`` as a 4-D view (leading axes of size 1): the
+    form the fused kernels take and the chunked passes index."""
+    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def fill(scores: torch.Tensor, mask: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+    """The one way a mask enters scores: a bool mask (True = may attend) puts ``-inf`` where it
+    is False, a float mask is added (cast to the scores' dtype, as SDPA does). ``inplace``: into
+    ``scores`` (the chunked passes' scratch), else a new tensor (autograd's eager path)."""
+    if mask.dtype == torch.bool:
+        return (scores.masked_fill_ if inplace else scores.masked_fill)(~mask, float("-inf"))
+    return scores.add_(mask) if inplace else scores + mask.to(scores.dtype)
 
 
 def sliding_window(nq: int, nk: int, window: int, *, causal: bool = True,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from headwise import masks as _masks
 from headwise import weights as _weights
 
 __all__ = ["HeadStats", "head_stats", "collect", "observing"]
@@ -121,7 +122,7 @@ def _chunks(q, k, lse, *, mask, causal, scale, budget) -> Iterator[_Chunk]:
     # contiguous once (q, k are usually strided views of one projection)
     kT = (k if g == h else k.repeat_interleave(h // g, dim=1)).to(work).contiguous()
     kT = kT.transpose(-1, -2)                                           # (b, h, d, j)
-    mask = _weights._mask4(mask)
+    mask = _masks.as_4d(mask)
     step = _weights.chunk_rows(b * h * nk, budget)
     size = b * h * min(step, nq) * nk
     buf = torch.empty(2, size, dtype=work, device=q.device)
@@ -146,10 +147,10 @@ def _mask(s, mask, causal, r0, r1, nq, nk) -> tuple[int, int] | None:
     rows = slice(r0, r1)
     first = max(0, r0 + nk - nq + 1)  # causal: keys before it are allowed for every row
     if causal and first < kj:
-        _weights._mask_scores(s[..., first:], None, True, slice(0, h), rows,
+        _weights.mask_scores(s[..., first:], None, True, slice(0, h), rows,
                               slice(first, kj), nq, nk)
     if mask is not None:
-        _weights._mask_scores(s, mask, False, slice(0, h), rows, slice(0, kj), nq, nk)
+        _weights.mask_scores(s, mask, False, slice(0, h), rows, slice(0, kj), nq, nk)
         return 0, kj
     return (first, kj) if causal and first < kj else None
 

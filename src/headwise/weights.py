@@ -27,11 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
+from headwise import masks as _masks
 from headwise.fast import finite
 from headwise.fast import large as _large
 
-__all__ = ["Selection", "as_selection", "from_lse", "logsumexp", "release_memory", "softmax_rows",
-           "CHUNK_ELEMENTS"]
+__all__ = ["Selection", "as_selection", "chunk_rows", "from_lse", "logsumexp", "mask_scores",
+           "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -139,7 +140,9 @@ def _length(index) -> int:
     return index.stop - index.start if isinstance(index, slice) else index.numel()
 
 
-def _chunks(rows: int, per_row: int, budget: int) -> Iterator[tuple[int, int]]:
+def row_chunks(rows: int, per_row: int, budget: int) -> Iterator[tuple[int, int]]:
+    """``(r0, r1)`` blocks of ``rows`` query rows, each at most ``budget`` elements when one
+    row costs ``per_row`` (at least one row per block)."""
     step = max(1, budget // max(1, per_row))
     for r0 in range(0, rows, step):
         yield r0, min(rows, r0 + step)
@@ -148,10 +151,6 @@ def _chunks(rows: int, per_row: int, budget: int) -> Iterator[tuple[int, int]]:
 def chunk_rows(per_row: int, budget: int = CHUNK_ELEMENTS) -> int:
     """Query rows per chunk when one row costs ``per_row`` elements."""
     return max(1, budget // max(1, per_row))
-
-
-def _mask4(mask: torch.Tensor | None) -> torch.Tensor | None:
-    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def _kv_heads(heads, h: int, g: int, device):
@@ -171,35 +170,29 @@ def logsumexp(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = N
     g, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     kT = (k if g == h else k.repeat_interleave(h // g, dim=1)).transpose(-1, -2)
-    mask = _mask4(mask)
+    mask = _masks.as_4d(mask)
     out = torch.empty(b, h, nq, dtype=torch.promote_types(q.dtype, torch.float32),
                       device=q.device)
     keys = slice(0, nk)
-    for r0, r1 in _chunks(nq, b * h * nk, budget):
+    for r0, r1 in row_chunks(nq, b * h * nk, budget):
         rows = slice(r0, r1)
         s = torch.matmul(q[:, :, r0:r1], kT).to(out.dtype).mul_(scale)  # (b, h, c, j)
-        _mask_scores(s, mask, causal, slice(0, h), rows, keys, nq, nk)
+        mask_scores(s, mask, causal, slice(0, h), rows, keys, nq, nk)
         out[:, :, r0:r1] = torch.logsumexp(s, dim=-1)
     return out.masked_fill_(torch.isneginf(out), 0.0)
 
 
-def _mask_scores(s, mask, causal, heads, rows, keys, nq, nk) -> None:
-    """Put ``-inf`` on masked scores of a chunk ``s (b, hs, c, js)`` in place (additive masks
-    are added)."""
+def mask_scores(s, mask, causal, heads, rows, keys, nq, nk) -> None:
+    """Put ``-inf`` on the masked scores of a block ``s (b, hs, c, js)`` in place (an additive
+    mask is added): ``heads``, ``rows`` and ``keys`` (slices or index tensors) say which block
+    of the ``(b, h, nq, nk)`` scores it is; ``mask`` 4-D (:func:`headwise.masks.as_4d`)."""
     if mask is not None:
-        part = _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True)
-        if part.dtype == torch.bool:
-            s.masked_fill_(~part, float("-inf"))
-        else:
-            s.add_(part)
+        _masks.fill(s, _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True),
+                    inplace=True)
     if causal:
-        s.masked_fill_(~_causal_part(rows, keys, nq, nk, s.device), float("-inf"))
-
-
-def _causal_part(rows, keys, nq, nk, device) -> torch.Tensor:
-    """``(c, js)`` bool, bottom-right causal: key ``j`` allowed for query ``i`` iff
-    ``j <= i + nk - nq`` (see :func:`headwise.masks.causal`)."""
-    return _positions(keys, device)[None, :] <= _positions(rows, device)[:, None] + (nk - nq)
+        allowed = _masks.causal_block(_positions(rows, s.device), _positions(keys, s.device),
+                                      nq, nk)
+        _masks.fill(s, allowed, inplace=True)
 
 
 def release_memory() -> None:
@@ -240,7 +233,7 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     work = torch.promote_types(q.dtype, torch.float32)
     qs, kT, lses = (qs.to(work) * scale), kT.to(work), lses.to(work)
     w = torch.empty(b, hs, ns, js, dtype=q.dtype, device=q.device)
-    mask = _mask4(mask)
+    mask = _masks.as_4d(mask)
     # every key of a row, each once (a list like [0, 0, 0] has nk entries but is not the row)
     whole_rows = isinstance(keys, slice) and (keys.start, keys.stop) == (0, nk)
     for x in range(b):
@@ -251,7 +244,7 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
                                                              device=q.device)
             torch.matmul(qs[x, h0:h1, r0:r1], kT[x, h0:h1], out=chunk)
             chunk.sub_(lses[x, h0:h1, r0:r1])
-            _mask_scores(chunk[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
+            mask_scores(chunk[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
                          keys, nq, nk)
             chunk.exp_()
             if whole_rows:  # the kernel's LSE is good to ~1e-5 relative over long rows: one
@@ -301,13 +294,13 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     out = None if v is None else torch.empty(b, hs, ns, v.shape[-1], dtype=q.dtype,
                                              device=q.device)
     scratch = torch.empty(min(hs * ns * nk, max(budget, nk)), dtype=work, device=q.device)
-    mask = _mask4(mask)
+    mask = _masks.as_4d(mask)
     for x in range(b):
         bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
         for h0, h1, r0, r1 in _blocks(hs, ns, nk, budget):
             s = scratch[:(h1 - h0) * (r1 - r0) * nk].view(h1 - h0, r1 - r0, nk)
             torch.baddbmm(s, qs[x, h0:h1, r0:r1], kT[x, h0:h1], beta=0, alpha=scale, out=s)
-            _mask_scores(s[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
+            mask_scores(s[None], bx, causal, _sub(heads, h0, h1), _sub(rows, r0, r1),
                          slice(0, nk), nq, nk)
             dest = w[x, h0:h1, r0:r1]
             _softmax_into(s, dest)
@@ -355,7 +348,7 @@ def _blocks(hs: int, ns: int, js: int, budget: int) -> Iterator[tuple[int, int, 
             yield h0, min(hs, h0 + step), 0, ns
         return
     for hh in range(hs):
-        for r0, r1 in _chunks(ns, js, budget):
+        for r0, r1 in row_chunks(ns, js, budget):
             yield hh, hh + 1, r0, r1
 
 

@@ -204,15 +204,11 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
 
 def _apply_masks(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:  # an additive mask of another float dtype is cast, as sdpa does
-            scores = scores + mask.to(scores.dtype)
+        scores = _masks.fill(scores, mask)
         record(StepKind.MASK, scores, form=_masks.form(mask), shape=tuple(mask.shape))
     if causal:
         nq, nk = scores.shape[-2:]
-        allowed = _masks.causal(nq, nk, device=scores.device)
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = _masks.fill(scores, _masks.causal(nq, nk, device=scores.device))
         record(StepKind.MASK, scores, form="causal", alignment="bottom-right")
     return scores
 

@@ -129,8 +129,7 @@ def _sdpa_inputs(q, k, v, mask, causal, dropout_p):
     the mask)``. ``is_causal`` (top-left in torch) only when ``i == j``."""
     h, g = q.shape[1], k.shape[1]
     nq, nk = q.shape[-2], k.shape[-2]
-    if mask is not None and mask.dim() < 4:  # (j,), (i, j), (h, i, j): the kernel wants 4-D
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mask = _masks.as_4d(mask)  # (j,), (i, j), (h, i, j): the kernel wants 4-D
     if causal and nq == 1:  # bottom-right: the single newest query sees every key
         causal = False
     is_causal = False

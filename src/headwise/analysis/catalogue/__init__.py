@@ -154,7 +154,7 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
     b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     col = torch.zeros(b, h, nk, device=q.device)   # (b, h, j) mass on each key
     uni = torch.zeros(b, nk, device=q.device)      # (b, j) uniform attention's mass
-    for r0, r1 in _weights._chunks(nq, b * h * nk, budget):
+    for r0, r1 in _weights.row_chunks(nq, b * h * nk, budget):
         w = _weights.from_lse(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget,
                               selection=_weights.Selection(rows=slice(r0, r1))).float()
         w = w * rows[:, :, r0:r1, None]  # padded query rows and dead rows count for nothing
