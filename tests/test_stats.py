@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import headwise as hw
+from headwise import observe
 from headwise import weights as W
 from headwise.models import LMConfig, TransformerLM
 from tests.attend.test_init import configs, draw_inputs
@@ -108,7 +109,7 @@ def test_collect_gives_every_layer_of_a_model_the_stats_of_its_weights():
             torch.testing.assert_close(getattr(first, name).double(), want[name], rtol=1e-5,
                                        atol=1e-5)
         torch.testing.assert_close(first.entropy, second.entropy)
-    assert not hw.stats.collecting()
+    assert not observe.observed()  # the block's observer is gone
 
 
 def test_bad_arguments_are_value_errors():

@@ -10,8 +10,8 @@ import torch
 import headwise
 from headwise.decoding import generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
-from headwise.observe import recording
-from headwise.step import DecodeStep
+from headwise.observe import Observer, observing, recording
+from headwise.step import DecodeStep, usable
 
 LM_VARIANTS = [
     dict(),
@@ -157,7 +157,7 @@ def _count_steps(monkeypatch):
     return calls
 
 
-def test_generate_uses_the_step_unless_a_trace_or_hook_needs_the_modules(monkeypatch):
+def test_generate_uses_the_step_unless_an_observer_or_hook_needs_the_modules(monkeypatch):
     model = _lm()
     prompt = torch.randint(0, 37, (2, 4))
     calls = _count_steps(monkeypatch)
@@ -169,6 +169,12 @@ def test_generate_uses_the_step_unless_a_trace_or_hook_needs_the_modules(monkeyp
         recorded = headwise.generate(model, prompt, max_new_tokens=6)
     assert calls == [] and torch.equal(recorded, fast)
     assert steps.count("kv cache") == 6 * 3  # every step of every layer went through the modules
+    calls_seen = []  # any observer, not only a trace: here one of the attention calls
+    with observing(Observer(attention=lambda module, *args: calls_seen.append(module))):
+        assert not usable(model)
+        observed_run = headwise.generate(model, prompt, max_new_tokens=6)
+    assert calls == [] and torch.equal(observed_run, fast) and len(calls_seen) == 6 * 3
+    assert usable(model)
     seen = []
     handle = model.blocks[1].ff.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     try:

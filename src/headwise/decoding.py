@@ -19,7 +19,6 @@ from einops import repeat
 from headwise.models import _checks
 from headwise.models.lm import TransformerLM
 from headwise.models.transformer import Transformer
-from headwise.observe import active
 from headwise.step import DecodeStep
 from headwise.step import usable as step_usable
 
@@ -205,9 +204,9 @@ class _Stepper:
                                                            last_only=True)[0]
         self.cache = model.new_cache(b, max_len) if use_cache else None
         # After the prompt, one token per step runs through the flattened decoder (same cache,
-        # same attention backend) unless a trace or a hook needs to see the modules.
+        # same attention backend) unless an observer or a hook needs to see the modules.
         self._step = (DecodeStep(model, self.cache, mask, steps=max_len - tokens.shape[1])
-                      if use_cache and not active() and step_usable(dec) else None)
+                      if use_cache and step_usable(dec) else None)
 
     def first(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._call(tokens, self.cache)[:, -1]

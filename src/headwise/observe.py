@@ -1,10 +1,23 @@
-"""The hook every traced step goes through, and the one table of step names.
+"""The one channel through which a forward pass reports what it does, and the table of steps.
 
-Attention code calls :func:`record` at each step (project, split heads, scores, ...) with a
-:class:`StepKind` from the table below and structured facts (``pattern=``, ``kernel=``,
-``memory=``, ``reason=``, ``weights_source=`` ...). With no trace active this is a single global
-read and a return, so the fast path pays nothing; inside :func:`headwise.trace` a recorder
-collects every step with its shape and named axes.
+Axis legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query position, ``j`` key
+position, ``d`` head dim, ``m`` model dim.
+
+A forward reports three things, each with one call that is a single global read and a return
+while nothing observes (so the fused path and the decoding step pay nothing):
+
+- :func:`record`: each step (project, split heads, scores, ...) as a :class:`StepKind` from the
+  table below with structured facts (``pattern=``, ``kernel=``, ``memory=``, ``reason=``,
+  ``weights_source=`` ...): the named-axis trace (:func:`headwise.trace`);
+- :func:`attention`: each attention call's ``q (b, h, i, d)``, ``k (b, g, j, d)``, mask, causality
+  and scale: streaming head statistics (:func:`headwise.stats.collect`, the catalogue);
+- :func:`heads`: each attention's per-head output ``(b, h, i, d)`` before the merge, which an
+  observer keeps (:func:`headwise.record_heads`, :func:`headwise.head_means`) or edits
+  (:func:`headwise.ablate`, :func:`headwise.patch`).
+
+An :class:`Observer` takes any of the three and is active for the duration of an
+:func:`observing` block. While one is active the cached decoding step stands aside
+(:func:`headwise.step.usable`): it bypasses the module forward, so it would report nothing.
 
 The table is the contract between producers and :mod:`headwise.tracing`: the trace dispatches on
 the member and its :class:`Role`, reads axes from the table and facts from the keywords, and never
@@ -22,8 +35,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["FUSED_KERNEL", "WEIGHTS_AT_V", "PROJECTION", "SPLIT_HEADS", "Memory", "Role", "StepKind", "WeightsSource", "active",
-           "describe", "record", "recording"]
+__all__ = ["FUSED_KERNEL", "WEIGHTS_AT_V", "PROJECTION", "SPLIT_HEADS", "Memory", "Observer",
+           "Role", "StepKind", "WeightsSource", "active", "attention", "describe", "heads",
+           "observed", "observing", "record", "recording"]
 
 
 class Memory(StrEnum):
@@ -197,28 +211,104 @@ def describe(step: StepKind, facts: dict[str, Any]) -> str:
         return note
 
 
-Recorder = Callable[..., None]
-_recorder: Recorder | None = None
+# ---------------------------------------------------------------------------------- the channel
+Recorder = Callable[..., None]  # (step, tensor, **facts)
+Attention = Callable[..., None]  # (module, q, k, mask, causal, scale, self_attention)
+Heads = Callable[[Any, torch.Tensor], torch.Tensor]  # (module, out (b, h, i, d)) -> out
+
+
+@dataclass(frozen=True, eq=False)
+class Observer:
+    """What one observer takes from the forward passes inside its :func:`observing` block.
+
+    Attributes:
+        step: ``step(kind, tensor, **facts)``, every :func:`record` call (the trace).
+        attention: ``attention(module, q, k, mask, causal, scale, self_attention)``, every
+            :func:`attention` call: ``q (b, h, i, d)``, ``k (b, g, j, d)`` after the head split
+            and rotary positions, ``mask`` and ``causal`` as the kernel got them.
+        heads: ``heads(module, out) -> out``, every :func:`heads` call: the module's per-head
+            output ``(b, h, i, d)`` (after its ``head_mask``), returned as it is (recording) or
+            edited (ablation, patching); what it returns is what the merge gets.
+
+    Nesting: a step and an attention call go to the innermost observer that takes them (a trace
+    inside a trace records its own run only); per-head outputs go through every observer that
+    takes them, outermost first (an ablation inside an ablation removes both selections, and
+    ``record_heads`` inside ``ablate`` records the ablated outputs).
+    """
+
+    step: Recorder | None = None
+    attention: Attention | None = None
+    heads: Heads | None = None
+
+
+# The active observers, outermost first, and what each report calls: set only by _install, read
+# once per report (None while nothing takes that report).
+_observers: tuple[Observer, ...] = ()
+_step: Recorder | None = None
+_attention: Attention | None = None
+_heads: tuple[Heads, ...] | None = None
+
+
+def _install(observers: tuple[Observer, ...]) -> None:
+    global _observers, _step, _attention, _heads
+    _observers = observers
+    _step = next((o.step for o in reversed(observers) if o.step is not None), None)
+    _attention = next((o.attention for o in reversed(observers) if o.attention is not None),
+                      None)
+    _heads = tuple(o.heads for o in observers if o.heads is not None) or None
+
+
+@contextmanager
+def observing(observer: Observer):
+    """Make ``observer`` active for the duration of the block (removed on any exit)."""
+    if not isinstance(observer, Observer):
+        raise TypeError(f"observing expects a headwise.observe.Observer, got "
+                        f"{type(observer).__name__}")
+    _install(_observers + (observer,))
+    try:
+        yield observer
+    finally:  # this observer only (the innermost copy): blocks may close out of order
+        last = max(n for n, o in enumerate(_observers) if o is observer)
+        _install(_observers[:last] + _observers[last + 1:])
+
+
+def recording(recorder: Recorder):
+    """Route every :func:`record` call to ``recorder`` for the duration of the block."""
+    return observing(Observer(step=recorder))
 
 
 def active() -> bool:
     """True while a trace is recording (lets callers skip work that only a trace needs)."""
-    return _recorder is not None
+    return _step is not None
+
+
+def observed() -> bool:
+    """True while any observer is active (what it would see needs the module forward)."""
+    return bool(_observers)
 
 
 def record(step: StepKind, tensor: torch.Tensor | None = None, **facts: Any) -> None:
     """Report one step: a :class:`StepKind` from the table, its result and structured facts
     (``pattern=``, ``backend=``, ``kernel=``, ``memory=``, ``reason=``, ``weights_source=``)."""
-    if _recorder is not None:
-        _recorder(step, tensor, **facts)
+    if _step is not None:
+        _step(step, tensor, **facts)
 
 
-@contextmanager
-def recording(recorder: Recorder):
-    """Route every :func:`record` call to ``recorder`` for the duration of the block."""
-    global _recorder
-    previous, _recorder = _recorder, recorder
-    try:
-        yield
-    finally:
-        _recorder = previous
+def attention(module, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool, scale: float | None, self_attention: bool) -> None:
+    """Report one attention call of ``module``: ``q (b, h, i, d)``, ``k (b, g, j, d)``, the mask
+    (broadcastable to ``(b, h, i, j)``, True = may attend) and causality the kernel got, the
+    scale (None: ``1/sqrt(d)``) and whether the keys are the queries' own sequence."""
+    if _attention is not None:
+        _attention(module, q, k, mask, causal, scale, self_attention)
+
+
+def heads(module, out: torch.Tensor) -> torch.Tensor:
+    """Report ``module``'s per-head output ``out (b, h, i, d)`` before the merge; returns it as
+    the observers left it (``out`` itself while none takes it)."""
+    edits = _heads
+    if edits is None:
+        return out
+    for edit in edits:
+        out = edit(module, out)
+    return out

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from headwise import masks as _masks
+from headwise import observe as _observe
 from headwise import weights as _weights
 
 __all__ = ["HeadStats", "head_stats", "collect", "observing"]
@@ -239,20 +240,6 @@ def _check(q, k, token_ids, top_k) -> None:
                          f"(the key sequence's ids), got {tuple(token_ids.shape)}")
 
 
-_collector = None
-
-
-def collecting() -> bool:
-    """True inside :func:`collect` (MultiHeadAttention then reports its q, k and mask)."""
-    return _collector is not None
-
-
-def observe(module, q, k, mask, causal, scale, self_attention: bool) -> None:
-    """Called by MultiHeadAttention while :func:`collect` is active."""
-    if _collector is not None:
-        _collector(module, q, k, mask, causal, scale, self_attention)
-
-
 @contextmanager
 def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, top_k: int = 5,
             budget: int = _weights.CHUNK_ELEMENTS):
@@ -284,11 +271,8 @@ def observing(callback):
     """Call ``callback(module, q, k, mask, causal, scale, self_attention)`` for every
     :class:`~headwise.MultiHeadAttention` call inside the block (``q (b, h, i, d)``,
     ``k (b, g, j, d)`` after the head split and rotary positions; ``mask`` and ``causal`` as the
-    kernel got them). :func:`collect` is one such callback; the head catalogue
-    (:mod:`headwise.analysis.catalogue`) is another. Blocks nest: the innermost callback is active."""
-    global _collector
-    previous, _collector = _collector, callback
-    try:
+    kernel got them): an observer of :mod:`headwise.observe`'s attention calls. :func:`collect`
+    is one such callback; the head catalogue (:mod:`headwise.analysis.catalogue`) is another.
+    Blocks nest: the innermost callback is active."""
+    with _observe.observing(_observe.Observer(attention=callback)):
         yield
-    finally:
-        _collector = previous

@@ -44,7 +44,8 @@ after the generation (a run of generations at one batch size pays the copy once)
 shapes and parameters are untouched, and the module path multiplies either layout.
 
 It is used by :func:`headwise.generate` for every step after the prompt when the cache is on,
-unless a trace is recording or a module of the decoder has hooks (both need the module path).
+unless an observer is active (:mod:`headwise.observe`: a trace, head statistics, an ablation) or
+a module of the decoder has hooks (both need the module path).
 ``tests/test_step.py`` checks it against the module path for every combination of the config
 axes.
 """
@@ -58,6 +59,7 @@ from headwise.cache import KVCache
 from headwise.fast import applies
 from headwise.fast import int4 as _int4
 from headwise.fast import rows as _rows
+from headwise.observe import observed
 
 __all__ = ["COPY_BUDGET", "DecodeStep", "usable"]
 
@@ -67,8 +69,10 @@ COPY_BUDGET = 64 * 2**20
 
 
 def usable(decoder: nn.Module) -> bool:
-    """False when some module of ``decoder`` has forward hooks (they must see the module path)."""
-    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+    """False while an observer is active (:func:`headwise.observe.observed`) or some module of
+    ``decoder`` has forward hooks: both must see the module path, which the step bypasses."""
+    if observed() or nn.modules.module._global_forward_hooks \
+            or nn.modules.module._global_forward_pre_hooks:
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in decoder.modules())
 

@@ -1,8 +1,9 @@
 """Ablation and activation patching on every model: zero ablation equals head_mask 0; mean
 ablation equals moving the head's mean output into the out-projection's bias (a reference
 built from the weights); patching every head of a layer from a source run gives that layer the
-source run's output; patching no head is the target run; the hooks are gone after the block;
-generation sees them; bad selections and mismatched runs are clear errors."""
+source run's output; patching no head is the target run; the tools are observers of
+headwise.observe's per-head outputs (no torch hook), gone after the block; nested tools compose,
+outermost first; generation sees them; bad selections and mismatched runs are clear errors."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwise as hw
+from headwise import observe
 from headwise.models import attention_layers, head_counts
 from tests.models.test__heads import bert, lm, seq2seq
 
@@ -55,13 +57,17 @@ def test_zero_ablation_equals_head_mask_zero(name, seed):
     model, gen = MODELS[name](seed), torch.Generator().manual_seed(seed)
     x = inputs(name, gen)
     heads = pick(model, gen)
+    plain, _ = model(*x)
     with hw.ablate(model, heads):
+        assert observe.observed()  # an observer of the channel, not a torch hook
+        assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
         got, _ = model(*x)
     want, _ = model(*x, head_mask=as_mask(model, heads))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    again, _ = model(*x)  # the hooks are gone
-    torch.testing.assert_close(again, model(*x)[0], atol=0, rtol=0)
-    assert not any(m._forward_pre_hooks for m in model.modules())
+    again, _ = model(*x)  # the observer is gone
+    torch.testing.assert_close(again, plain, atol=0, rtol=0)
+    assert not observe.observed()
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
 @settings(max_examples=8)
@@ -90,6 +96,30 @@ def test_mean_ablation_equals_mean_in_the_bias(name, seed):
                     proj.weight[:, cols] = 0
     want, _ = other(*x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_nested_tools_compose_outermost_first():
+    """Nested blocks stack as torch pre-hooks registered in order did: an ablation inside an
+    ablation removes both selections; record_heads inside ablate records the ablated outputs,
+    and around it (ablate inside the recorded run) the outputs before the ablation."""
+    model, gen = lm(4), torch.Generator().manual_seed(4)
+    x = inputs("lm", gen)
+    outer, inner = {"decoder_self": {0: [0]}}, {"decoder_self": {0: [1], 1: [2]}}
+    with hw.ablate(model, outer), hw.ablate(model, inner):
+        got, _ = model(*x)
+    want, _ = model(*x, head_mask=as_mask(model, {"decoder_self": {0: [0, 1], 1: [2]}}))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    with hw.ablate(model, outer):
+        ablated = hw.record_heads(model, lambda: model(*x))["decoder_self"][0]  # (b, i, h, d)
+    assert (ablated[:, :, 0] == 0).all() and (ablated[:, :, 1] != 0).any()
+
+    def ablated_run():
+        with hw.ablate(model, outer):
+            return model(*x)
+    before = hw.record_heads(model, ablated_run)["decoder_self"][0]
+    plain = hw.record_heads(model, lambda: model(*x))["decoder_self"][0]
+    assert torch.equal(before, plain) and (plain[:, :, 0] != 0).any()
+    assert not observe.observed()
 
 
 def test_head_means_is_the_average_head_output():

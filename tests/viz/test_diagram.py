@@ -55,3 +55,20 @@ def test_bad_diagram_requests(tmp_path, capsys):
         draw(mha, torch.randn(1, 3, 8), path=tmp_path / "x.gif")
     assert main(["trace", "lm", "--png", str(tmp_path / "x.png")]) == 2
     assert "--svg/--png draw the split/merge diagram of `trace mha`" in capsys.readouterr().err
+
+
+def test_the_merged_heads_drawn_are_out_projs_input():
+    """The picture's merged block is what the forward hands the out-projection (read from the
+    per-head outputs that :mod:`headwise.observe` reports before the merge)."""
+    from headwise.viz.diagram import _run
+
+    torch.manual_seed(2)
+    mha = hw.MultiHeadAttention(12, 3, num_kv_heads=1)
+    x = torch.randn(2, 5, 12)
+    seen = {}
+    handle = mha.out_proj.register_forward_pre_hook(lambda _m, args: seen.update(x=args[0]))
+    try:
+        run = _run(mha, x, x, x, None, None, True, 1)
+    finally:
+        handle.remove()
+    np.testing.assert_array_equal(run["merged"], seen["x"][1].numpy())

@@ -2,13 +2,15 @@
 activation patching from a source run into a target run (TransformerLens's everyday tools), for
 self- and cross-attention of every headwise model.
 
-Axis legend: ``b`` batch, ``i`` query position, ``h`` heads, ``d`` head dim.
+Axis legend: ``b`` batch, ``h`` heads, ``i`` query position, ``d`` head dim.
 
-A head's output is its ``d``-wide slice of the out-projection's input ``(b, i, h*d)``: the
-fused kernel has already run, so nothing here leaves it. Each tool is a forward pre-hook on
-``out_proj`` of the chosen layers, present only inside its ``with`` block; generation takes the
-module path while a hook is present (:mod:`headwise.step`), so it sees them too. Zeroing a head
-is exactly a ``head_mask`` of 0 for it.
+A head's output is its ``(b, i, d)`` slice of the attention's per-head output ``(b, h, i, d)``
+before the merge, which is its ``d``-wide slice of the out-projection's input ``(b, i, h*d)``:
+the fused kernel has already run, so nothing here leaves it. Each tool is an observer of
+:func:`headwise.observe.heads` for the chosen layers, active only inside its ``with`` block;
+generation takes the module path while an observer is active (:mod:`headwise.step`), so it sees
+them too. Zeroing a head is exactly a ``head_mask`` of 0 for it (the mask multiplies first).
+The tools' recorded outputs keep the layout ``(b, i, h, d)`` (one row of heads per position).
 
 Heads are chosen as ``{kind: {layer: [heads]}}`` (``True`` for every head of a layer)::
 
@@ -31,6 +33,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from headwise import observe
 from headwise.analysis.run import as_batches, run_batch
 from headwise.layers import MultiHeadAttention
 from headwise.models._heads import attention_layers, check_heads
@@ -39,43 +42,36 @@ from headwise.train.evaluate import device_of
 __all__ = ["ABLATIONS", "ablate", "head_means", "patch", "record_heads"]
 
 ABLATIONS = ("zero", "mean")
-SPLIT_OUT = "b i (h d) -> b i h d"  # the out-projection's input, one slice per head
-MERGE_OUT = "b i h d -> b i (h d)"
+BY_POSITION = "b h i d -> b i h d"  # the layout the tools hand out and take back
+BY_HEAD = "b i h d -> b h i d"
 
-Edit = Callable[[torch.Tensor], torch.Tensor]  # (b, i, h, d) -> (b, i, h, d)
+Edit = Callable[[torch.Tensor], torch.Tensor]  # (b, h, i, d) -> (b, h, i, d)
 
 
 @contextmanager
 def edit_heads(edits: list[tuple[MultiHeadAttention, Edit]]):
-    """Inside the block, each module's per-head outputs ``(b, i, h, d)`` pass through its edit
-    before the out-projection."""
-    handles = []
-    try:
-        for mha, edit in edits:
-            handles.append(mha.out_proj.register_forward_pre_hook(
-                partial(_hook, heads=mha.num_heads, edit=edit)))
+    """Inside the block, each module's per-head outputs ``(b, h, i, d)`` pass through its edits
+    (in list order) before the merge."""
+    chosen: dict[int, list[Edit]] = {}
+    for mha, edit in edits:
+        chosen.setdefault(id(mha), []).append(edit)
+
+    def heads(module, out):
+        for edit in chosen.get(id(module), ()):
+            out = edit(out)
+        return out
+
+    with observe.observing(observe.Observer(heads=heads)):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _hook(module, args, *, heads: int, edit: Edit):
-    x = rearrange(args[0], SPLIT_OUT, h=heads)
-    return (rearrange(edit(x), MERGE_OUT), *args[1:])
-
-
-def _picked(x: torch.Tensor, heads: list[int]) -> torch.Tensor:
-    """``(h, 1)`` bool: True for the chosen heads of ``x (b, i, h, d)``."""
-    chosen = torch.zeros(x.shape[2], 1, dtype=torch.bool, device=x.device)
-    chosen[heads] = True
-    return chosen
 
 
 def _replace(x: torch.Tensor, *, heads: list[int], value: torch.Tensor | None) -> torch.Tensor:
-    """``x`` with the chosen heads' outputs set to ``value`` (``(h, d)``, ``(b, i, h, d)``) or 0."""
+    """``x (b, h, i, d)`` with the chosen heads' outputs set to ``value`` (broadcastable:
+    ``(h, 1, d)``, ``(b, h, i, d)``) or 0."""
+    picked = torch.zeros(x.shape[1], 1, 1, dtype=torch.bool, device=x.device)  # (h, 1, 1)
+    picked[heads] = True
     fill = x.new_zeros(()) if value is None else value.to(x)
-    return torch.where(_picked(x, heads), fill, x)
+    return torch.where(picked, fill, x)
 
 
 @contextmanager
@@ -98,7 +94,7 @@ def ablate(model: nn.Module, heads, *, mode: str = "zero", means=None):
     edits = []
     for kind, per_layer in chosen.items():
         for layer, picked in per_layer.items():
-            value = None if mode == "zero" else _mean_of(means, kind, layer, layers)
+            value = None if mode == "zero" else _mean_of(means, kind, layer, layers)[:, None]
             edits.append((layers[kind][layer], partial(_replace, heads=picked, value=value)))
     with edit_heads(edits):
         yield
@@ -131,9 +127,9 @@ def head_means(model: nn.Module, batches, *, run: Callable | None = None,
     counts = {kind: [0] * len(mods) for kind, mods in layers.items()}
 
     def add(x, kind, layer):
-        total = x.float().sum((0, 1))
+        total = x.float().sum((0, 2))  # (h, d)
         sums[kind][layer] = total if sums[kind][layer] is None else sums[kind][layer] + total
-        counts[kind][layer] += x.shape[0] * x.shape[1]
+        counts[kind][layer] += x.shape[0] * x.shape[2]
         return x
 
     edits = [(mha, partial(add, kind=kind, layer=layer))
@@ -156,7 +152,7 @@ def record_heads(model: nn.Module, source: Callable[[], object], heads=None,
     found: dict[str, dict[int, torch.Tensor]] = {kind: {} for kind in chosen}
 
     def keep(x, kind, layer):
-        found[kind][layer] = x.detach()
+        found[kind][layer] = rearrange(x.detach(), BY_POSITION)
         return x
 
     edits = [(layers[kind][layer], partial(keep, kind=kind, layer=layer))
@@ -197,9 +193,11 @@ def patch(model: nn.Module, heads, source):
 
 
 def _patched(x, *, heads, value, where):
-    if value.shape != x.shape:
+    """``x (b, h, i, d)`` with the chosen heads taken from the recorded ``value (b, i, h, d)``."""
+    ours = rearrange(x, BY_POSITION)
+    if value.shape != ours.shape:
         kind, layer = where
         raise ValueError(f"patch: {kind} layer {layer} has outputs (b, i, h, d)="
-                         f"{tuple(x.shape)} in this run but {tuple(value.shape)} in the source "
-                         "run; patch between inputs of the same batch size and length")
-    return _replace(x, heads=heads, value=value)
+                         f"{tuple(ours.shape)} in this run but {tuple(value.shape)} in the "
+                         "source run; patch between inputs of the same batch size and length")
+    return _replace(x, heads=heads, value=rearrange(value, BY_HEAD))

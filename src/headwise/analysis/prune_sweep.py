@@ -23,11 +23,13 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from einops import rearrange
 from torch import nn
 
+from headwise.analysis.ablation import edit_heads
 from headwise.analysis.prune import prune_heads
 from headwise.models import attention_layers
 
@@ -42,21 +44,17 @@ def output_norms(model: nn.Module, forward: Callable[[nn.Module], object]) -> di
     sums = {kind: torch.zeros(len(mods), max(m.num_heads for m in mods), dtype=torch.float64)
             for kind, mods in modules.items()}
     counts = {kind: [0] * len(mods) for kind, mods in modules.items()}
-    handles = []
-    for kind, mods in modules.items():
-        for layer, mha in enumerate(mods):
-            def hook(_proj, args, kind=kind, layer=layer, mha=mha):
-                heads = rearrange(args[0], "... (h d) -> (...) h d", h=mha.num_heads)
-                w = rearrange(mha.out_proj.weight, "m (h d) -> h d m", h=mha.num_heads)
-                norms = torch.einsum("nhd,hdm->nhm", heads, w.to(heads.dtype)).norm(dim=-1)
-                sums[kind][layer, :mha.num_heads] += norms.sum(0).double().cpu()
-                counts[kind][layer] += norms.shape[0]
-            handles.append(mha.out_proj.register_forward_pre_hook(hook))
-    try:
+
+    def add(heads, kind, layer, mha):  # heads (b, h, i, d)
+        w = rearrange(mha.out_proj.weight, "m (h d) -> h d m", h=mha.num_heads)
+        norms = torch.einsum("bhid,hdm->bhim", heads, w.to(heads.dtype)).norm(dim=-1)
+        sums[kind][layer, :mha.num_heads] += norms.sum((0, 2)).double().cpu()
+        counts[kind][layer] += norms.shape[0] * norms.shape[2]
+        return heads
+
+    with edit_heads([(mha, partial(add, kind=kind, layer=layer, mha=mha))
+                     for kind, mods in modules.items() for layer, mha in enumerate(mods)]):
         forward(model)
-    finally:
-        for handle in handles:
-            handle.remove()
     return {kind: t / torch.tensor(counts[kind], dtype=torch.float64).clamp(min=1)[:, None]
             for kind, t in sums.items()}
 

@@ -108,10 +108,10 @@ def _scalar(value, where: str) -> torch.Tensor:
 
 
 def _gate(x: torch.Tensor, *, gates: list, kind: str, layer: int) -> torch.Tensor:
-    """``x (b, i, h, d)`` times a fresh gate ``xi (b, h)`` of ones (kept in ``gates``)."""
-    g = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device, requires_grad=True)
+    """``x (b, h, i, d)`` times a fresh gate ``xi (b, h)`` of ones (kept in ``gates``)."""
+    g = torch.ones(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device, requires_grad=True)
     gates.append((kind, layer, g))
-    return x * g[:, None, :, None]
+    return x * g[:, :, None, None]
 
 
 def _gradient(model, layers, batches, loss, normalize: bool) -> HeadScores:

@@ -12,7 +12,7 @@ from einops import rearrange
 from torch import nn
 
 from headwise import masks as _masks
-from headwise import stats as _stats
+from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast import rows as _rows
@@ -134,11 +134,11 @@ class MultiHeadAttention(nn.Module):
                                 dropout_p=self.dropout_p if self.training else 0.0,
                                 backend=self.backend, softcap=self.softcap, sinks=self.sinks,
                                 strict=self.strict)
-        if _stats.collecting():
-            _stats.observe(self, q, k, mask, causal, None, key is query)
+        observe.attention(self, q, k, mask, causal, None, key is query)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
             record(StepKind.HEAD_MASK, out)
+        out = observe.heads(self, out)  # kept or edited (ablation, patching) by observers
         # 4) merge heads: (b, h, i, d) -> (b, i, h*d)  5) output projection
         out = rearrange(out, MERGE)
         record(StepKind.MERGE_HEADS, out, pattern=MERGE)

@@ -23,8 +23,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from einops import rearrange
 
 from headwise import masks as _masks
+from headwise import observe
 from headwise.heads import MERGE, SPLIT
 from headwise.layers import MultiHeadAttention
 
@@ -92,15 +94,15 @@ def draw(mha: MultiHeadAttention, query: torch.Tensor, key: torch.Tensor | None 
 def _run(mha, query, key, value, mask, valid_lens, causal, b) -> dict[str, np.ndarray]:
     """Everything the picture shows, taken from one real forward pass."""
     captured = {}
-    handle = mha.out_proj.register_forward_hook(
-        lambda mod, args, out: captured.update(merged=args[0]))
-    try:
-        with torch.no_grad():
-            out, weights = mha(query, key, value, mask=mask, valid_lens=valid_lens,
-                               causal=causal, return_weights=True)
-            q, k, v = mha.q_proj(query), mha.k_proj(key), mha.v_proj(value)
-    finally:
-        handle.remove()
+
+    def keep(module, heads):  # heads (b, h, i, d); the merge of them is out_proj's input
+        captured["merged"] = rearrange(heads, MERGE)
+        return heads
+
+    with torch.no_grad(), observe.observing(observe.Observer(heads=keep)):
+        out, weights = mha(query, key, value, mask=mask, valid_lens=valid_lens, causal=causal,
+                           return_weights=True)
+        q, k, v = mha.q_proj(query), mha.k_proj(key), mha.v_proj(value)
     nq, nk = query.shape[1], key.shape[1]
     allowed = _masks.combine(
         mask, None if valid_lens is None else _masks.from_valid_lens(
