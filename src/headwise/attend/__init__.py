@@ -25,6 +25,9 @@ log-sum-exp (:mod:`headwise.weights`). ``"auto"`` is ``"sdpa"``, weights or not.
 
 The module is ``attend`` (as in x-transformers' ``Attend``: the core math apart from the
 projections) so that ``headwise.attention`` names one thing, the function.
+
+May import: :mod:`headwise.masks`, :mod:`headwise.heads`, :mod:`headwise.weights`,
+:mod:`headwise.strict`, :mod:`headwise.observe`, :mod:`headwise.fast`; never a layer or a model.
 """
 
 from __future__ import annotations

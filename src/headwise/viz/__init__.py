@@ -15,6 +15,9 @@ Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (
               importance={"cross": scores})                      # scores: (layers, heads)
     heatmaps([w[0] for w in att["cross"]], query_tokens=tgt_tokens[0],
              key_tokens=src_tokens[0], path="cross.png")
+
+May import: numpy, matplotlib, the core and :mod:`headwise.models` for their shapes; the tools'
+results reach it as arguments. Only the command line and the catalogue (for its page) import it.
 """
 
 from headwise.viz.catalogue import catalogue_page
