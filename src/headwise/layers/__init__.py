@@ -18,7 +18,6 @@ from torch import nn
 from headwise import masks as _masks
 from headwise import observe
 from headwise.attend import check_selection, dispatch
-from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast import rows as _rows
 from headwise.heads import MERGE, SPLIT
 from headwise.layers import checks
@@ -120,11 +119,7 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        mask = checks.inputs(self, query, key, value, mask, valid_lens, head_mask)
-        if cache is not None and not isinstance(cache, (SelfAttentionCache, CrossAttentionCache)):
-            raise TypeError(f"MultiHeadAttention: cache must be one layer of a headwise.KVCache "
-                            f"(cache.layers[i].self_attn or .cross_attn), got "
-                            f"{type(cache).__name__}")
+        mask = checks.inputs(self, query, key, value, mask, valid_lens, head_mask, cache)
         record(StepKind.INPUT, query)
         # 1) project  2) split heads: (b, n, h*d) -> (b, h, n, d)
         q, k, v = self._project(query, key, value, cache)

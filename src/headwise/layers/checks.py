@@ -10,14 +10,19 @@ import torch
 from headwise import limits
 from headwise import masks as _masks
 from headwise.attend import check_backend
+from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast.int4 import dtype_of
 from headwise.rope import RotaryEmbedding
 
 __all__ = ["config", "dtypes", "inputs", "variants"]
 
 
-def inputs(mha, query, key, value, mask, valid_lens, head_mask):
+def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
     """Validate once at the boundary; return the combined (True = may attend) mask."""
+    if cache is not None and not isinstance(cache, (SelfAttentionCache, CrossAttentionCache)):
+        raise TypeError(f"MultiHeadAttention: cache must be one layer of a headwise.KVCache "
+                        f"(cache.layers[i].self_attn or .cross_attn), got "
+                        f"{type(cache).__name__}")
     for name, t, dim in (("query", query, mha.embed_dim), ("key", key, mha.kdim),
                          ("value", value, mha.vdim)):
         if not isinstance(t, torch.Tensor):
