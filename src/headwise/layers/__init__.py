@@ -180,9 +180,17 @@ class MultiHeadAttention(nn.Module):
 
     def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``: the fused
-        self-attention projection. A view when they are stored as one matrix
-        (:meth:`joint_linears`; not for autograd nor compile: :func:`headwise.fast.rows.joined`),
-        else made afresh: an in-place update need not bump version counters (fused AdamW)."""
+        self-attention projection (and the decoding step's).
+
+        A view, with no copy, when the speed layer stored the three as blocks of one matrix at
+        the start of a generation (:meth:`joint_linears`, :func:`headwise.fast.rows.lay_out`;
+        never for autograd, which would then train none of them, nor under torch.compile,
+        which cannot read storages: :func:`headwise.fast.rows.joined` says which).
+
+        Otherwise made afresh on every call, never cached: an in-place weight update need not
+        bump the tensors' version counters (the fused AdamW kernel and ``p.data.add_`` do not),
+        so no cache key could tell a stale copy from a fresh one. The concatenation costs one
+        pass over the three matrices."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
         whole = _rows.joined(projs)
         if whole is not None:
