@@ -69,12 +69,12 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
 def _collecting_attentions() -> bool:
     """Whether the running forward collects attention weights. ``output_attentions`` does not
     reach every attention call (GPT-2's model pops it); transformers decides what to record in
-    its output collector (``utils.output_capturing``), so that is asked too."""
-    try:
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # another transformers: output_attentions alone decides
-        return False
-    collected = _active_collector.get()
+    its output collector, so that is asked too. The collector is transformers' private state
+    (5.x): without it, another version falls back to ``output_attentions`` alone."""
+    from transformers.utils import output_capturing
+
+    collector = getattr(output_capturing, "_active_collector", None)
+    collected = None if collector is None else collector.get()
     return bool(collected) and any(key.endswith("attentions") for key in collected)
 
 
