@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.hf import select
 from headwise.hf.model import NAME
@@ -46,6 +47,10 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
     Returns:
         ``(out (b, i, h, e), weights (b, hs, is, js) or None)``.
+
+    Observers of :mod:`headwise.observe` see each call (``attention``: q, k, mask, causality,
+    scale, for head statistics, except under soft-capping or sinks, which they do not model)
+    and each per-head output ``(b, h, i, e)`` (``heads``), whose edits reach ``o_proj``.
     """
     # 1) causality: HF's sdpa rule (a mask carries it; None means module.is_causal)
     key, value, causal = _causality(module, query, key, value, attention_mask, is_causal)
@@ -53,6 +58,9 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
     wanted = select.asked(module, kwargs.get("output_attentions") or _collecting_attentions())
     if isinstance(wanted, Selection):
         check_selection(wanted, "auto", query.shape[1], query.shape[2], key.shape[2])
+    if softcap is None and s_aux is None:  # head statistics know neither (they would lie)
+        observe.attention(module, query, key, attention_mask, causal, scaling,
+                          not getattr(module, "is_cross_attention", False))
     # 3) attend: the fused kernel; soft-capping alone needs the eager reference (no kernel
     #    takes a function of the scores); sinks are the fused output rescaled by its LSE
     if s_aux is not None and softcap is None:
@@ -63,6 +71,8 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
                                 dropout_p=dropout, scale=scaling, return_weights=wanted,
                                 softcap=softcap, sinks=s_aux)
     select.deliver(module, weights)
+    # 4) the observer channel: per-head outputs at the input of o_proj (ablation, patching)
+    out = observe.heads(module, out)
     return out.transpose(1, 2).contiguous(), weights
 
 

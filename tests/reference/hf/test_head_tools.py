@@ -1,0 +1,74 @@
+"""The observer channel on Hugging Face models: per-head outputs edited through
+headwise.observe.heads equal the same edit of o_proj's input made by hand, and head statistics
+collected on the fused path equal those of HF eager's weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from einops import rearrange
+
+from tests.hf.tiny import batch, build
+
+hh = pytest.importorskip("headwise.hf", reason="the hf wing needs transformers")
+import headwise as hw  # noqa: E402
+from headwise import observe  # noqa: E402
+
+LAYER, HEAD = 1, 2
+
+
+def _o_proj_input_edited(model, edit):
+    """A forward pre-hook on layer LAYER's o_proj that edits its input (b, i, h*d) by hand."""
+    layer = hh.attention_layers(model)[LAYER]
+    heads = hw.hf.model.head_count(layer)
+
+    def hook(_, args):
+        x = rearrange(args[0], "b i (h d) -> b h i d", h=heads)
+        return (rearrange(edit(x.clone()), "b h i d -> b i (h d)"),)
+    return layer.o_proj.register_forward_pre_hook(hook)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt_oss"])
+@pytest.mark.parametrize("what", ["zero", "patch"])
+def test_editing_a_head_equals_editing_its_slice_of_the_o_proj_input(family, what):
+    model = build(family, "headwise")
+    ids, mask = batch("left")
+    replacement = torch.randn(2, 9, 8, generator=torch.Generator().manual_seed(3))
+
+    def edit(x):  # (b, h, i, d)
+        x[:, HEAD] = 0.0 if what == "zero" else replacement
+        return x
+
+    target = hh.attention_layers(model)[LAYER]
+    observer = observe.Observer(heads=lambda m, out: edit(out.clone()) if m is target else out)
+    with torch.no_grad(), observe.observing(observer):
+        ours = model(input_ids=ids, attention_mask=mask).logits
+    model.set_attn_implementation("eager")
+    handle = _o_proj_input_edited(model, edit)
+    try:
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).logits
+    finally:
+        handle.remove()
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], want[real], atol=1e-5, rtol=0)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask).logits
+    assert (plain[real] - want[real]).abs().max() > 1e-3  # the edit did something
+
+
+def test_head_statistics_on_the_fused_path_equal_those_of_hf_eagers_weights():
+    model = build("llama", "headwise")
+    ids, mask = batch("right")
+    with hw.stats.collect(model) as found, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    names = [name for name, m in model.named_modules() if m in hh.attention_layers(model)]
+    assert sorted(found) == sorted(names)
+    for name, weights in zip(names, eager, strict=True):
+        stats = found[name][0]
+        entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)  # (b, h, i)
+        torch.testing.assert_close(stats.entropy, entropy, atol=1e-5, rtol=0)
+        torch.testing.assert_close(stats.max_weight, weights.amax(-1), atol=1e-6, rtol=0)
