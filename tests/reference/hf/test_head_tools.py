@@ -17,15 +17,16 @@ from headwise import observe  # noqa: E402
 LAYER, HEAD = 1, 2
 
 
-def _o_proj_input_edited(model, edit):
-    """A forward pre-hook on layer LAYER's o_proj that edits its input (b, i, h*d) by hand."""
+def _o_proj_input_edited(model, edit, proj="o_proj"):
+    """A forward pre-hook on layer LAYER's ``proj`` (the output projection) that edits its input
+    (b, i, h*d) by hand."""
     layer = hh.attention_layers(model)[LAYER]
     heads = hw.hf.model.head_count(layer)
 
     def hook(_, args):
         x = rearrange(args[0], "b i (h d) -> b h i d", h=heads)
         return (rearrange(edit(x.clone()), "b h i d -> b i (h d)"),)
-    return layer.o_proj.register_forward_pre_hook(hook)
+    return getattr(layer, proj).register_forward_pre_hook(hook)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt_oss"])
@@ -72,3 +73,37 @@ def test_head_statistics_on_the_fused_path_equal_those_of_hf_eagers_weights():
         entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)  # (b, h, i)
         torch.testing.assert_close(stats.entropy, entropy, atol=1e-5, rtol=0)
         torch.testing.assert_close(stats.max_weight, weights.amax(-1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_hw_ablate_and_patch_on_an_hf_model_equal_the_hand_edit(family):
+    """hw.ablate / hw.patch address an HF model's layers as {"layers": {layer: heads}}."""
+    model = build(family, "headwise")
+    ids, mask = batch("right")
+    clean, _ = batch("none", seed=7)
+    with torch.no_grad():
+        source = hw.record_heads(model, lambda: model(input_ids=clean, attention_mask=mask))
+        with hw.ablate(model, {"layers": {LAYER: [HEAD]}}):
+            ablated = model(input_ids=ids, attention_mask=mask).logits
+        with hw.patch(model, {"layers": {LAYER: [HEAD]}}, source):
+            patched = model(input_ids=ids, attention_mask=mask).logits
+    recorded = rearrange(source["layers"][LAYER], "b i h d -> b h i d")
+    proj = "c_proj" if family == "gpt2" else "o_proj"
+    for got, fill in ((ablated, None), (patched, recorded[:, HEAD])):
+        def edit(x, fill=fill):
+            x[:, HEAD] = 0.0 if fill is None else fill
+            return x
+        handle = _o_proj_input_edited(model, edit, proj)
+        try:
+            with torch.no_grad():
+                want = model(input_ids=ids, attention_mask=mask).logits
+        finally:
+            handle.remove()
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_a_bad_head_of_an_hf_model_is_one_readable_error():
+    model = build("llama", "headwise")
+    with pytest.raises(ValueError, match="head 4 of layers layer 1 does not exist"):
+        with hw.ablate(model, {"layers": {1: [4]}}):
+            pass
