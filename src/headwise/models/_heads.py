@@ -15,7 +15,7 @@ from torch import nn
 
 from headwise.layers import MultiHeadAttention
 
-__all__ = ["attention_layers", "check_heads", "head_counts", "layer_head_masks"]
+__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks"]
 
 Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
 
@@ -43,7 +43,8 @@ def _transformers_model(model) -> bool:
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
-def _head_count(module: nn.Module) -> int:
+def head_count(module: nn.Module) -> int:
+    """The query heads of one attention module (a headwise one, or a transformers one)."""
     if isinstance(module, MultiHeadAttention):
         return module.num_heads
     from headwise.hf.model import head_count  # a transformers attention layer
@@ -75,7 +76,7 @@ def check_heads(heads, layers: Mapping[str, Sequence[MultiHeadAttention]],
                             f"{type(per_layer).__name__}")
         for layer, chosen in per_layer.items():
             layer = _index(layer, len(layers[kind]), f"{kind} layer", where)
-            h = _head_count(layers[kind][layer])
+            h = head_count(layers[kind][layer])
             if chosen is True:
                 chosen = range(h)
             elif isinstance(chosen, int) and not isinstance(chosen, bool):
@@ -133,4 +134,4 @@ def _describe(x) -> str:
 
 def head_counts(model: nn.Module) -> dict[str, list[int]]:
     """``{kind: [query heads per layer]}``."""
-    return {kind: [_head_count(m) for m in mods] for kind, mods in attention_layers(model).items()}
+    return {kind: [head_count(m) for m in mods] for kind, mods in attention_layers(model).items()}

@@ -107,3 +107,25 @@ def test_a_bad_head_of_an_hf_model_is_one_readable_error():
     with pytest.raises(ValueError, match="head 4 of layers layer 1 does not exist"):
         with hw.ablate(model, {"layers": {1: [4]}}):
             pass
+
+
+def test_mean_ablation_on_an_hf_model_puts_the_heads_mean_at_the_o_proj_input():
+    model = build("llama", "headwise")
+    ids, mask = batch("none")
+    runs = [(ids, mask), batch("none", seed=5)]
+    means = hw.head_means(model, runs, run=lambda m, b: m(input_ids=b[0], attention_mask=b[1]))
+    mean = means["layers"][LAYER][HEAD]  # (d,)
+    with torch.no_grad(), hw.ablate(model, {"layers": {LAYER: [HEAD]}}, mode="mean",
+                                    means=means):
+        got = model(input_ids=ids, attention_mask=mask).logits
+
+    def edit(x):
+        x[:, HEAD] = mean
+        return x
+    handle = _o_proj_input_edited(model, edit)
+    try:
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).logits
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
