@@ -150,3 +150,14 @@ def test_check_heads_normalises_and_refuses():
         check_heads({"cross": {0: [4]}}, layers, "t")
     with pytest.raises(TypeError, match="must be a dict {layer"):
         check_heads({"cross": [0]}, layers, "t")
+
+
+def test_a_transformers_model_has_one_kind_layers_with_its_head_counts():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    from headwise.models._heads import attention_layers, head_counts
+    assert list(attention_layers(model)) == ["layers"]
+    assert head_counts(model) == {"layers": [4, 4]}

@@ -36,7 +36,7 @@ from torch import nn
 from headwise import observe
 from headwise.analysis.run import as_batches, run_batch
 from headwise.layers import MultiHeadAttention
-from headwise.models._heads import attention_layers, check_heads
+from headwise.models._heads import attention_layers, check_heads, head_count
 from headwise.train.evaluate import device_of
 
 __all__ = ["ABLATIONS", "ablate", "head_means", "patch", "record_heads"]
@@ -102,7 +102,7 @@ def ablate(model: nn.Module, heads, *, mode: str = "zero", means=None):
 
 def _mean_of(means, kind: str, layer: int, layers) -> torch.Tensor:
     mha = layers[kind][layer]
-    want = (mha.num_heads, mha.head_dim)
+    want = (head_count(mha), mha.head_dim)
     try:
         value = means[kind][layer]
     except (KeyError, IndexError, TypeError):

@@ -7,6 +7,7 @@ Heads are query heads; a layer's head count is read from its module, so layers m
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from headwise.layers import MultiHeadAttention
 
-__all__ = ["attention_layers", "check_heads", "head_counts", "layer_head_masks"]
+__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks"]
 
 Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
 
@@ -22,13 +23,32 @@ Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
 def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
     """``{kind: [MultiHeadAttention per layer]}`` of a headwise model (:class:`TransformerLM`,
     :class:`Transformer`, :class:`Encoder`, :class:`Decoder`, :class:`BertModel`: each says
-    where its attentions are in its own ``attention_layers`` method)."""
+    where its attentions are in its own ``attention_layers`` method), or ``{"layers": [...]}``:
+    the attention layers of a transformers model, numbered as :mod:`headwise.hf` numbers them
+    (they report their per-head outputs once it runs ``attn_implementation="headwise"``)."""
     layers = getattr(model, "attention_layers", None)
+    if _transformers_model(model):
+        from headwise.hf import attention_layers as hf_layers
+        return {"layers": hf_layers(model)}
     if not isinstance(model, nn.Module) or not callable(layers):
         raise TypeError(f"expected a headwise model (TransformerLM, Transformer, Encoder, "
                         f"Decoder or BertModel), got {type(model).__name__}; load a checkpoint "
                         "with headwise.checkpoint.load or build one with headwise.models.build")
     return layers()
+
+
+def _transformers_model(model) -> bool:
+    """A transformers PreTrainedModel (transformers is not imported to find out)."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+def head_count(module: nn.Module) -> int:
+    """The query heads of one attention module (a headwise one, or a transformers one)."""
+    if isinstance(module, MultiHeadAttention):
+        return module.num_heads
+    from headwise.hf.model import head_count  # a transformers attention layer
+    return head_count(module)
 
 
 def _index(value, size: int, what: str, where: str, of: str = "") -> int:
@@ -56,7 +76,7 @@ def check_heads(heads, layers: Mapping[str, Sequence[MultiHeadAttention]],
                             f"{type(per_layer).__name__}")
         for layer, chosen in per_layer.items():
             layer = _index(layer, len(layers[kind]), f"{kind} layer", where)
-            h = layers[kind][layer].num_heads
+            h = head_count(layers[kind][layer])
             if chosen is True:
                 chosen = range(h)
             elif isinstance(chosen, int) and not isinstance(chosen, bool):
@@ -114,4 +134,4 @@ def _describe(x) -> str:
 
 def head_counts(model: nn.Module) -> dict[str, list[int]]:
     """``{kind: [query heads per layer]}``."""
-    return {kind: [m.num_heads for m in mods] for kind, mods in attention_layers(model).items()}
+    return {kind: [head_count(m) for m in mods] for kind, mods in attention_layers(model).items()}

@@ -1,0 +1,24 @@
+"""headwise as a transformers attention implementation: any Hugging Face model whose attention
+goes through transformers' attention interface runs on headwise's fused path, and shows its
+per-head weights only where asked.
+
+    import headwise.hf                                   # registers attn_implementation="headwise"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise")
+    headwise.hf.use(model)                               # or switch a loaded model
+    out = model(**batch, output_attentions=True)         # every layer's weights, from the LSE
+    with headwise.hf.weights(model, {"layers": [5], "heads": [3], "rows": slice(-16, None)}) as got:
+        model(**batch)                                   # got[5]: (b, 1, 16, j); no other weights
+
+Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
+layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
+switching a model). This wing imports ``transformers`` (the ``pretrained`` extra) and
+headwise's ``attend`` and ``weights``; nothing in headwise imports it.
+"""
+
+from headwise.hf.interface import attention_forward, register
+from headwise.hf.model import NAME, attention_layers, use
+from headwise.hf.select import weights
+
+__all__ = ["NAME", "attention_forward", "attention_layers", "register", "use", "weights"]
+
+register()

@@ -1,0 +1,68 @@
+"""Which modules of a transformers model headwise serves, and switching a loaded model to it.
+
+A module is an *attention layer* when its class's ``forward`` looks its attention function up
+in transformers' ``ALL_ATTENTION_FUNCTIONS`` (the attention interface): only those calls reach
+``attn_implementation="headwise"``. Layers are numbered in module order (for a decoder, the
+order of its blocks; an encoder-decoder numbers self- and cross-attention as they appear).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from torch import nn
+
+__all__ = ["NAME", "attention_layers", "head_count", "use"]
+
+NAME = "headwise"  # the attn_implementation name
+
+
+@functools.cache
+def _calls_interface(cls: type) -> bool:
+    forward = inspect.unwrap(cls.forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that call transformers' attention interface, in module order."""
+    return [m for m in model.modules() if _calls_interface(type(m))]
+
+
+def head_count(module: nn.Module) -> int:
+    """The number of query heads ``h`` of one attention layer (HF names it differently per
+    family: ``num_heads``, ``num_attention_heads``, or only on the config)."""
+    for owner, name in ((module, "num_heads"), (module, "num_attention_heads"),
+                        (getattr(module, "config", None), "num_attention_heads")):
+        value = getattr(owner, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"headwise.hf: cannot tell how many heads {type(module).__name__} has "
+                     "(no num_heads, num_attention_heads or config.num_attention_heads)")
+
+
+def refuse_unless_served(model, where: str) -> list[nn.Module]:
+    """``model``'s attention layers, or a ValueError saying why headwise cannot serve it."""
+    from transformers import PreTrainedModel  # the hf wing's one optional dependency
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"{where}: expected a transformers PreTrainedModel, got "
+                        f"{type(model).__name__}")
+    layers = attention_layers(model)
+    if not layers or not model.is_backend_compatible():
+        raise ValueError(
+            f"{where}: {type(model).__name__} does not call transformers' attention interface "
+            "(its attention is written inline, not looked up in ALL_ATTENTION_FUNCTIONS), so "
+            "attn_implementation='headwise' cannot serve it; use a model class that supports "
+            "attention backends (Llama, Qwen, Gemma, Mistral, GPT-2, BERT, ...)")
+    return layers
+
+
+def use(model):
+    """Switch a loaded transformers model to ``attn_implementation="headwise"`` (every
+    sub-model too) and return it. ValueError for a model whose attention does not go through
+    the attention interface."""
+    refuse_unless_served(model, "headwise.hf.use")
+    model.set_attn_implementation(NAME)
+    return model
