@@ -22,6 +22,7 @@ Fully masked rows: the CPU flash kernel reports ``lse = 0`` for them (and zero o
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -50,7 +51,8 @@ Index = int | Sequence[int] | slice | torch.Tensor | None
 class Selection:
     """Which weights to return: ``heads`` (query heads), ``rows`` (query positions) and
     ``keys`` (key positions); each ``None`` (all), an int, a sequence of ints or a slice
-    (negative values count from the end). The result has shape
+    (negative values count from the end), or a 1-D integer tensor; anything else (a bool mask,
+    floats, a string) is a TypeError. The result has shape
     ``(b, len(heads), len(rows), len(keys))``; an int keeps its axis, of length 1.
 
     ``hw.attention(q, k, v, return_weights=hw.Selection(heads=[3]))`` returns only head 3's
@@ -60,6 +62,10 @@ class Selection:
     heads: Index = None
     rows: Index = None
     keys: Index = None
+
+    def __post_init__(self):
+        for name in ("heads", "rows", "keys"):
+            _check_index(getattr(self, name), name)
 
     @property
     def everything(self) -> bool:
@@ -92,6 +98,43 @@ def as_selection(return_weights) -> Selection | None:
                     f"rows/keys, got {type(return_weights).__name__}")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_index(value, name: str) -> None:
+    """TypeError unless ``value`` is None, an int, a sequence of ints, a slice of ints or a
+    1-D integer tensor: a bool mask, a float or a string would otherwise be read as (other)
+    indices without a word."""
+    where = f"Selection: {name}={value!r}"
+    if value is None or _is_int(value):
+        return
+    if isinstance(value, slice):
+        parts = (value.start, value.stop, value.step)
+        if all(p is None or _is_int(p) for p in parts):
+            return
+        raise TypeError(f"{where} has non-integer bounds; pass ints, e.g. slice(0, 4)")
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool:
+            raise TypeError(f"Selection: {name} is a bool tensor, but indices are expected; "
+                            f"pass its positions: {name}=mask.nonzero().flatten()")
+        if value.is_floating_point() or value.is_complex() or value.dim() > 1:
+            raise TypeError(f"Selection: {name} must be a 0-D or 1-D integer tensor, got "
+                            f"{str(value.dtype).removeprefix('torch.')} of shape "
+                            f"{tuple(value.shape)}; pass e.g. torch.tensor([0, 2])")
+        return
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{where} is a string; pass ints, e.g. {name}=[1, 2]")
+    if isinstance(value, Sequence):
+        bad = [x for x in value if not _is_int(x)]
+        if bad:
+            raise TypeError(f"{where} holds {bad[0]!r} ({type(bad[0]).__name__}); indices must "
+                            f"be ints, e.g. {name}=[0, 2]")
+        return
+    raise TypeError(f"Selection: {name} must be an int, a sequence of ints, a slice or an "
+                    f"integer tensor, got {type(value).__name__}; pass e.g. {name}=[0, 2]")
+
+
 def _axis(value: Index, n: int, name: str, device):
     if value is None:
         return slice(0, n)
@@ -103,12 +146,9 @@ def _axis(value: Index, n: int, name: str, device):
         if picked.step == 1:
             return slice(picked.start, picked.stop)
         return torch.tensor(list(picked), device=device)
-    if isinstance(value, bool) or not isinstance(value, (int, Sequence, torch.Tensor)):
-        raise TypeError(f"return_weights: {name} must be an int, a sequence of ints or a slice, "
-                        f"got {type(value).__name__}")
-    values = [value] if isinstance(value, int) else [int(x) for x in
-                                                     (value.tolist() if isinstance(
-                                                         value, torch.Tensor) else value)]
+    # the type was checked when the Selection was made (_check_index)
+    values = ([int(value)] if _is_int(value) else value.reshape(-1).tolist()
+              if isinstance(value, torch.Tensor) else [int(x) for x in value])
     if not values:
         raise ValueError(f"return_weights: empty selection of {name}; select at least one")
     bad = [x for x in values if not -n <= x < n]
