@@ -172,3 +172,17 @@ def test_every_integer_spelling_of_a_selection_picks_the_same_heads(heads, seed)
         _, w = hw.attention(q, k, v, return_weights=hw.Selection(heads=spelling))
         torch.testing.assert_close(w, expected, rtol=0, atol=0)  # same process, same kernel
 
+
+@given(b=st.integers(1, 2), h=st.integers(1, 4), i=st.integers(1, 5), d=st.integers(1, 8),
+       backend=st.sampled_from(["auto", "eager", "sdpa"]), causal=st.booleans())
+def test_zero_keys_give_empty_weights_and_zero_output(b, h, i, d, backend, causal):
+    """No keys is every row fully masked: zero output and weights of shape (b, h, i, 0) (this
+    was a ZeroDivisionError in the block planner)."""
+    q, k = torch.randn(b, h, i, d), torch.randn(b, h, 0, d)
+    out, w = hw.attention(q, k, k, return_weights=True, backend=backend, causal=causal)
+    assert w.shape == (b, h, i, 0) and bool((out == 0).all())
+    mha = hw.MultiHeadAttention(8, 2)
+    kv = torch.randn(b, 0, 8)
+    out, w = mha(torch.randn(b, i, 8), kv, kv, return_weights=True)
+    assert w.shape == (b, 2, i, 0)
+    torch.testing.assert_close(out, mha.out_proj.bias.expand(b, i, 8), rtol=0, atol=0)

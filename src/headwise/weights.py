@@ -383,7 +383,7 @@ def _blocks(hs: int, ns: int, js: int, budget: int) -> Iterator[tuple[int, int, 
     """``(h0, h1, r0, r1)`` blocks of at most ``budget`` weights, each contiguous in a
     ``(hs, ns, js)`` tensor: several whole heads, or rows of one head."""
     if ns * js <= budget:
-        step = max(1, budget // (ns * js))
+        step = max(1, budget // max(1, ns * js))  # no keys (j = 0): all heads at once
         for h0 in range(0, hs, step):
             yield h0, min(hs, h0 + step), 0, ns
         return
