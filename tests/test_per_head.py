@@ -43,6 +43,23 @@ def test_fuse_keeps_dropout_and_backend_unless_asked():
     assert fuse(unfuse(mha), backend="sdpa").backend == "sdpa"
 
 
+@settings(max_examples=10, deadline=None)
+@given(training=st.booleans(), dropout=st.floats(0.1, 0.9), seed=st.integers(0, 2**31 - 1))
+def test_unfuse_and_fuse_keep_the_training_mode(training, dropout, seed):
+    """An eval-mode module unfused came back in training mode, so with dropout its outputs
+    differed (~0.3); now both directions keep the mode, and eval outputs agree."""
+    torch.manual_seed(seed)
+    mha = hw.MultiHeadAttention(8, 2, dropout=dropout).double().train(training)
+    loop = unfuse(mha)
+    back = fuse(loop)
+    modes = [m.training for module in (loop, back) for m in module.modules()]
+    assert modes == [training] * len(modes)
+    if not training:  # no dropout in eval: float64 loop vs fused, ~1e-15 apart
+        x = torch.randn(2, 5, 8, dtype=torch.float64)
+        torch.testing.assert_close(loop(x, x, x)[0], mha(x)[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(back(x)[0], mha(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_wrong_inputs_are_refused():
     with pytest.raises(TypeError, match="unfuse expects headwise.MultiHeadAttention"):
         unfuse(nn.MultiheadAttention(8, 2))

@@ -96,7 +96,8 @@ def _cat_linears(parts: nn.ModuleList) -> nn.Linear:
 
 
 def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
-    """Split a :class:`~headwise.MultiHeadAttention` into independent per-head projections."""
+    """Split a :class:`~headwise.MultiHeadAttention` into independent per-head projections,
+    in the same training/eval mode (so with dropout the outputs stay the same)."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"unfuse expects headwise.MultiHeadAttention, got {type(mha).__name__}")
     out_proj = nn.Linear(mha.hidden_dim, mha.out_dim, bias=mha.out_proj.bias is not None,
@@ -105,12 +106,13 @@ def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
     return PerHeadAttention(_split_linear(mha.q_proj, mha.num_heads),
                             _split_linear(mha.k_proj, mha.num_kv_heads),
                             _split_linear(mha.v_proj, mha.num_kv_heads), out_proj,
-                            backend=mha.backend, dropout=mha.dropout_p)
+                            backend=mha.backend, dropout=mha.dropout_p).train(mha.training)
 
 
 def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAttention:
     """Concatenate per-head projections back into one :class:`~headwise.MultiHeadAttention`
-    (with the per-head module's dropout, and its backend unless ``backend`` is given)."""
+    (with the per-head module's dropout and training/eval mode, and its backend unless
+    ``backend`` is given)."""
     if not isinstance(per_head, PerHeadAttention):
         raise TypeError(f"fuse expects PerHeadAttention, got {type(per_head).__name__}")
     q0, k0, v0 = per_head.q_heads[0], per_head.k_heads[0], per_head.v_heads[0]
@@ -125,4 +127,4 @@ def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAtt
     mha.k_proj = _cat_linears(per_head.k_heads)
     mha.v_proj = _cat_linears(per_head.v_heads)
     mha.out_proj.load_state_dict(per_head.out_proj.state_dict())
-    return mha
+    return mha.train(per_head.training)
