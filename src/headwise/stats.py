@@ -27,13 +27,15 @@ import torch
 from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
+from headwise.fast import finite
 
 __all__ = ["HeadStats", "head_stats", "collect", "observing"]
 
 
 @dataclass
 class HeadStats:
-    """Per-row and per-key statistics of one attention call (fully masked rows are 0).
+    """Per-row and per-key statistics of one attention call (fully masked rows are 0; a row
+    whose query, or a head whose keys, hold NaN or inf has NaN statistics, as its output would).
 
     Attributes:
         entropy: ``(b, h, i)`` entropy of each query row's weights, in nats.
@@ -46,7 +48,7 @@ class HeadStats:
         distance: ``(b, h, i)`` mean ``|query position - key position|`` under the weights.
         top_values, top_keys: ``(b, h, i, k)`` the ``k`` largest weights of each row and their
             key positions.
-        live: ``(b, h, i)`` True for rows with at least one allowed key.
+        live: ``(b, h, i)`` True for rows with at least one allowed key (NaN rows included).
     """
 
     entropy: torch.Tensor
@@ -94,7 +96,21 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
     acc = _Accumulator(b, h, nq, nk, min(top_k, nk), q.device, token_ids)
     for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
         acc.add(chunk)
-    return acc.result()
+    stats = acc.result()
+    if not finite(q, k):  # the NaN policy of headwise.attention, not the 0 of a masked row
+        _nan_rows(stats, q, k)
+    return stats
+
+
+def _nan_rows(stats: HeadStats, q: torch.Tensor, k: torch.Tensor) -> None:
+    """NaN statistics for the rows whose query, or whose head's keys, hold NaN or inf (their
+    output is NaN); a 0 there would read as a perfectly focused head."""
+    bad = _weights.nonfinite_rows(q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1))
+    for name in ("entropy", "max_weight", "sink", "prev_token", "induction", "distance"):
+        if getattr(stats, name) is not None:
+            getattr(stats, name).masked_fill_(bad[..., 0], float("nan"))
+    stats.top_values.masked_fill_(bad, float("nan"))
+    stats.live |= bad[..., 0]  # it has keys: its NaN counts in per_head
 
 
 @dataclass

@@ -33,7 +33,7 @@ from headwise.fast import finite
 from headwise.fast import large as _large
 
 __all__ = ["Selection", "as_selection", "chunk_rows", "from_lse", "logsumexp", "mask_scores",
-           "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
+           "nonfinite_rows", "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -98,7 +98,7 @@ def as_selection(return_weights) -> Selection | None:
                     f"rows/keys, got {type(return_weights).__name__}")
 
 
-def _is_int(x) -> bool:
+def _is_int(x) -> bool:  # numpy ints too; not bools
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
@@ -146,9 +146,8 @@ def _axis(value: Index, n: int, name: str, device):
         if picked.step == 1:
             return slice(picked.start, picked.stop)
         return torch.tensor(list(picked), device=device)
-    # the type was checked when the Selection was made (_check_index)
-    values = ([int(value)] if _is_int(value) else value.reshape(-1).tolist()
-              if isinstance(value, torch.Tensor) else [int(x) for x in value])
+    values = ([int(value)] if _is_int(value) else value.reshape(-1).tolist()  # types: checked
+              if isinstance(value, torch.Tensor) else [int(x) for x in value])  # at __init__
     if not values:
         raise ValueError(f"return_weights: empty selection of {name}; select at least one")
     bad = [x for x in values if not -n <= x < n]
@@ -355,14 +354,16 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
 
 
 def _nan_rows(w: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor) -> None:
-    """The NaN policy on weights ``w (b, hs, is, j)``, in place: NaN in every row whose query
-    ``qs (b, hs, is, d)`` holds NaN or inf, and in every head whose keys ``ks (b, hs, j, d)``
-    do (see :mod:`headwise.attention`)."""
-    if finite(qs, ks):
-        return  # the common case (on the CPU): one total instead of a mask
+    """The NaN policy on weights ``w (b, hs, is, j)``, in place (see :func:`nonfinite_rows`)."""
+    if not finite(qs, ks):  # the common case (on the CPU): one total instead of a mask
+        w.masked_fill_(nonfinite_rows(qs, ks), float("nan"))  # (no `if any`: a GPU sync)
+
+
+def nonfinite_rows(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+    """``(b, hs, is, 1)`` True for the rows the NaN policy makes NaN: their query ``qs (b, hs,
+    is, d)`` holds NaN or inf, or their head's keys ``ks (b, hs, j, d)`` do."""
     bad = ~torch.isfinite(qs.sum(dim=-1, keepdim=True, dtype=torch.float32))
-    bad = bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
-    w.masked_fill_(bad, float("nan"))  # (no `if bad.any()`: on a GPU that is a sync)
+    return bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
 
 
 def _softmax_into(s: torch.Tensor, dest: torch.Tensor) -> None:
