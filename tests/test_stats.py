@@ -143,3 +143,16 @@ def test_a_head_whose_queries_are_nan_reports_nan_not_perfect_focus(h, n, bad, p
         torch.testing.assert_close(getattr(s, name)[:, 1:], getattr(clean, name)[:, 1:])
     assert s.live.all() and s.top_values[:, 0].isnan().all()
 
+
+def test_float_token_ids_are_refused():
+    q = torch.randn(1, 2, 3, 4)
+    for ids in (torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool), [[0, 1, 2]]):
+        with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
+            hw.stats.head_stats(q, q, token_ids=ids)
+    lm = TransformerLM(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                                max_len=32))
+    with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
+        with hw.stats.collect(lm, token_ids=torch.zeros(1, 4)):
+            pass
+    stats = hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 3, dtype=torch.int32))
+    assert stats.induction.shape == (1, 2, 3)

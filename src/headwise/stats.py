@@ -85,7 +85,8 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
         mask, causal, scale: as in :func:`headwise.attention`.
         lse: ``(b, h, i)`` the row log-sum-exp from the fused kernel, used as each row's shift
             (without it, the row's largest score; the weights are the same, exact either way).
-        token_ids: ``(b, j)`` ids of the key sequence (self-attention) for the induction score.
+        token_ids: ``(b, j)`` integer ids of the key sequence (self-attention) for the
+            induction score.
         top_k: keys kept per query row (at most ``j``).
         budget: elements of one chunk of weights (``b x h x rows x keys``); working memory is
             two such chunks plus the ``(b, h, i)`` results, so it grows linearly in ``n``.
@@ -251,9 +252,21 @@ def _check(q, k, token_ids, top_k) -> None:
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"head_stats: q and k must be (b, h, i, d) and (b, g, j, d), got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
+    _check_ids(token_ids)
     if token_ids is not None and tuple(token_ids.shape) != (k.shape[0], k.shape[2]):
         raise ValueError(f"head_stats: token_ids must be (b, j)=({k.shape[0]}, {k.shape[2]}) "
                          f"(the key sequence's ids), got {tuple(token_ids.shape)}")
+
+
+def _check_ids(token_ids) -> None:
+    if token_ids is None:
+        return
+    if not isinstance(token_ids, torch.Tensor) or token_ids.is_floating_point() or \
+            token_ids.is_complex() or token_ids.dtype == torch.bool:
+        got = (str(token_ids.dtype).removeprefix("torch.") if isinstance(token_ids, torch.Tensor)
+               else type(token_ids).__name__)
+        raise TypeError(f"head_stats: token_ids must be an integer tensor (int64 or int32, the "
+                        f"tokenizer's ids), got {got}; pass the ids before any embedding")
 
 
 @contextmanager
@@ -268,6 +281,7 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
     Yields a dict module path -> list of HeadStats (one per call). ``token_ids (b, n)`` feed
     the induction score of self-attention calls whose key length is ``n``.
     """
+    _check_ids(token_ids)
     paths = {id(m): name for name, m in model.named_modules()}
     found: dict[str, list[HeadStats]] = {}
 
