@@ -1,9 +1,12 @@
+import math
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwise import masks
+from headwise import limits, masks
 
 
 def test_causal_alignments_differ_when_lengths_differ():
@@ -97,3 +100,18 @@ def test_fill_is_the_one_way_a_mask_enters_scores():
     assert masks.fill(s, allowed, inplace=True) is s and torch.equal(s, got)
     assert masks.as_4d(torch.ones(5, dtype=torch.bool)).shape == (1, 1, 1, 5)
     assert masks.as_4d(None) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(memory=st.integers(10**4, 10**9), excess=st.integers(1, 1000), square=st.booleans())
+def test_a_mask_too_large_for_memory_is_refused_before_allocation(memory, excess, square):
+    """causal(10**6) was within the position limit but a 1 TB tensor (a raw allocator error);
+    each length may pass the limits while their product does not fit."""
+    nq = math.isqrt(memory) + excess
+    nk = nq if square else memory // nq + excess
+    with mock.patch.object(limits, "machine_memory", lambda: memory):
+        for build in (lambda: masks.causal(nq, nk), lambda: masks.sliding_window(nq, nk, 3)):
+            with pytest.raises(ValueError, match=r"bool mask would need about .* more than "
+                                                 r"this machine's .*; (pass causal=True|build)"):
+                build()
+        assert masks.causal(3, 1000).shape == (3, 1000)  # 3,000 bytes: built

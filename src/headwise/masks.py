@@ -37,8 +37,16 @@ def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
         limits.size(n, name, "length", "causal", low=0)
     if align not in _ALIGNS:
         raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
+    _check_room(nq, nk, "causal", "pass causal=True to headwise.attention instead (no (i, j) "
+                "mask is built)")
     offset = nk - nq if align == "bottom_right" else 0
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def _check_room(nq: int, nk: int, where: str, fix: str) -> None:
+    """An ``(nq, nk)`` bool mask (1 byte each) must fit in memory: each length may be within
+    the limits while their product is not (causal(10**6) is a 1 TB tensor)."""
+    limits.check_memory(nq * nk, f"a ({nq:,}, {nk:,}) bool mask", where, fix)
 
 
 def causal_block(rows: torch.Tensor, keys: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
@@ -76,6 +84,7 @@ def sliding_window(nq: int, nk: int, window: int, *, causal: bool = True,
     for name, n, low in (("nq", nq, 0), ("nk", nk, 0), ("window", window, 1)):
         if not isinstance(n, int) or isinstance(n, bool) or n < low:
             raise ValueError(f"sliding_window: {name} must be an int >= {low}, got {n!r}")
+    _check_room(nq, nk, "sliding_window", "build it for fewer positions")
     ones = torch.ones(nq, nk, dtype=torch.bool, device=device)
     offset = nk - nq
     keep = ones.triu(diagonal=offset - window + 1)  # j >= p - window + 1
