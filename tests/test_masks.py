@@ -115,3 +115,19 @@ def test_a_mask_too_large_for_memory_is_refused_before_allocation(memory, excess
                                                  r"this machine's .*; (pass causal=True|build)"):
                 build()
         assert masks.causal(3, 1000).shape == (3, 1000)  # 3,000 bytes: built
+
+
+@given(a=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       b=st.lists(st.integers(1, 5), min_size=1, max_size=4), float_b=st.booleans())
+def test_combine_of_masks_that_do_not_broadcast_is_a_value_error(a, b, float_b):
+    """combine((2, 3), (4, 5)) raised torch's raw size RuntimeError; masks that broadcast
+    still combine to the broadcast shape."""
+    first = torch.ones(a, dtype=torch.bool)
+    second = torch.zeros(b) if float_b else torch.ones(b, dtype=torch.bool)
+    try:
+        shape = torch.broadcast_shapes(first.shape, second.shape)
+    except RuntimeError:
+        with pytest.raises(ValueError, match=r"combine: masks of shapes .* do not broadcast"):
+            masks.combine(first, second)
+    else:
+        assert masks.combine(first, second).shape == shape

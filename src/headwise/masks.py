@@ -152,6 +152,12 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
         return None
     for m in present:
         check(m, "combine")
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        raise ValueError(f"combine: masks of shapes {[tuple(m.shape) for m in present]} do not "
+                         "broadcast together; give each (b, h, i, j) axis size 1 or its full "
+                         "size, e.g. (b, 1, 1, j) padding with an (i, j) causal mask") from None
     if all(m.dtype == torch.bool for m in present):
         out = present[0]
         for m in present[1:]:
