@@ -131,3 +131,16 @@ def test_combine_of_masks_that_do_not_broadcast_is_a_value_error(a, b, float_b):
             masks.combine(first, second)
     else:
         assert masks.combine(first, second).shape == shape
+
+
+@given(lens=st.lists(st.one_of(st.integers(0, 5), st.text(max_size=2), st.none(),
+                               st.lists(st.integers(0, 3), max_size=2)), min_size=1, max_size=4))
+def test_from_valid_lens_of_what_is_not_lengths_is_a_clear_type_error(lens):
+    """[2, 'a'] raised torch's 'new(): invalid data type' from inside as_tensor."""
+    try:
+        want = masks.from_valid_lens(torch.tensor(lens), 6)
+    except (TypeError, ValueError, RuntimeError):
+        with pytest.raises((TypeError, ValueError), match=r"valid_lens (must|has)"):
+            masks.from_valid_lens(lens, 6)
+    else:
+        assert torch.equal(masks.from_valid_lens(lens, 6), want)

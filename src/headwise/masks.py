@@ -101,7 +101,11 @@ def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) ->
     if nq is not None:
         limits.size(nq, "nq", "length", "from_valid_lens", low=0)
     if not isinstance(valid_lens, torch.Tensor):
-        valid_lens = torch.as_tensor(valid_lens)
+        try:
+            valid_lens = torch.as_tensor(valid_lens)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"from_valid_lens: valid_lens must be integer lengths, got "
+                            f"{valid_lens!r:.80}; pass e.g. torch.tensor([3, 5])") from None
     if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
         raise TypeError(f"valid_lens must be an integer tensor, got dtype {valid_lens.dtype}; "
                         "pass lengths such as torch.tensor([3, 5])")
