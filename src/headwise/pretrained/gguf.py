@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     except ImportError:
         raise CheckpointError("reading GGUF files needs the 'gguf' package: pip install "
                               "'headwise[pretrained]'") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"read_gguf: path must be a str or Path of a .gguf file, got "
+                        f"{type(path).__name__}; e.g. headwise.pretrained.find_smollm2()")
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist (or is not a file); pass a .gguf file, "
