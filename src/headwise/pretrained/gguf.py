@@ -26,6 +26,7 @@ import torch
 from einops import rearrange
 
 from headwise import limits
+from headwise._device import parse_device
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
@@ -340,7 +341,8 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):
         raise TypeError(f"load_gguf: dtype must be torch.float32, torch.bfloat16 or "
                         f"torch.float64, got {dtype}")
-    if q4 and torch.device(device).type != "cpu":
+    device = parse_device(str(device))
+    if q4 and device.type != "cpu":
         raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device={device!r};"
                          " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
