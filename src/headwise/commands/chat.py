@@ -54,9 +54,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
     from headwise.pretrained.chat import check_length
 
+    check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
     if args.top_p is not None and args.temperature is None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
     if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
