@@ -60,8 +60,11 @@ def test_view_must_be_an_html_file(capsys):
     (["--temperature", "inf"], "--temperature must be > 0 and finite, got inf"),
     (["--temperature", "0.7", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
     (["--temperature", "0.7", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    # 100,000 threads under a memory limit failed mid-load as a "truncated model file"
+    (["--threads", "100000"], "--threads must be an int in [1, "),
+    (["--threads", "0"], "--threads must be an int in [1, "),
 ])
-def test_bad_sampling_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,
+def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,
                                                                 message):
     """--temperature nan and --top-p 1.5 were refused only after the model had loaded (5-85 s),
     in the Python spelling (strategy='greedy'); now first, in the flags' own spelling."""

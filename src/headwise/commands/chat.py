@@ -54,6 +54,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from headwise import limits
     from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
     from headwise.pretrained.chat import check_length
@@ -66,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(limits.threads(args.threads, "--threads"))
     file = read_gguf(args.gguf or find_smollm2())
     prompt = ChatTokenizer.from_metadata(file.metadata).chat(args.prompt, system=args.system)
     check_length(len(prompt), args.max_new_tokens, file.config.context_length, file.config.name)
