@@ -78,3 +78,15 @@ def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkey
     assert main(["chat", "Hi", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "strategy=" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n"])
+def test_an_empty_prompt_is_refused_before_the_model_loads(monkeypatch, capsys, prompt):
+    """chat "" loaded the model and answered an empty message; view refuses an empty text."""
+    from headwise import pretrained
+
+    monkeypatch.setattr(pretrained, "read_gguf", lambda *a, **k: pytest.fail("model read"))
+    monkeypatch.setattr(pretrained, "find_smollm2", lambda *a, **k: pytest.fail("model found"))
+    assert main(["chat", prompt]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt is empty; pass a message" in err and err.count("\n") == 1

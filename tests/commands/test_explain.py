@@ -189,3 +189,15 @@ def test_missing_gguf_package_is_one_line(tiny_llama, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "needs the 'gguf' package: pip install 'headwise[pretrained]'" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("texts, model", [([""], []), (["  "], []), (["ok", ""], []),
+                                          ([""], ["--model", "smollm2"])])
+def test_an_empty_text_is_refused_as_view_refuses_it(texts, model, tmp_path, capsys):
+    """explain "" ran (a view of [CLS] [SEP]) while view refused --text ""; now it is one
+    line before any model loads, for the encoder and the decoder alike."""
+    code = main(["explain", *texts, *model, "-o", str(tmp_path / "v.html")])
+    err = capsys.readouterr().err
+    first = next(i for i, t in enumerate(texts) if not t.strip())
+    assert code == 2 and f"text {first} is empty" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "v.html").exists()

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pretrained.chat import check_length
 
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
     if args.view is not None and not args.view.lower().endswith((".html", ".htm")):

@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     from headwise import pretrained, viz
     from headwise.tracing import trace
 
+    empty = [i for i, t in enumerate(args.text) if not t.strip()]
+    if empty:  # as view refuses --text "": nothing to explain
+        raise ValueError(f"text {empty[0]} is empty; pass a non-empty string, e.g. headwise "
+                         "explain \"The cat sat on the mat.\"")
     if args.model == "smollm2" or args.gguf:
         return _run_decoder(args)
     if args.generate or args.chat:
