@@ -201,3 +201,14 @@ def test_an_empty_text_is_refused_as_view_refuses_it(texts, model, tmp_path, cap
     first = next(i for i, t in enumerate(texts) if not t.strip())
     assert code == 2 and f"text {first} is empty" in err, err
     assert err.count("\n") == 1 and not (tmp_path / "v.html").exists()
+
+
+def test_a_text_longer_than_the_model_reads_is_said_to_be_cut(minilm_folder, tmp_path, capsys):
+    """A 1,300-token text was cut to all-MiniLM's 256 without a word (exit 0); the page is
+    still written from what the model read, and stderr says which text was cut and where."""
+    long, short = "word " * 1300, "a short one"
+    assert main(["explain", short, long, "-o", str(tmp_path / "v.html")]) == 0
+    out, err = capsys.readouterr()
+    assert ("headwise explain: note: text 1 is longer than the model reads (256 tokens); the "
+            "view shows its first 256") in err and "text 0" not in err
+    assert "example 1 (256 tokens)" in out and (tmp_path / "v.html").is_file()

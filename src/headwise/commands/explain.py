@@ -19,6 +19,7 @@ attention kernel each layer used).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     heads = _indices(args.heads, n_heads, "--heads")
 
     inputs = tokenizer.batch(texts, pairs, device=device)
+    for i, cut in enumerate(tokenizer.truncated(texts, pairs)):
+        if cut:  # the view shows what the model read: say it is not all of the text
+            print(f"headwise explain: note: text {i} is longer than the model reads "
+                  f"({tokenizer.max_length} tokens); the view shows its first "
+                  f"{tokenizer.max_length}", file=sys.stderr)
     lengths = inputs["attention_mask"].sum(1).tolist()
     tokens = [tokenizer.tokens(ids[:n]) for ids, n in zip(inputs["input_ids"].tolist(), lengths,
                                                            strict=True)]
