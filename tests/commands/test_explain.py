@@ -212,3 +212,17 @@ def test_a_text_longer_than_the_model_reads_is_said_to_be_cut(minilm_folder, tmp
     assert ("headwise explain: note: text 1 is longer than the model reads (256 tokens); the "
             "view shows its first 256") in err and "text 0" not in err
     assert "example 1 (256 tokens)" in out and (tmp_path / "v.html").is_file()
+
+
+def test_an_encoder_and_a_decoder_report_of_one_text_go_to_two_folders(
+        minilm_folder, tiny_llama, tmp_path, capsys, monkeypatch):
+    """MiniLM's and a decoder's reports of the same text went to one folder, the second
+    overwriting the first; the decoder's folder now carries its model's name."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "the cat"]) == 0
+    assert main(["explain", "the cat", "--gguf", str(tiny_llama)]) == 0
+    reports = tmp_path / "headwise-reports"
+    assert sorted(p.name for p in reports.iterdir()) == [
+        "explain-the-cat", f"explain-{tiny_llama.stem.lower()}-the-cat"]
+    for folder in reports.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == ["head_view.html", "heatmaps.png"]

@@ -11,7 +11,9 @@ its 9 query heads grouped under the 3 key/value heads they share; ``--generate N
 the text greedily and shows prompt + continuation in one view, the generated tokens marked.
 
 Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
-heatmaps into a report folder (``headwise-reports/explain-<text>/``, or ``-o DIR``, or
+heatmaps into a report folder (``headwise-reports/explain-<text>/``; a decoder's
+``explain-smollm2-<text>/`` or ``explain-<gguf name>-<text>/``, so two models' reports of one
+text never overwrite each other; or ``-o DIR``, or
 ``-o FILE.html`` with the grid beside it), then prints the trace summary of the run (which
 attention kernel each layer used).
 """
@@ -59,7 +61,7 @@ def register(subparsers) -> None:
                    help="smollm2: wrap the text in the chat template (as a user message)")
     p.add_argument("-o", "--output", metavar="DIR|FILE.html",
                    help="report folder, or the head view file (default: "
-                        "headwise-reports/explain-TEXT/)")
+                        "headwise-reports/explain-TEXT/, a decoder's explain-smollm2-TEXT/)")
     p.add_argument("--heatmaps", metavar="PNG",
                    help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
                         "folder, or FILE-heads.png beside -o FILE.html)")
@@ -156,7 +158,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
     c = chat.config
     layers = _indices(args.layers, c.num_layers, "--layers") or [c.num_layers - 1]
     heads = _indices(args.heads, c.num_heads, "--heads")
-    html, png = report_paths(args.output, "explain", text)
+    source = Path(args.gguf).stem if args.gguf else "smollm2"  # not MiniLM's folder
+    html, png = report_paths(args.output, "explain", f"{source}-{text}")
     view = dv.write_view(chat, run, html, f"{c.name}: {text[:60]}" + "..." * (len(text) > 60))
     png = Path(args.heatmaps) if args.heatmaps else png or _default_png(view.path)
     chosen = [w[0].float().cpu() for w in run.attentions["decoder_self"]]
