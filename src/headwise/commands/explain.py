@@ -82,10 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise import pretrained, viz
     from headwise.tracing import trace
 
-    empty = [i for i, t in enumerate(args.text) if not t.strip()]
-    if empty:  # as view refuses --text "": nothing to explain
-        raise ValueError(f"text {empty[0]} is empty; pass a non-empty string, e.g. headwise "
-                         "explain \"The cat sat on the mat.\"")
+    _refuse_empty(args.text)
     if args.model == "smollm2" or args.gguf:
         return _run_decoder(args)
     if args.generate or args.chat:
@@ -107,11 +104,7 @@ def run(args: argparse.Namespace) -> int:
     heads = _indices(args.heads, n_heads, "--heads")
 
     inputs = tokenizer.batch(texts, pairs, device=device)
-    for i, cut in enumerate(tokenizer.truncated(texts, pairs)):
-        if cut:  # the view shows what the model read: say it is not all of the text
-            print(f"headwise explain: note: text {i} is longer than the model reads "
-                  f"({tokenizer.max_length} tokens); the view shows its first "
-                  f"{tokenizer.max_length}", file=sys.stderr)
+    _note_cut(tokenizer, texts, pairs)
     lengths = inputs["attention_mask"].sum(1).tolist()
     tokens = [tokenizer.tokens(ids[:n]) for ids, n in zip(inputs["input_ids"].tolist(), lengths,
                                                            strict=True)]
@@ -138,6 +131,24 @@ def run(args: argparse.Namespace) -> int:
     print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
     print(f"head view: {html.path}\nheatmaps:  {png}")
     return 0
+
+
+def _refuse_empty(texts: list[str]) -> None:
+    """As view refuses ``--text ""``: an empty text has nothing to explain."""
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"text {empty[0]} is empty; pass a non-empty string, e.g. headwise "
+                         "explain \"The cat sat on the mat.\"")
+
+
+def _note_cut(tokenizer, texts: list[str], pairs: list[str] | None) -> None:
+    """One stderr line per text longer than the model reads: the view shows its first
+    ``max_length`` tokens, not all of it."""
+    for i, cut in enumerate(tokenizer.truncated(texts, pairs)):
+        if cut:
+            print(f"headwise explain: note: text {i} is longer than the model reads "
+                  f"({tokenizer.max_length} tokens); the view shows its first "
+                  f"{tokenizer.max_length}", file=sys.stderr)
 
 
 def _run_decoder(args: argparse.Namespace) -> int:
