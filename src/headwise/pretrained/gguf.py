@@ -343,7 +343,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
                         f"torch.float64, got {dtype}")
     device = parse_device(str(device))
     if q4 and device.type != "cpu":
-        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device={device!r};"
+        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device='{device}';"
                          " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))
