@@ -118,3 +118,12 @@ def hf_smollm2_tokenizer(smollm2_path, transformers):
     """transformers' own tokenizer built from the same GGUF (~10 s: it converts the vocab)."""
     return transformers.AutoTokenizer.from_pretrained(smollm2_path.parent,
                                                       gguf_file=smollm2_path.name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _native_kernel_settled():
+    """On a fresh machine the decoding step's C kernel is built on first use, and a first call
+    waits only a few seconds for it (headwise.fast.native.WAIT_S) before taking the torch
+    path; the suite waits for the build once, so every test sees the same path."""
+    from headwise.fast import native
+    native.status()

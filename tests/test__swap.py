@@ -3,6 +3,7 @@ stale temp folders of dead writers are cleaned, a live writer's never."""
 
 import errno
 import os
+import sys
 
 import pytest
 import torch
@@ -29,6 +30,45 @@ def test_writing_turns_a_filesystem_error_into_one_output_error():
     with pytest.raises(KeyError):  # not a filesystem error: passes through untouched
         with _swap.writing("x/y"):
             raise KeyError("bug")
+
+
+_FULL_DISK = """
+import resource, signal, sys, torch
+from headwise import checkpoint as ckpt
+from headwise.errors import OutputError
+from headwise.models import LMConfig, build
+torch.manual_seed(1)
+cfg = LMConfig(vocab_size=11, d_model=64, num_heads=4, num_layers=2, d_ff=128, max_len=16)
+model = build(cfg)
+opt = torch.optim.AdamW(model.parameters())
+ckpt.save(sys.argv[1], model, cfg)  # the previous checkpoint, written with room to spare
+# a file may grow to 20 kB, then writes fail as on a full disk (EFBIG instead of ENOSPC)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+try:
+    ckpt.save(sys.argv[1], model, cfg, optimizer=opt, train_state={"step": 2})
+except OutputError as e:
+    print(e)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux",
+                    reason="RLIMIT_FSIZE stands in for a full disk on Linux")
+def test_a_full_disk_while_safetensors_writes_is_one_output_error(tmp_path):
+    """safetensors reports a failed write as SafetensorError('... I/O error: ...'), not an
+    OSError, so a full disk during a save (and so during training or --resume) ended in
+    'internal error' with a traceback; now it is the same OutputError line as any write."""
+    import subprocess
+    folder = tmp_path / "checkpoint"
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"cannot write {folder}: File too large"), done.stdout
+    assert "free some space" in done.stdout
+    ckpt.load(folder)  # the previous checkpoint is still whole (its hashes are checked)
+    assert not any(p.name.startswith(".checkpoint.tmp") for p in tmp_path.iterdir())
 
 
 _KILL_BETWEEN_RENAMES = """

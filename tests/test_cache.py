@@ -1,9 +1,13 @@
 """KVCache: reorder (beam search) and overflow."""
 
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from headwise import limits
 from headwise.cache import KVCache
 
 
@@ -75,3 +79,20 @@ def test_all_finite_takes_the_callers_word_for_the_newest_positions_only(bad):
     layer.update(torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3))  # rewritten finite
     layer.k[0, 0, 3, 2] = bad  # position 3: the caller vouches (wrongly) for it; not read
     assert layer.all_finite(4, vouched=1) and layer.checked == 4
+
+
+@given(memory=st.integers(10**4, 10**7), layers=st.integers(1, 4), batch=st.integers(1, 4),
+       heads=st.integers(1, 4), d=st.integers(1, 16),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_a_cache_too_large_for_memory_is_refused_before_allocation(memory, layers, batch, heads,
+                                                                   d, dtype):
+    """new_cache(1, 10**12) died in the allocator with a raw RuntimeError; now the buffers'
+    size (k and v) is checked first and the message says to shorten max_len."""
+    per_position = 2 * layers * batch * heads * d * torch.empty((), dtype=dtype).element_size()
+    too_long = memory // per_position + 1
+    with mock.patch.object(limits, "machine_memory", lambda: memory):
+        with pytest.raises(ValueError, match=r"KVCache: .* would need about .*smaller max_len"):
+            KVCache(layers, batch, heads, d, too_long, dtype=dtype)
+        if too_long > 1:  # the longest that fits is built
+            cache = KVCache(layers, batch, heads, d, too_long - 1, dtype=dtype)
+            assert cache.max_len == too_long - 1

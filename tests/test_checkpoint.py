@@ -249,3 +249,26 @@ def test_load_refuses_a_bad_device_before_reading(tmp_path, device):
     """checkpoint.load(device=...) from Python: one ValueError, not torch's RuntimeError."""
     with pytest.raises(ValueError, match="device"):
         ckpt.load(tmp_path / "does-not-matter", device=device)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(config={"d_model": 32}), r"config must be the model's config .* got dict"),
+    (dict(tokenizer="chars"), r"tokenizer must have \.to_dict\(\)"),
+    (dict(metadata={"loss": torch.tensor(1.5)}), r"metadata\['loss'\] is a Tensor"),
+    (dict(metadata={"tags": {"a"}}), r"metadata\['tags'\] is a set"),
+    (dict(metadata=[1]), r"metadata must be a dict, got list"),
+    (dict(train_state={"step": torch.tensor(3)}), r"train_state\['step'\] is a Tensor"),
+])
+def test_save_of_what_cannot_be_stored_is_a_type_error_and_writes_nothing(tmp_path, kwargs,
+                                                                         words):
+    """save(config=dict) raised AttributeError('kind') and metadata={tensor} json's raw
+    TypeError, both from inside the write; now one TypeError first, and an existing
+    checkpoint at the same path stays as it was."""
+    model, config = _lm()
+    folder = ckpt.save(tmp_path / "run", model, config)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    args = {"config": config, **kwargs}
+    with pytest.raises(TypeError, match=words):
+        ckpt.save(folder, model, **args)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

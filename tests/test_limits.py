@@ -76,3 +76,17 @@ def test_format_bytes_at_a_rounding_tie_reads_back():
     found the tie)."""
     assert limits.format_bytes(12032) == "11.8 KiB"
     test_format_bytes_reads_back_within_its_rounding.hypothesis.inner_test(12032)
+
+
+@given(value=st.one_of(st.integers(-5, 10**6), st.booleans(), st.floats(0, 8), st.none()))
+def test_a_thread_count_is_an_int_between_one_and_the_cpus(value):
+    """One rule for --threads (chat, heads prune) and TrainConfig.threads: chat took 100,000
+    threads, which under a memory limit failed mid-load as a 'truncated model file'."""
+    cpus = limits.cpu_count()
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= cpus:
+        assert limits.threads(value, "--threads") == value
+    else:
+        with pytest.raises(ValueError, match=rf"--threads must be an int in \[1, {cpus}\] "
+                                             r"\(this machine's CPUs\); got"):
+            limits.threads(value, "--threads")
+

@@ -1,9 +1,12 @@
+import math
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headwise import masks
+from headwise import limits, masks
 
 
 def test_causal_alignments_differ_when_lengths_differ():
@@ -97,3 +100,47 @@ def test_fill_is_the_one_way_a_mask_enters_scores():
     assert masks.fill(s, allowed, inplace=True) is s and torch.equal(s, got)
     assert masks.as_4d(torch.ones(5, dtype=torch.bool)).shape == (1, 1, 1, 5)
     assert masks.as_4d(None) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(memory=st.integers(10**4, 10**9), excess=st.integers(1, 1000), square=st.booleans())
+def test_a_mask_too_large_for_memory_is_refused_before_allocation(memory, excess, square):
+    """causal(10**6) was within the position limit but a 1 TB tensor (a raw allocator error);
+    each length may pass the limits while their product does not fit."""
+    nq = math.isqrt(memory) + excess
+    nk = nq if square else memory // nq + excess
+    with mock.patch.object(limits, "machine_memory", lambda: memory):
+        for build in (lambda: masks.causal(nq, nk), lambda: masks.sliding_window(nq, nk, 3)):
+            with pytest.raises(ValueError, match=r"bool mask would need about .* more than "
+                                                 r"this machine's .*; (pass causal=True|build)"):
+                build()
+        assert masks.causal(3, 1000).shape == (3, 1000)  # 3,000 bytes: built
+
+
+@given(a=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       b=st.lists(st.integers(1, 5), min_size=1, max_size=4), float_b=st.booleans())
+def test_combine_of_masks_that_do_not_broadcast_is_a_value_error(a, b, float_b):
+    """combine((2, 3), (4, 5)) raised torch's raw size RuntimeError; masks that broadcast
+    still combine to the broadcast shape."""
+    first = torch.ones(a, dtype=torch.bool)
+    second = torch.zeros(b) if float_b else torch.ones(b, dtype=torch.bool)
+    try:
+        shape = torch.broadcast_shapes(first.shape, second.shape)
+    except RuntimeError:
+        with pytest.raises(ValueError, match=r"combine: masks of shapes .* do not broadcast"):
+            masks.combine(first, second)
+    else:
+        assert masks.combine(first, second).shape == shape
+
+
+@given(lens=st.lists(st.one_of(st.integers(0, 5), st.text(max_size=2), st.none(),
+                               st.lists(st.integers(0, 3), max_size=2)), min_size=1, max_size=4))
+def test_from_valid_lens_of_what_is_not_lengths_is_a_clear_type_error(lens):
+    """[2, 'a'] raised torch's 'new(): invalid data type' from inside as_tensor."""
+    try:
+        want = masks.from_valid_lens(torch.tensor(lens), 6)
+    except (TypeError, ValueError, RuntimeError):
+        with pytest.raises((TypeError, ValueError), match=r"valid_lens (must|has)"):
+            masks.from_valid_lens(lens, 6)
+    else:
+        assert torch.equal(masks.from_valid_lens(lens, 6), want)

@@ -43,6 +43,23 @@ def test_fuse_keeps_dropout_and_backend_unless_asked():
     assert fuse(unfuse(mha), backend="sdpa").backend == "sdpa"
 
 
+@settings(max_examples=10, deadline=None)
+@given(training=st.booleans(), dropout=st.floats(0.1, 0.9), seed=st.integers(0, 2**31 - 1))
+def test_unfuse_and_fuse_keep_the_training_mode(training, dropout, seed):
+    """An eval-mode module unfused came back in training mode, so with dropout its outputs
+    differed (~0.3); now both directions keep the mode, and eval outputs agree."""
+    torch.manual_seed(seed)
+    mha = hw.MultiHeadAttention(8, 2, dropout=dropout).double().train(training)
+    loop = unfuse(mha)
+    back = fuse(loop)
+    modes = [m.training for module in (loop, back) for m in module.modules()]
+    assert modes == [training] * len(modes)
+    if not training:  # no dropout in eval: float64 loop vs fused, ~1e-15 apart
+        x = torch.randn(2, 5, 8, dtype=torch.float64)
+        torch.testing.assert_close(loop(x, x, x)[0], mha(x)[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(back(x)[0], mha(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_wrong_inputs_are_refused():
     with pytest.raises(TypeError, match="unfuse expects headwise.MultiHeadAttention"):
         unfuse(nn.MultiheadAttention(8, 2))
@@ -51,3 +68,29 @@ def test_wrong_inputs_are_refused():
     heads = nn.ModuleList(nn.Linear(4, 2) for _ in range(3))
     with pytest.raises(ValueError, match="need a divisor number of key/value heads"):
         PerHeadAttention(heads, heads[:2], heads[:2], nn.Linear(6, 4))
+
+
+@given(kind=st.sampled_from(["q_heads", "k_heads", "v_heads"]), width=st.integers(1, 9),
+       bias=st.booleans(), in_delta=st.integers(0, 2))
+def test_fuse_of_unequal_heads_is_a_value_error_naming_the_head(kind, width, bias, in_delta):
+    """A per-head module with one head edited to another shape made fuse fail inside
+    torch.cat with a raw size error; now a ValueError names the head, unless the edit keeps
+    every shape (then it fuses)."""
+    loop = unfuse(hw.MultiHeadAttention(8, 2, head_dim=4))
+    getattr(loop, kind)[1] = nn.Linear(8 + in_delta, width, bias=bias)
+    if (width, bias, in_delta) == (4, True, 0):
+        assert isinstance(fuse(loop), hw.MultiHeadAttention)
+        return
+    with pytest.raises(ValueError, match=rf"fuse: {kind}\[1\] is Linear"):
+        fuse(loop)
+
+
+def test_fuse_with_heads_or_out_proj_of_another_width_is_a_value_error():
+    loop = unfuse(hw.MultiHeadAttention(8, 2, head_dim=4))
+    loop.v_heads = nn.ModuleList(nn.Linear(8, 3) for _ in range(2))
+    with pytest.raises(ValueError, match="query heads are 4 wide but key/value heads"):
+        fuse(loop)
+    loop = unfuse(hw.MultiHeadAttention(8, 2, head_dim=4))
+    loop.out_proj = nn.Linear(7, 8)
+    with pytest.raises(ValueError, match="out_proj reads 7 features but 2 heads of 4 give 8"):
+        fuse(loop)

@@ -118,3 +118,41 @@ def test_bad_arguments_are_value_errors():
         hw.stats.head_stats(q, q, top_k=0)
     with pytest.raises(ValueError, match=r"token_ids must be \(b, j\)=\(1, 3\)"):
         hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+@given(h=st.integers(2, 4), n=st.integers(2, 9),
+       bad=st.sampled_from([float("nan"), float("inf"), -float("inf")]), positive=st.booleans(),
+       causal=st.booleans(), budget=st.sampled_from([1, 7, W.CHUNK_ELEMENTS]),
+       seed=st.integers(0, 2**16))
+def test_a_head_whose_queries_are_nan_reports_nan_not_perfect_focus(h, n, bad, positive, causal,
+                                                                    budget, seed):
+    """NaN/inf queries used to give entropy 0 and max weight 0 (read as a perfectly focused
+    head); their statistics are NaN now, as the attention output is, and the clean heads keep
+    the numbers they have without the bad one."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, h, n, 8, generator=gen), torch.randn(1, h, n, 8, generator=gen)
+    if positive:  # -inf queries on positive keys: every score -inf, like a masked row
+        k[:, 0] = k[:, 0].abs()
+    clean = hw.stats.head_stats(q, k, causal=causal, budget=budget)
+    q[:, 0] = bad
+    s = hw.stats.head_stats(q, k, causal=causal, budget=budget)
+    for name in ("entropy", "max_weight", "sink", "distance"):
+        assert getattr(s, name)[:, 0].isnan().all(), name
+        assert s.per_head(name)[:, 0].isnan().all(), name
+        # the other heads: same arithmetic on the same rows, float32 rounding at most
+        torch.testing.assert_close(getattr(s, name)[:, 1:], getattr(clean, name)[:, 1:])
+    assert s.live.all() and s.top_values[:, 0].isnan().all()
+
+
+def test_float_token_ids_are_refused():
+    q = torch.randn(1, 2, 3, 4)
+    for ids in (torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool), [[0, 1, 2]]):
+        with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
+            hw.stats.head_stats(q, q, token_ids=ids)
+    lm = TransformerLM(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                                max_len=32))
+    with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
+        with hw.stats.collect(lm, token_ids=torch.zeros(1, 4)):
+            pass
+    stats = hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 3, dtype=torch.int32))
+    assert stats.induction.shape == (1, 2, 3)

@@ -139,3 +139,50 @@ def test_a_selection_on_a_backend_that_cannot_honour_it_raises():
         hw.attention(q, q, q, return_weights="heads")
     with pytest.raises(ValueError, match="unknown selection keys"):
         hw.attention(q, q, q, return_weights={"head": 0})
+
+
+not_indices = st.one_of(
+    st.lists(st.booleans(), min_size=1, max_size=6).map(torch.tensor),  # a mask, not indices
+    st.lists(st.floats(0, 3), min_size=1, max_size=3),  # [0.9, 2.7] was read as heads 0 and 2
+    st.text(alphabet="0123", min_size=1, max_size=3),  # "12" was read as heads 1 and 2
+    st.lists(st.floats(0, 3), min_size=1, max_size=3).map(torch.tensor),
+    st.builds(slice, st.floats(0, 2), st.just(3)),
+    st.booleans(),
+)
+
+
+@given(bad=not_indices, name=st.sampled_from(["heads", "rows", "keys"]))
+def test_a_selection_refuses_what_is_not_an_index(bad, name):
+    """Bool masks, floats and strings were coerced to other indices; now a TypeError naming
+    the argument and the spelling that works, when the Selection is made."""
+    with pytest.raises(TypeError, match=rf"Selection: {name}.*(pass|e\.g\.)"):
+        hw.Selection(**{name: bad})
+    mha = hw.MultiHeadAttention(8, 2)
+    with pytest.raises(TypeError, match=rf"Selection: {name}"):
+        mha(torch.randn(1, 3, 8), return_weights={name: bad})
+
+
+@given(heads=st.lists(st.integers(-4, 3), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_every_integer_spelling_of_a_selection_picks_the_same_heads(heads, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, 5, 8, generator=g) for _ in range(3))
+    _, full = hw.attention(q, k, v, return_weights=True)
+    expected = full[:, [x % 4 for x in heads]]
+    for spelling in (heads, tuple(heads), torch.tensor(heads), torch.tensor(heads).int()):
+        _, w = hw.attention(q, k, v, return_weights=hw.Selection(heads=spelling))
+        torch.testing.assert_close(w, expected, rtol=0, atol=0)  # same process, same kernel
+
+
+@given(b=st.integers(1, 2), h=st.integers(1, 4), i=st.integers(1, 5), d=st.integers(1, 8),
+       backend=st.sampled_from(["auto", "eager", "sdpa"]), causal=st.booleans())
+def test_zero_keys_give_empty_weights_and_zero_output(b, h, i, d, backend, causal):
+    """No keys is every row fully masked: zero output and weights of shape (b, h, i, 0) (this
+    was a ZeroDivisionError in the block planner)."""
+    q, k = torch.randn(b, h, i, d), torch.randn(b, h, 0, d)
+    out, w = hw.attention(q, k, k, return_weights=True, backend=backend, causal=causal)
+    assert w.shape == (b, h, i, 0) and bool((out == 0).all())
+    mha = hw.MultiHeadAttention(8, 2)
+    kv = torch.randn(b, 0, 8)
+    out, w = mha(torch.randn(b, i, 8), kv, kv, return_weights=True)
+    assert w.shape == (b, 2, i, 0)
+    torch.testing.assert_close(out, mha.out_proj.bias.expand(b, i, 8), rtol=0, atol=0)

@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["parse_device"]
+__all__ = ["DEVICE_TYPES", "check_tensor_device", "parse_device"]
+
+# where headwise runs: meta holds no data (a value read such as .item() fails), mps, xpu, ...
+# are untested
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 def parse_device(name: str) -> torch.device:
@@ -22,7 +26,7 @@ def parse_device(name: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"--device {name!r} is not a torch device; use auto, cpu, cuda or "
                          "cuda:N") from None
-    if device.type not in ("cpu", "cuda"):  # meta holds no data; mps, xpu, ... are untested
+    if device.type not in DEVICE_TYPES:
         raise ValueError(f"--device {name}: headwise runs on cpu or cuda, not {device.type!r}; "
                          "use --device cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -32,3 +36,11 @@ def parse_device(name: str) -> torch.device:
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
                          "device(s); use cuda:0 or --device cpu")
     return device
+
+
+def check_tensor_device(t: torch.Tensor, name: str, where: str) -> None:
+    """ValueError unless ``t`` is on a device headwise runs on (:data:`DEVICE_TYPES`)."""
+    if t.device.type not in DEVICE_TYPES:
+        raise ValueError(f"{where}: {name} is on {t.device.type!r}, but headwise runs on cpu or "
+                         "cuda (a meta tensor holds no values to read); move it and the module "
+                         "with .to('cpu') or .to('cuda')")

@@ -53,10 +53,27 @@ def writing(path: str | Path) -> Iterator[None]:
         yield
     except OutputError:
         raise
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        raise OutputError(f"cannot write {path}: {why} (errno {exc.errno}); free some space, "
-                          f"fix the permissions or write somewhere else") from None
+    except Exception as exc:
+        why = _io_failure(exc)
+        if why is None:
+            raise
+        raise OutputError(f"cannot write {path}: {why}; free some space, fix the permissions "
+                          "or write somewhere else") from None
+
+
+def _io_failure(exc: BaseException) -> str | None:
+    """What the filesystem said, for an OSError or for safetensors' own error around one (a
+    full disk while writing tensors is ``SafetensorError: ... I/O error: No space left``, not
+    an OSError); None for anything else."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or type(exc).__name__} (errno {exc.errno})"
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return None
+    if isinstance(exc, SafetensorError) and "I/O error" in str(exc):
+        return str(exc).split("I/O error:", 1)[1].strip()
+    return None
 
 
 def _temps(folder: Path) -> list[tuple[Path, int]]:

@@ -19,10 +19,12 @@ A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
+from headwise import limits
 from headwise.fast import finite, host
 
 __all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "SelfAttentionCache"]
@@ -145,6 +147,9 @@ class KVCache:
             raise ValueError(f"KVCache: num_kv_heads lists {len(per_layer)} layers, expected "
                              f"num_layers={num_layers}; give one count per layer or one int")
         shape = (num_layers, batch, max(per_layer), max_len, head_dim)
+        limits.check_memory(2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size(),
+                            f"a KV cache of {batch:,} rows x {max_len:,} positions", "KVCache",
+                            "pass a smaller max_len (the longest sequence you will decode)")
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_heads = tuple(per_layer)

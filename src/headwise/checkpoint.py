@@ -99,6 +99,7 @@ def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = Non
             ``train_state.json`` (hyper-parameters), together with ``train_state`` (JSON-safe).
         metadata: JSON-safe facts stored in ``config.json`` (task, metrics, ...).
     """
+    _check_save_args(config, tokenizer, metadata, train_state)
     folder = Path(folder)
     with writing(folder):
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +111,27 @@ def save(folder: str | Path, model: nn.Module, config: Any, tokenizer: Any = Non
         tmp.mkdir()
         _write_files(tmp, folder, model, config, tokenizer, optimizer, train_state, metadata)
     return folder
+
+
+def _check_save_args(config, tokenizer, metadata, train_state) -> None:
+    """TypeError before anything is written: a config without ``kind``/``to_dict()`` (a plain
+    dict), a tokenizer without ``to_dict()``, or metadata / train state JSON cannot hold."""
+    if not (hasattr(config, "kind") and callable(getattr(config, "to_dict", None))):
+        raise TypeError(f"checkpoint.save: config must be the model's config (a dataclass with "
+                        f".kind and .to_dict()), got {type(config).__name__}; pass model.config")
+    if tokenizer is not None and not callable(getattr(tokenizer, "to_dict", None)):
+        raise TypeError(f"checkpoint.save: tokenizer must have .to_dict() (a headwise "
+                        f"tokenizer) or be None, got {type(tokenizer).__name__}")
+    for name, facts in (("metadata", metadata), ("train_state", train_state)):
+        if facts is not None and not isinstance(facts, dict):
+            raise TypeError(f"checkpoint.save: {name} must be a dict, got {type(facts).__name__}")
+        for key, value in (facts or {}).items():
+            try:
+                json.dumps({key: value})
+            except (TypeError, ValueError):
+                raise TypeError(f"checkpoint.save: {name}[{key!r}] is a {type(value).__name__}, "
+                                "which JSON cannot hold; store plain numbers, strings, lists "
+                                "and dicts (a tensor: .tolist() or float(x))") from None
 
 
 def _write_files(tmp: Path, folder: Path, model, config, tokenizer, optimizer, train_state,

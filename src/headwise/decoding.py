@@ -22,7 +22,7 @@ from headwise.models.transformer import Transformer
 from headwise.step import DecodeStep
 from headwise.step import usable as step_usable
 
-__all__ = ["generate", "generate_with_logits", "STRATEGIES"]
+__all__ = ["check_sampling", "generate", "generate_with_logits", "STRATEGIES"]
 
 STRATEGIES = ("greedy", "sample", "beam")
 
@@ -259,14 +259,7 @@ def _check(model, tokens, max_new, src, strategy, temperature, top_k, top_p, bea
     if keep_logits and strategy == "beam":
         raise ValueError("generate_with_logits: beam search has no single logits path; use "
                          "strategy='greedy' or 'sample'")
-    if not isinstance(temperature, (int, float)) or not 0 < temperature < float("inf"):
-        raise ValueError(f"generate: temperature must be > 0 and finite, got {temperature!r}; for the "
-                         "most likely token use strategy='greedy'")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
-                              or top_k < 1):
-        raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"generate: top_p must be None or in (0, 1], got {top_p!r}")
+    check_sampling(temperature, top_k, top_p)
     if not isinstance(length_penalty, (int, float)):
         raise TypeError(f"generate: length_penalty must be a number, got {length_penalty!r}")
     vocab = c.tgt_vocab_size if isinstance(model, Transformer) else c.vocab_size
@@ -292,3 +285,27 @@ def _check(model, tokens, max_new, src, strategy, temperature, top_k, top_p, bea
                          f"{total} exceeds max_len={c.max_len}; ask for at most "
                          f"{c.max_len - tokens.shape[1]} new tokens")
     return strategy
+
+
+def check_sampling(temperature, top_k, top_p, *, flags: bool = False) -> None:
+    """The sampling settings' one rule: ``temperature`` > 0 and finite (None: greedy, for the
+    command line), ``top_k`` None or an int >= 1, ``top_p`` None or in (0, 1]. ``flags``: name
+    them as the command line does (``--top-p``), which checks them before a model loads."""
+    def name(n: str) -> str:
+        return "--" + n.replace("_", "-") if flags else f"generate: {n}"
+
+    greedy = ("omit --temperature for greedy decoding" if flags
+              else "for the most likely token use strategy='greedy'")
+    if temperature is not None and (not isinstance(temperature, (int, float))
+                                    or isinstance(temperature, bool)
+                                    or not 0 < temperature < float("inf")):
+        raise ValueError(f"{name('temperature')} must be > 0 and finite, got {temperature!r}; "
+                         f"{greedy}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
+                              or top_k < 1):
+        raise ValueError(f"{name('top_k')} must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and not isinstance(top_p, bool)
+                                  and 0 < top_p <= 1):
+        raise ValueError(f"{name('top_p')} must be in (0, 1], got {top_p!r}; e.g. 0.9 keeps the "
+                         "most likely tokens that make up 90% of the probability" if flags else
+                         f"{name('top_p')} must be None or in (0, 1], got {top_p!r}")

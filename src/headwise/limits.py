@@ -20,8 +20,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "format_bytes",
-           "parameter_count"]
+__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "threads",
+           "format_bytes", "parameter_count"]
 
 #: Largest accepted value per kind of size.
 MAX: dict[str, int] = {
@@ -75,6 +75,17 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def threads(value, name: str = "threads") -> int:
+    """``value`` as a thread count in ``[1, cpu_count()]``, or one ValueError: more threads than
+    CPUs only wait on one another, and 100,000 OpenMP threads exhaust memory mid-load (once
+    misreported as a truncated model file)."""
+    cpus = cpu_count()
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= cpus:
+        raise ValueError(f"{name} must be an int in [1, {cpus}] (this machine's CPUs); got "
+                         f"{value!r}")
+    return value
 
 
 def format_bytes(n: float) -> str:

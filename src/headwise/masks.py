@@ -37,8 +37,16 @@ def causal(nq: int, nk: int | None = None, *, align: str = "bottom_right",
         limits.size(n, name, "length", "causal", low=0)
     if align not in _ALIGNS:
         raise ValueError(f"causal: align must be one of {_ALIGNS}, got {align!r}")
+    _check_room(nq, nk, "causal", "pass causal=True to headwise.attention instead (no (i, j) "
+                "mask is built)")
     offset = nk - nq if align == "bottom_right" else 0
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def _check_room(nq: int, nk: int, where: str, fix: str) -> None:
+    """An ``(nq, nk)`` bool mask (1 byte each) must fit in memory: each length may be within
+    the limits while their product is not (causal(10**6) is a 1 TB tensor)."""
+    limits.check_memory(nq * nk, f"a ({nq:,}, {nk:,}) bool mask", where, fix)
 
 
 def causal_block(rows: torch.Tensor, keys: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
@@ -76,6 +84,7 @@ def sliding_window(nq: int, nk: int, window: int, *, causal: bool = True,
     for name, n, low in (("nq", nq, 0), ("nk", nk, 0), ("window", window, 1)):
         if not isinstance(n, int) or isinstance(n, bool) or n < low:
             raise ValueError(f"sliding_window: {name} must be an int >= {low}, got {n!r}")
+    _check_room(nq, nk, "sliding_window", "build it for fewer positions")
     ones = torch.ones(nq, nk, dtype=torch.bool, device=device)
     offset = nk - nq
     keep = ones.triu(diagonal=offset - window + 1)  # j >= p - window + 1
@@ -92,7 +101,11 @@ def from_valid_lens(valid_lens: torch.Tensor, nk: int, nq: int | None = None) ->
     if nq is not None:
         limits.size(nq, "nq", "length", "from_valid_lens", low=0)
     if not isinstance(valid_lens, torch.Tensor):
-        valid_lens = torch.as_tensor(valid_lens)
+        try:
+            valid_lens = torch.as_tensor(valid_lens)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"from_valid_lens: valid_lens must be integer lengths, got "
+                            f"{valid_lens!r:.80}; pass e.g. torch.tensor([3, 5])") from None
     if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
         raise TypeError(f"valid_lens must be an integer tensor, got dtype {valid_lens.dtype}; "
                         "pass lengths such as torch.tensor([3, 5])")
@@ -143,6 +156,12 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
         return None
     for m in present:
         check(m, "combine")
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        raise ValueError(f"combine: masks of shapes {[tuple(m.shape) for m in present]} do not "
+                         "broadcast together; give each (b, h, i, j) axis size 1 or its full "
+                         "size, e.g. (b, 1, 1, j) padding with an (i, j) causal mask") from None
     if all(m.dtype == torch.bool for m in present):
         out = present[0]
         for m in present[1:]:

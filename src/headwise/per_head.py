@@ -96,7 +96,8 @@ def _cat_linears(parts: nn.ModuleList) -> nn.Linear:
 
 
 def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
-    """Split a :class:`~headwise.MultiHeadAttention` into independent per-head projections."""
+    """Split a :class:`~headwise.MultiHeadAttention` into independent per-head projections,
+    in the same training/eval mode (so with dropout the outputs stay the same)."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"unfuse expects headwise.MultiHeadAttention, got {type(mha).__name__}")
     out_proj = nn.Linear(mha.hidden_dim, mha.out_dim, bias=mha.out_proj.bias is not None,
@@ -105,14 +106,16 @@ def unfuse(mha: MultiHeadAttention) -> PerHeadAttention:
     return PerHeadAttention(_split_linear(mha.q_proj, mha.num_heads),
                             _split_linear(mha.k_proj, mha.num_kv_heads),
                             _split_linear(mha.v_proj, mha.num_kv_heads), out_proj,
-                            backend=mha.backend, dropout=mha.dropout_p)
+                            backend=mha.backend, dropout=mha.dropout_p).train(mha.training)
 
 
 def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAttention:
     """Concatenate per-head projections back into one :class:`~headwise.MultiHeadAttention`
-    (with the per-head module's dropout, and its backend unless ``backend`` is given)."""
+    (with the per-head module's dropout and training/eval mode, and its backend unless
+    ``backend`` is given)."""
     if not isinstance(per_head, PerHeadAttention):
         raise TypeError(f"fuse expects PerHeadAttention, got {type(per_head).__name__}")
+    _check_fusable(per_head)
     q0, k0, v0 = per_head.q_heads[0], per_head.k_heads[0], per_head.v_heads[0]
     mha = MultiHeadAttention(q0.in_features, per_head.num_heads, head_dim=q0.out_features,
                              kdim=k0.in_features, vdim=v0.in_features,
@@ -125,4 +128,29 @@ def fuse(per_head: PerHeadAttention, backend: str | None = None) -> MultiHeadAtt
     mha.k_proj = _cat_linears(per_head.k_heads)
     mha.v_proj = _cat_linears(per_head.v_heads)
     mha.out_proj.load_state_dict(per_head.out_proj.state_dict())
-    return mha
+    return mha.train(per_head.training)
+
+
+def _check_fusable(per_head: PerHeadAttention) -> None:
+    """ValueError unless every head's projections are Linears of one shape (and bias), all of
+    one width ``d``, and ``out_proj`` reads ``h * d`` features."""
+    def shape(m):
+        return ((m.in_features, m.out_features, m.bias is not None)
+                if isinstance(m, nn.Linear) else type(m).__name__)
+
+    for kind in ("q_heads", "k_heads", "v_heads"):
+        heads = getattr(per_head, kind)
+        for x, m in enumerate(heads):
+            if shape(m) != shape(heads[0]) or not isinstance(m, nn.Linear):
+                raise ValueError(f"fuse: {kind}[{x}] is {m} but {kind}[0] is {heads[0]}; every "
+                                 "head's projection must be a Linear of the same shape and bias"
+                                 " to fuse (restore the edited head, or keep the per-head form)")
+    d = per_head.q_heads[0].out_features
+    widths = {kind: getattr(per_head, kind)[0].out_features for kind in ("k_heads", "v_heads")}
+    if any(w != d for w in widths.values()):
+        raise ValueError(f"fuse: query heads are {d} wide but key/value heads {widths}; a fused "
+                         "module has one head_dim (restore the edited heads)")
+    if per_head.out_proj.in_features != per_head.num_heads * d:
+        raise ValueError(f"fuse: out_proj reads {per_head.out_proj.in_features} features but "
+                         f"{per_head.num_heads} heads of {d} give {per_head.num_heads * d}; "
+                         "make out_proj match the heads")

@@ -27,13 +27,15 @@ import torch
 from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
+from headwise.fast import finite
 
 __all__ = ["HeadStats", "head_stats", "collect", "observing"]
 
 
 @dataclass
 class HeadStats:
-    """Per-row and per-key statistics of one attention call (fully masked rows are 0).
+    """Per-row and per-key statistics of one attention call (fully masked rows are 0; a row
+    whose query, or a head whose keys, hold NaN or inf has NaN statistics, as its output would).
 
     Attributes:
         entropy: ``(b, h, i)`` entropy of each query row's weights, in nats.
@@ -46,7 +48,7 @@ class HeadStats:
         distance: ``(b, h, i)`` mean ``|query position - key position|`` under the weights.
         top_values, top_keys: ``(b, h, i, k)`` the ``k`` largest weights of each row and their
             key positions.
-        live: ``(b, h, i)`` True for rows with at least one allowed key.
+        live: ``(b, h, i)`` True for rows with at least one allowed key (NaN rows included).
     """
 
     entropy: torch.Tensor
@@ -83,7 +85,8 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
         mask, causal, scale: as in :func:`headwise.attention`.
         lse: ``(b, h, i)`` the row log-sum-exp from the fused kernel, used as each row's shift
             (without it, the row's largest score; the weights are the same, exact either way).
-        token_ids: ``(b, j)`` ids of the key sequence (self-attention) for the induction score.
+        token_ids: ``(b, j)`` integer ids of the key sequence (self-attention) for the
+            induction score.
         top_k: keys kept per query row (at most ``j``).
         budget: elements of one chunk of weights (``b x h x rows x keys``); working memory is
             two such chunks plus the ``(b, h, i)`` results, so it grows linearly in ``n``.
@@ -94,7 +97,21 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
     acc = _Accumulator(b, h, nq, nk, min(top_k, nk), q.device, token_ids)
     for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
         acc.add(chunk)
-    return acc.result()
+    stats = acc.result()
+    if not finite(q, k):  # the NaN policy of headwise.attention, not the 0 of a masked row
+        _nan_rows(stats, q, k)
+    return stats
+
+
+def _nan_rows(stats: HeadStats, q: torch.Tensor, k: torch.Tensor) -> None:
+    """NaN statistics for the rows whose query, or whose head's keys, hold NaN or inf (their
+    output is NaN); a 0 there would read as a perfectly focused head."""
+    bad = _weights.nonfinite_rows(q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1))
+    for name in ("entropy", "max_weight", "sink", "prev_token", "induction", "distance"):
+        if getattr(stats, name) is not None:
+            getattr(stats, name).masked_fill_(bad[..., 0], float("nan"))
+    stats.top_values.masked_fill_(bad, float("nan"))
+    stats.live |= bad[..., 0]  # it has keys: its NaN counts in per_head
 
 
 @dataclass
@@ -235,9 +252,21 @@ def _check(q, k, token_ids, top_k) -> None:
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"head_stats: q and k must be (b, h, i, d) and (b, g, j, d), got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
+    _check_ids(token_ids)
     if token_ids is not None and tuple(token_ids.shape) != (k.shape[0], k.shape[2]):
         raise ValueError(f"head_stats: token_ids must be (b, j)=({k.shape[0]}, {k.shape[2]}) "
                          f"(the key sequence's ids), got {tuple(token_ids.shape)}")
+
+
+def _check_ids(token_ids) -> None:
+    if token_ids is None:
+        return
+    if not isinstance(token_ids, torch.Tensor) or token_ids.is_floating_point() or \
+            token_ids.is_complex() or token_ids.dtype == torch.bool:
+        got = (str(token_ids.dtype).removeprefix("torch.") if isinstance(token_ids, torch.Tensor)
+               else type(token_ids).__name__)
+        raise TypeError(f"head_stats: token_ids must be an integer tensor (int64 or int32, the "
+                        f"tokenizer's ids), got {got}; pass the ids before any embedding")
 
 
 @contextmanager
@@ -252,6 +281,7 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
     Yields a dict module path -> list of HeadStats (one per call). ``token_ids (b, n)`` feed
     the induction score of self-attention calls whose key length is ``n``.
     """
+    _check_ids(token_ids)
     paths = {id(m): name for name, m in model.named_modules()}
     found: dict[str, list[HeadStats]] = {}
 

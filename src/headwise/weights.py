@@ -22,6 +22,7 @@ Fully masked rows: the CPU flash kernel reports ``lse = 0`` for them (and zero o
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from headwise.fast import finite
 from headwise.fast import large as _large
 
 __all__ = ["Selection", "as_selection", "chunk_rows", "from_lse", "logsumexp", "mask_scores",
-           "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
+           "nonfinite_rows", "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -50,7 +51,8 @@ Index = int | Sequence[int] | slice | torch.Tensor | None
 class Selection:
     """Which weights to return: ``heads`` (query heads), ``rows`` (query positions) and
     ``keys`` (key positions); each ``None`` (all), an int, a sequence of ints or a slice
-    (negative values count from the end). The result has shape
+    (negative values count from the end), or a 1-D integer tensor; anything else (a bool mask,
+    floats, a string) is a TypeError. The result has shape
     ``(b, len(heads), len(rows), len(keys))``; an int keeps its axis, of length 1.
 
     ``hw.attention(q, k, v, return_weights=hw.Selection(heads=[3]))`` returns only head 3's
@@ -60,6 +62,10 @@ class Selection:
     heads: Index = None
     rows: Index = None
     keys: Index = None
+
+    def __post_init__(self):
+        for name in ("heads", "rows", "keys"):
+            _check_index(getattr(self, name), name)
 
     @property
     def everything(self) -> bool:
@@ -92,6 +98,43 @@ def as_selection(return_weights) -> Selection | None:
                     f"rows/keys, got {type(return_weights).__name__}")
 
 
+def _is_int(x) -> bool:  # numpy ints too; not bools
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_index(value, name: str) -> None:
+    """TypeError unless ``value`` is None, an int, a sequence of ints, a slice of ints or a
+    1-D integer tensor: a bool mask, a float or a string would otherwise be read as (other)
+    indices without a word."""
+    where = f"Selection: {name}={value!r}"
+    if value is None or _is_int(value):
+        return
+    if isinstance(value, slice):
+        parts = (value.start, value.stop, value.step)
+        if all(p is None or _is_int(p) for p in parts):
+            return
+        raise TypeError(f"{where} has non-integer bounds; pass ints, e.g. slice(0, 4)")
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool:
+            raise TypeError(f"Selection: {name} is a bool tensor, but indices are expected; "
+                            f"pass its positions: {name}=mask.nonzero().flatten()")
+        if value.is_floating_point() or value.is_complex() or value.dim() > 1:
+            raise TypeError(f"Selection: {name} must be a 0-D or 1-D integer tensor, got "
+                            f"{str(value.dtype).removeprefix('torch.')} of shape "
+                            f"{tuple(value.shape)}; pass e.g. torch.tensor([0, 2])")
+        return
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{where} is a string; pass ints, e.g. {name}=[1, 2]")
+    if isinstance(value, Sequence):
+        bad = [x for x in value if not _is_int(x)]
+        if bad:
+            raise TypeError(f"{where} holds {bad[0]!r} ({type(bad[0]).__name__}); indices must "
+                            f"be ints, e.g. {name}=[0, 2]")
+        return
+    raise TypeError(f"Selection: {name} must be an int, a sequence of ints, a slice or an "
+                    f"integer tensor, got {type(value).__name__}; pass e.g. {name}=[0, 2]")
+
+
 def _axis(value: Index, n: int, name: str, device):
     if value is None:
         return slice(0, n)
@@ -103,12 +146,8 @@ def _axis(value: Index, n: int, name: str, device):
         if picked.step == 1:
             return slice(picked.start, picked.stop)
         return torch.tensor(list(picked), device=device)
-    if isinstance(value, bool) or not isinstance(value, (int, Sequence, torch.Tensor)):
-        raise TypeError(f"return_weights: {name} must be an int, a sequence of ints or a slice, "
-                        f"got {type(value).__name__}")
-    values = [value] if isinstance(value, int) else [int(x) for x in
-                                                     (value.tolist() if isinstance(
-                                                         value, torch.Tensor) else value)]
+    values = ([int(value)] if _is_int(value) else value.reshape(-1).tolist()  # types: checked
+              if isinstance(value, torch.Tensor) else [int(x) for x in value])  # at __init__
     if not values:
         raise ValueError(f"return_weights: empty selection of {name}; select at least one")
     bad = [x for x in values if not -n <= x < n]
@@ -315,14 +354,16 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
 
 
 def _nan_rows(w: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor) -> None:
-    """The NaN policy on weights ``w (b, hs, is, j)``, in place: NaN in every row whose query
-    ``qs (b, hs, is, d)`` holds NaN or inf, and in every head whose keys ``ks (b, hs, j, d)``
-    do (see :mod:`headwise.attention`)."""
-    if finite(qs, ks):
-        return  # the common case (on the CPU): one total instead of a mask
+    """The NaN policy on weights ``w (b, hs, is, j)``, in place (see :func:`nonfinite_rows`)."""
+    if not finite(qs, ks):  # the common case (on the CPU): one total instead of a mask
+        w.masked_fill_(nonfinite_rows(qs, ks), float("nan"))  # (no `if any`: a GPU sync)
+
+
+def nonfinite_rows(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+    """``(b, hs, is, 1)`` True for the rows the NaN policy makes NaN: their query ``qs (b, hs,
+    is, d)`` holds NaN or inf, or their head's keys ``ks (b, hs, j, d)`` do."""
     bad = ~torch.isfinite(qs.sum(dim=-1, keepdim=True, dtype=torch.float32))
-    bad = bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
-    w.masked_fill_(bad, float("nan"))  # (no `if bad.any()`: on a GPU that is a sync)
+    return bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
 
 
 def _softmax_into(s: torch.Tensor, dest: torch.Tensor) -> None:
@@ -343,7 +384,7 @@ def _blocks(hs: int, ns: int, js: int, budget: int) -> Iterator[tuple[int, int, 
     """``(h0, h1, r0, r1)`` blocks of at most ``budget`` weights, each contiguous in a
     ``(hs, ns, js)`` tensor: several whole heads, or rows of one head."""
     if ns * js <= budget:
-        step = max(1, budget // (ns * js))
+        step = max(1, budget // max(1, ns * js))  # no keys (j = 0): all heads at once
         for h0 in range(0, hs, step):
             yield h0, min(hs, h0 + step), 0, ns
         return

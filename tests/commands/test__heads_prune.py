@@ -49,6 +49,8 @@ def test_prune_writes_the_table_json_and_plot(reversal_checkpoint, tmp_path, cap
     (["--model", "minilm", "--checkpoint", "x"], "--checkpoint is for --model reverse"),
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["-o", "table.html"], "expected a folder"),
+    (["--threads", "100000"], "--threads must be an int in [1, "),  # was accepted
+    (["--threads", "0"], "--threads must be an int in [1, "),  # was taken as "torch's default"
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert main(["heads", "prune", *argv]) == 2

@@ -63,6 +63,8 @@ def test_default_report_folder(reverse_checkpoint, tmp_path, monkeypatch, capsys
 @pytest.mark.parametrize("argv, message", [
     (["--method", "gradeint"], "unknown method 'gradeint'"),
     (["--examples", "0"], "--examples must be >= 1"),
+    # was "internal error" and a traceback from building a billion held-out examples
+    (["--examples", "1000000000"], "--examples=1000000000 is over the maximum 1,048,576"),
     (["-o", "scores.json"], "expected a folder"),
 ])
 def test_user_errors_are_one_line(reverse_checkpoint, capsys, argv, message):

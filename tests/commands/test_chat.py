@@ -52,3 +52,41 @@ def test_view_writes_prompt_and_answer_in_one_head_view(tmp_path, capsys):
 def test_view_must_be_an_html_file(capsys):
     assert main(["chat", "hi", "--view", "answer.png"]) == 2
     assert "expected a .html file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "nan"], "--temperature must be > 0 and finite, got nan; omit --temperature"),
+    (["--temperature", "0"], "--temperature must be > 0 and finite, got 0.0"),
+    (["--temperature", "inf"], "--temperature must be > 0 and finite, got inf"),
+    (["--temperature", "0.7", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--temperature", "0.7", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    # 100,000 threads under a memory limit failed mid-load as a "truncated model file"
+    (["--threads", "100000"], "--threads must be an int in [1, "),
+    (["--threads", "0"], "--threads must be an int in [1, "),
+])
+def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,
+                                                                message):
+    """--temperature nan and --top-p 1.5 were refused only after the model had loaded (5-85 s),
+    in the Python spelling (strategy='greedy'); now first, in the flags' own spelling."""
+    from headwise import pretrained
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was read before the flags were checked")
+
+    monkeypatch.setattr(pretrained, "read_gguf", no_load)
+    monkeypatch.setattr(pretrained, "find_smollm2", no_load)
+    assert main(["chat", "Hi", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "strategy=" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n"])
+def test_an_empty_prompt_is_refused_before_the_model_loads(monkeypatch, capsys, prompt):
+    """chat "" loaded the model and answered an empty message; view refuses an empty text."""
+    from headwise import pretrained
+
+    monkeypatch.setattr(pretrained, "read_gguf", lambda *a, **k: pytest.fail("model read"))
+    monkeypatch.setattr(pretrained, "find_smollm2", lambda *a, **k: pytest.fail("model found"))
+    assert main(["chat", prompt]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt is empty; pass a message" in err and err.count("\n") == 1

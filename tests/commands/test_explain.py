@@ -189,3 +189,40 @@ def test_missing_gguf_package_is_one_line(tiny_llama, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "needs the 'gguf' package: pip install 'headwise[pretrained]'" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("texts, model", [([""], []), (["  "], []), (["ok", ""], []),
+                                          ([""], ["--model", "smollm2"])])
+def test_an_empty_text_is_refused_as_view_refuses_it(texts, model, tmp_path, capsys):
+    """explain "" ran (a view of [CLS] [SEP]) while view refused --text ""; now it is one
+    line before any model loads, for the encoder and the decoder alike."""
+    code = main(["explain", *texts, *model, "-o", str(tmp_path / "v.html")])
+    err = capsys.readouterr().err
+    first = next(i for i, t in enumerate(texts) if not t.strip())
+    assert code == 2 and f"text {first} is empty" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "v.html").exists()
+
+
+def test_a_text_longer_than_the_model_reads_is_said_to_be_cut(minilm_folder, tmp_path, capsys):
+    """A 1,300-token text was cut to all-MiniLM's 256 without a word (exit 0); the page is
+    still written from what the model read, and stderr says which text was cut and where."""
+    long, short = "word " * 1300, "a short one"
+    assert main(["explain", short, long, "-o", str(tmp_path / "v.html")]) == 0
+    out, err = capsys.readouterr()
+    assert ("headwise explain: note: text 1 is longer than the model reads (256 tokens); the "
+            "view shows its first 256") in err and "text 0" not in err
+    assert "example 1 (256 tokens)" in out and (tmp_path / "v.html").is_file()
+
+
+def test_an_encoder_and_a_decoder_report_of_one_text_go_to_two_folders(
+        minilm_folder, tiny_llama, tmp_path, capsys, monkeypatch):
+    """MiniLM's and a decoder's reports of the same text went to one folder, the second
+    overwriting the first; the decoder's folder now carries its model's name."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "the cat"]) == 0
+    assert main(["explain", "the cat", "--gguf", str(tiny_llama)]) == 0
+    reports = tmp_path / "headwise-reports"
+    assert sorted(p.name for p in reports.iterdir()) == [
+        "explain-the-cat", f"explain-{tiny_llama.stem.lower()}-the-cat"]
+    for folder in reports.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == ["head_view.html", "heatmaps.png"]

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headwise.data import TASKS, make_task
 
@@ -35,3 +37,19 @@ def test_file_tasks_read_their_files(tmp_path):
 def test_missing_files_and_unknown_names_are_clear_errors(name, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_task(name, **kwargs)
+
+
+@given(seed=st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63)),
+       name=st.sampled_from(["reverse", "induction"]))
+def test_a_seed_no_generator_takes_is_refused_when_the_task_is_made(seed, name):
+    """make_task("reverse", seed=-1) was accepted and failed at the first batch inside
+    numpy's SeedSequence; now the task refuses it, naming the range."""
+    with pytest.raises(ValueError, match=r"make_task: seed must be in 0 \.\. 2\*\*63 - 1"):
+        make_task(name, seed=seed)
+
+
+@given(seed=st.integers(0, 2**63 - 1))
+def test_any_seed_in_range_gives_batches(seed):
+    task = make_task("reverse", seed=seed)
+    first, again = task.batch(0, 2), task.batch(0, 2)  # deterministic in (seed, step)
+    assert torch.equal(first.src, again.src) and torch.equal(first.tgt_out, again.tgt_out)

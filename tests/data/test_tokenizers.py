@@ -40,3 +40,13 @@ def test_tokenizer_errors_name_the_problem():
         tokenizer_from_dict({"kind": "bpe"})
     with pytest.raises(ValueError, match="non-empty"):
         CharTokenizer("")
+
+
+@given(before=st.text(max_size=5), after=st.text(max_size=5),
+       surrogate=st.integers(0xD800, 0xDFFF).map(chr))
+def test_a_lone_surrogate_is_a_value_error_naming_its_position(before, after, surrogate):
+    """ByteTokenizer().encode('\\ud800') raised a raw UnicodeEncodeError from str.encode."""
+    text = before + surrogate + after
+    first = next(x for x, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+    with pytest.raises(ValueError, match=rf"at position {first}, a lone surrogate .* clean it"):
+        ByteTokenizer().encode(text)

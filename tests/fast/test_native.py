@@ -1,8 +1,13 @@
 """headwise.fast.native: the C product for 1-4 rows equals float64 arithmetic on any shape, layout
 and thread count it takes, declines what it cannot take, and says why when it cannot be built."""
 
+import os
 import platform
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,3 +239,92 @@ def test_attend_rows_declines_what_it_cannot_take(case):
     else:
         v = torch.randn(2, 3, 8, 5).transpose(-1, -2)
     assert _native.attend_rows(q, k, v) is None
+
+
+HANGING_CC = """#!/bin/sh
+# a compiler that never finishes, with a child of its own (like cc1): both pids recorded
+sleep 600 &
+echo $$ $! >> "{pids}"
+wait
+"""
+
+
+def _hanging_cc(tmp_path):
+    pids = tmp_path / "pids"
+    cc = tmp_path / "cc"
+    cc.write_text(HANGING_CC.format(pids=pids))
+    cc.chmod(0o755)
+    return cc, pids
+
+
+def _gone(pids_file, seconds=10.0) -> bool:
+    """Every recorded pid has exited (absent, or a zombie waiting for init)."""
+    deadline = time.monotonic() + seconds
+    pids = [int(p) for p in pids_file.read_text().split()]
+    while time.monotonic() < deadline:
+        states = []
+        for pid in pids:
+            try:
+                states.append(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0])
+            except OSError:
+                states.append("gone")
+        if all(s in ("gone", "Z") for s in states):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir() or platform.machine().lower() not in (
+    "x86_64", "amd64"), reason="needs Linux /proc and an x86-64 CPU")
+def test_a_hanging_compiler_costs_the_first_call_wait_s_and_is_killed_with_its_children(
+        monkeypatch, tmp_path):
+    """A hung ``$CC`` blocked every process's first generation for the 300 s build timeout
+    and left its children running. Now the first call waits WAIT_S, takes the torch path, and
+    the compiler's whole process group is killed at BUILD_TIMEOUT_S."""
+    cc, pids = _hanging_cc(tmp_path)
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setattr(_native, "WAIT_S", 0.5)
+    monkeypatch.setattr(_native, "BUILD_TIMEOUT_S", 3)
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(cc))
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2: the kernel is never built here")
+    start = time.monotonic()
+    assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
+    assert time.monotonic() - start < 5  # WAIT_S (0.5 s) and the load, not the build
+    assert "still building" in _native._state["why"]
+    assert "did not finish within 3 s (killed with its children)" in _native.status()
+    assert _gone(pids)
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+
+
+GENERATE = """
+import time
+import torch
+from headwise.decoding import generate
+from headwise.fast import native
+from headwise.models import LMConfig, TransformerLM
+lm = TransformerLM(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                            max_len=32)).eval()
+start = time.monotonic()
+with torch.no_grad():
+    generate(lm, torch.tensor([[1, 2, 3]]), max_new_tokens=4)
+print(round(time.monotonic() - start, 2), native._state.get("why"))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir() or platform.machine().lower() not in (
+    "x86_64", "amd64") or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="needs Linux /proc and an x86-64 AVX2 CPU (else no build is tried)")
+def test_generation_starts_within_10_s_with_a_hanging_cc_and_exit_kills_it(tmp_path):
+    """The issue's case end to end, in a fresh process: its first generation finishes within
+    10 s although ``$CC`` hangs, and when the process exits the compiler and its child go."""
+    cc, pids = _hanging_cc(tmp_path)
+    env = {**os.environ, "CC": str(cc), "HEADWISE_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", GENERATE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seconds, why = run.stdout.split(" ", 1)
+    assert float(seconds) < 10 and "still building" in why, run.stdout
+    assert _gone(pids)

@@ -60,3 +60,27 @@ def test_a_prompt_longer_than_the_context_is_an_error():
         check_length(10, 0, 8, "tiny")
     with pytest.raises(ValueError, match="ask for at most 2 new tokens"):
         check_length(6, 3, 8, "tiny")
+
+
+@given(left=st.sampled_from(["Ġ", "h", "Ġt", "XY", "\u2603"]),
+       right=st.sampled_from(["t", "e", "he", "QQ", ""]), at=st.integers(0, 2))
+def test_a_merge_naming_a_token_outside_the_vocabulary_is_a_checkpoint_error(left, right, at):
+    """A GGUF whose BPE merges name a token missing from its vocabulary raised the tokenizers
+    library's bare 'Exception: Error while initializing BPE'; now a CheckpointError names the
+    merge and the token (unless the merge is valid: then the tokenizer builds)."""
+    pytest.importorskip("tokenizers")
+    from headwise.pretrained.chat import ChatTokenizer
+    from tests.pretrained import tiny_gguf
+
+    tokens, merges, types = tiny_gguf.vocabulary()
+    line = f"{left} {right}" if right else left
+    merges = [*merges[:at], line, *merges[at:]]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.token_type": types}
+    parts = [left, right, left + right] if right else [None]
+    if all(p in tokens for p in parts):
+        assert ChatTokenizer.from_metadata(meta).vocab_size == len(tokens)
+        return
+    with pytest.raises(CheckpointError, match=rf"GGUF: BPE merge {at} \(.*\) names .*, which "
+                                              r"is not in the file's vocabulary"):
+        ChatTokenizer.from_metadata(meta)

@@ -62,6 +62,25 @@ def test_missing_file(tmp_path):
         read_gguf(tmp_path / "nope.gguf")
 
 
+@pytest.mark.parametrize("path", [None, 3, 2.5, ["x.gguf"]])
+def test_a_path_that_is_not_a_path_is_a_type_error(path):
+    """read_gguf(None) raised pathlib's raw 'expected str, bytes or os.PathLike'."""
+    from headwise.pretrained.gguf import read_gguf
+
+    with pytest.raises(TypeError, match="read_gguf: path must be a str or Path of a .gguf file"):
+        read_gguf(path)
+
+
+@pytest.mark.parametrize("device, words", [("bogus", "is not a torch device"),
+                                           ("meta", "runs on cpu or cuda, not 'meta'")])
+def test_a_bad_device_is_refused_before_the_file_is_read(tmp_path, device, words):
+    """load_gguf(p, device="bogus") raised torch's raw RuntimeError after reading the file."""
+    from headwise.pretrained.gguf import load_gguf
+
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "never-read.gguf", device=device)  # no such file: not opened
+
+
 @pytest.mark.parametrize("keep", [0.1, 0.6, 0.97])
 def test_truncated_file(tmp_path, keep):
     from headwise.pretrained.gguf import read_gguf

@@ -102,10 +102,15 @@ def test_step_on_codes_stays_close_to_the_float32_step(tmp_path, batch):
 
 
 def test_q4_needs_the_cpu(tmp_path):
+    """q4 runs torch's CPU int4 kernel: another device is refused before the file is read,
+    meta by the one device rule (parse_device), a GPU by q4's own check."""
     from headwise.pretrained.gguf import load_gguf
 
-    with pytest.raises(ValueError, match="device='cpu'"):
+    with pytest.raises(ValueError, match="runs on cpu or cuda, not 'meta'"):
         load_gguf(tmp_path / "never-read.gguf", q4=True, device="meta")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="got device='cuda'; pass device='cpu'"):
+            load_gguf(tmp_path / "never-read.gguf", q4=True, device="cuda")
 
 
 @pytest.mark.parametrize("batch", [1, 2])

@@ -609,8 +609,83 @@ def cli_probes(tmp: Path) -> list[Probe]:
     return P
 
 
+def _unfused_mode():
+    from headwise.per_head import unfuse
+    return f"training={unfuse(hw.MultiHeadAttention(8, 2, dropout=0.5).eval()).training}"
+
+
+def _nan_head_entropy():
+    q, k, _ = _qkv()
+    stats = hw.stats.head_stats(_with(q, (0, 1), NAN), k)
+    return f"per-head entropy {stats.per_head('entropy')[0].isnan().tolist()} is NaN"
+
+
+def _unequal_heads():
+    from headwise.per_head import fuse, unfuse
+    loop = unfuse(hw.MultiHeadAttention(8, 2))
+    loop.q_heads[1] = torch.nn.Linear(8, 3)
+    return fuse(loop)
+
+
+def issue31_probes(tmp: Path) -> list[Probe]:
+    """Issue 31's silent wrong answers and raw errors, each now a clear error or its result."""
+    from headwise import checkpoint
+    from headwise.data import make_task
+    from headwise.data.tokenizers import ByteTokenizer
+    from headwise.models import LMConfig, build
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    q, k, v = _qkv()
+    lm = build(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                        max_len=32))
+    P = []
+
+    def add(area, call, fn, expect="error"):
+        P.append(Probe(area, call, fn, expect))
+
+    add("attention", "Selection(heads=torch.tensor([True, False]))",
+        lambda: hw.Selection(heads=torch.tensor([True, False])))
+    add("attention", "Selection(heads=[0.9, 2.7])", lambda: hw.Selection(heads=[0.9, 2.7]))
+    add("attention", "Selection(heads='12')", lambda: hw.Selection(heads="12"))
+    add("attention", "attention(q, k[:, :, :0], v[:, :, :0], return_weights=True)",
+        lambda: hw.attention(q, k[:, :, :0], v[:, :, :0], return_weights=True), "ok")
+    add("attention", "attention(q, k, v) on meta",
+        lambda: hw.attention(*(x.to("meta") for x in (q, k, v))))
+    add("MultiHeadAttention()", "unfuse(MHA(8, 2, dropout=0.5).eval())", _unfused_mode, "ok")
+    add("MultiHeadAttention()", "fuse(per-head module with q_heads[1] = Linear(8, 3))",
+        _unequal_heads)
+    add("MultiHeadAttention()", "hw.trace(mha)  # no input",
+        lambda: hw.trace(hw.MultiHeadAttention(8, 2)))
+    add("heads", "stats.head_stats(q with head 1 NaN, k)", _nan_head_entropy, "ok")
+    add("heads", "stats.head_stats(q, k, token_ids=float ids)",
+        lambda: hw.stats.head_stats(q, k, token_ids=torch.zeros(1, 3)))
+    add("masks", "masks.causal(10**6)", lambda: masks.causal(10**6))
+    add("masks", "masks.combine((2, 3) mask, (4, 5) mask)",
+        lambda: masks.combine(torch.ones(2, 3, dtype=torch.bool),
+                              torch.ones(4, 5, dtype=torch.bool)))
+    add("masks", "masks.from_valid_lens([2, 'a'], 3)", lambda: masks.from_valid_lens([2, "a"], 3))
+    add("models", "lm.new_cache(1, 10**12)", lambda: lm.new_cache(1, 10**12))
+    add("checkpoint", "checkpoint.save(p, lm, config={...})  # a dict",
+        lambda: checkpoint.save(tmp / "c31", lm, {"d_model": 16}))
+    add("checkpoint", "checkpoint.save(p, lm, cfg, metadata={'x': tensor})",
+        lambda: checkpoint.save(tmp / "c31", lm, lm.config, metadata={"x": torch.ones(2)}))
+    add("data", "make_task('reverse', seed=-1)", lambda: make_task("reverse", seed=-1))
+    add("data", "ByteTokenizer().encode('\\ud800')", lambda: ByteTokenizer().encode("\ud800"))
+    add("pretrained", "read_gguf(None)", lambda: read_gguf(None))
+    add("pretrained", "load_gguf(p, device='bogus')",
+        lambda: load_gguf(tmp / "none.gguf", device="bogus"))
+    add("cli chat", "headwise chat hi --temperature nan",
+        lambda: cli("chat", "hi", "--temperature", "nan"))
+    add("cli chat", "headwise chat hi --temperature 0.7 --top-p 1.5",
+        lambda: cli("chat", "hi", "--temperature", "0.7", "--top-p", "1.5"))
+    add("cli heads", "headwise heads score --checkpoint c --examples 1000000000",
+        lambda: cli("heads", "score", "--checkpoint", str(tmp / "c"), "--examples",
+                    "1000000000"))
+    return P
+
+
 def probes(tmp: Path) -> list[Probe]:
     tmp = Path(tmp)
     out = attention_probes() + mha_probes() + mask_and_head_probes() + model_probes()
     out += checkpoint_probes(tmp) + bert_probes(tmp) + data_probes(tmp) + viz_probes(tmp)
-    return out + cli_probes(tmp)
+    return out + cli_probes(tmp) + issue31_probes(tmp)

@@ -361,3 +361,17 @@ def test_tracing_consumes_no_randomness_in_training_mode():
     assert all(r.ran == "sdpa[MATH]" and "dropout > 0" in r.reason for r in t.attention)
     assert any(s.module == "Dropout" for s in t.steps), "active Dropout is listed in training"
     assert "dropout: Dropout(p=0.2)" in str(t)
+
+
+@pytest.mark.parametrize("args, kwargs", [((), {}), ((), {"bogus": 1}),
+                                          ((torch.randn(1, 3, 8),) * 4, {})])
+def test_trace_with_inputs_the_forward_cannot_take_is_one_type_error(args, kwargs):
+    """hw.trace(mha) with no input raised forward's bare 'missing 1 required positional
+    argument' after the hooks were attached; now one TypeError naming the fix, and no hook is
+    left on the module."""
+    mha = hw.MultiHeadAttention(8, 2)
+    with pytest.raises(TypeError, match=r"trace: MultiHeadAttention\.forward cannot take these "
+                                        r"inputs .* e\.g\. hw\.trace\(mha, x\)"):
+        hw.trace(mha, *args, **kwargs)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in mha.modules())
+    assert hw.trace(mha, torch.randn(1, 3, 8)).output[0].shape == (1, 3, 8)

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
+from headwise._device import check_tensor_device
 from headwise.attend.fused import nan_policy, sdpa, sdpa_kernel_name
 from headwise.heads import expand_kv
 from headwise.observe import Memory, StepKind, WeightsSource, record
@@ -277,6 +278,7 @@ def _check(q, k, v, mask, dropout_p, scale, backend) -> None:
                              f"{tuple(t.shape)}; use headwise.split_heads to go from (b, n, h*d)")
         if not t.is_floating_point():
             raise TypeError(f"attention: {name} must be floating point, got {t.dtype}")
+        check_tensor_device(t, name, "attention")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"attention: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, "
                         f"{v.dtype}; convert them with .to(q.dtype)")

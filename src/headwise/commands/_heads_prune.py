@@ -78,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
     folder = page.parent
     import torch
 
+    from headwise import limits
     from headwise.analysis.head_scores import HeadScores
     from headwise.analysis.prune_sweep import sweep
     from headwise.commands._prune_targets import TARGETS
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(limits.threads(args.threads, "--threads"))
     kwargs = {"checkpoint": args.checkpoint} if args.model == "reverse" else {}
     target = TARGETS[args.model](quick=args.quick, **kwargs)
     scores = head_order(target, args.order)

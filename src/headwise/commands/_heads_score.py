@@ -44,12 +44,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise import checkpoint
+    from headwise import checkpoint, limits
     from headwise.analysis.scoring import importance
 
     for flag, value in (("--examples", args.examples), ("--top", args.top)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    limits.size(args.examples, "--examples", "batch", "heads score")  # before the task is built
     folder = _folder(args.output, args.checkpoint)
     loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
     data = held_out(loaded, args.examples, args.checkpoint)

@@ -54,9 +54,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from headwise import limits
+    from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
     from headwise.pretrained.chat import check_length
 
+    check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
     if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
@@ -64,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(limits.threads(args.threads, "--threads"))
     file = read_gguf(args.gguf or find_smollm2())
     prompt = ChatTokenizer.from_metadata(file.metadata).chat(args.prompt, system=args.system)
     check_length(len(prompt), args.max_new_tokens, file.config.context_length, file.config.name)

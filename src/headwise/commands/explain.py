@@ -11,7 +11,9 @@ its 9 query heads grouped under the 3 key/value heads they share; ``--generate N
 the text greedily and shows prompt + continuation in one view, the generated tokens marked.
 
 Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
-heatmaps into a report folder (``headwise-reports/explain-<text>/``, or ``-o DIR``, or
+heatmaps into a report folder (``headwise-reports/explain-<text>/``; a decoder's
+``explain-smollm2-<text>/`` or ``explain-<gguf name>-<text>/``, so two models' reports of one
+text never overwrite each other; or ``-o DIR``, or
 ``-o FILE.html`` with the grid beside it), then prints the trace summary of the run (which
 attention kernel each layer used).
 """
@@ -19,6 +21,7 @@ attention kernel each layer used).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,7 +61,7 @@ def register(subparsers) -> None:
                    help="smollm2: wrap the text in the chat template (as a user message)")
     p.add_argument("-o", "--output", metavar="DIR|FILE.html",
                    help="report folder, or the head view file (default: "
-                        "headwise-reports/explain-TEXT/)")
+                        "headwise-reports/explain-TEXT/, a decoder's explain-smollm2-TEXT/)")
     p.add_argument("--heatmaps", metavar="PNG",
                    help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
                         "folder, or FILE-heads.png beside -o FILE.html)")
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise import pretrained, viz
     from headwise.tracing import trace
 
+    _refuse_empty(args.text)
     if args.model == "smollm2" or args.gguf:
         return _run_decoder(args)
     if args.generate or args.chat:
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     heads = _indices(args.heads, n_heads, "--heads")
 
     inputs = tokenizer.batch(texts, pairs, device=device)
+    _note_cut(tokenizer, texts, pairs)
     lengths = inputs["attention_mask"].sum(1).tolist()
     tokens = [tokenizer.tokens(ids[:n]) for ids, n in zip(inputs["input_ids"].tolist(), lengths,
                                                            strict=True)]
@@ -128,6 +133,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_empty(texts: list[str]) -> None:
+    """As view refuses ``--text ""``: an empty text has nothing to explain."""
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"text {empty[0]} is empty; pass a non-empty string, e.g. headwise "
+                         "explain \"The cat sat on the mat.\"")
+
+
+def _note_cut(tokenizer, texts: list[str], pairs: list[str] | None) -> None:
+    """One stderr line per text longer than the model reads: the view shows its first
+    ``max_length`` tokens, not all of it."""
+    for i, cut in enumerate(tokenizer.truncated(texts, pairs)):
+        if cut:
+            print(f"headwise explain: note: text {i} is longer than the model reads "
+                  f"({tokenizer.max_length} tokens); the view shows its first "
+                  f"{tokenizer.max_length}", file=sys.stderr)
+
+
 def _run_decoder(args: argparse.Namespace) -> int:
     """``--model smollm2`` / ``--gguf``: the decoder's causal self-attention, heads grouped."""
     from headwise import viz
@@ -146,7 +169,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
     c = chat.config
     layers = _indices(args.layers, c.num_layers, "--layers") or [c.num_layers - 1]
     heads = _indices(args.heads, c.num_heads, "--heads")
-    html, png = report_paths(args.output, "explain", text)
+    source = Path(args.gguf).stem if args.gguf else "smollm2"  # not MiniLM's folder
+    html, png = report_paths(args.output, "explain", f"{source}-{text}")
     view = dv.write_view(chat, run, html, f"{c.name}: {text[:60]}" + "..." * (len(text) > 60))
     png = Path(args.heatmaps) if args.heatmaps else png or _default_png(view.path)
     chosen = [w[0].float().cpu() for w in run.attentions["decoder_self"]]

@@ -48,6 +48,11 @@ def make_task(name: str, *, seed: int = 0, min_len: int | None = None,
     """Build the task ``name`` (see the module table). ``min_len``/``max_len``/``num_symbols``
     shape the synthetic tasks (``max_len`` also caps sentence-pair length); ``context`` and
     ``tokenizer`` the text ones."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"make_task: seed must be an int, got {seed!r}; pass e.g. seed=0")
+    if not 0 <= seed < 2**63:  # numpy's and torch's generators take no negative seed
+        raise ValueError(f"make_task: seed must be in 0 .. 2**63 - 1, got {seed}; pass e.g. "
+                         "seed=0")
     sizes = {k: v for k, v in (("min_len", min_len), ("max_len", max_len),
                                ("num_symbols", num_symbols)) if v is not None}
     if name in SEQ2SEQ_TASKS:

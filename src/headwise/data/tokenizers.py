@@ -110,7 +110,13 @@ class ByteTokenizer(_Tokenizer):
         return 256 + self.offset
 
     def encode(self, text: str) -> list[int]:
-        return [b + self.offset for b in text.encode("utf-8")]
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from a bad decode upstream
+            raise ValueError(f"ByteTokenizer.encode: the text holds {text[e.start]!r} at "
+                             f"position {e.start}, a lone surrogate UTF-8 cannot encode; clean "
+                             "it first: text.encode('utf-8', 'replace').decode()") from None
+        return [b + self.offset for b in data]
 
     def decode(self, ids: Iterable[int]) -> str:
         out = bytearray()

@@ -18,10 +18,14 @@ softmax with a vectorized exp, and the values weighed 64 features at a time in r
 key/value head once for the query heads that share it: a SmolLM2 step ~1.5 ms faster.
 
 How. The first call compiles the source with the C compiler (``$CC``, else ``cc`` / ``gcc``;
-``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into ``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under
-a name that hashes the source and flags, written to a temporary file and renamed into place, so
-concurrent first calls never load a half-written library; later processes load it at once. It
-splits output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
+``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
+``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under a name that hashes the source and
+flags, written to a temporary file and renamed into place, so concurrent first calls never load
+a half-written library; later processes load it at once. The build runs in a thread and the
+first call waits :data:`WAIT_S` for it, so a slow or hung compiler costs the first generation no
+more: past that the process keeps the torch path, and the compiler, in its own process group, is
+killed with its children after :data:`BUILD_TIMEOUT_S` or when the process exits. The kernels
+split output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
 torch has already loaded (``libgomp.so.1``).
 
 When not. Anything else takes the torch path (MKL; the same result up to float32 rounding): no
@@ -32,11 +36,14 @@ are not contiguous, autograd (no backward exists), torch.compile.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -51,14 +58,24 @@ __all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "statu
 SOURCE = Path(__file__).with_name("step_kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 ROWS = 4  # the kernel's most rows
+# A build takes ~1 s of CPU (6 s on a loaded 2-core machine). The first call waits this long for
+# it; past that the process keeps the torch path and the build finishes in the background.
+WAIT_S = 8.0
+BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
 _F32 = torch.float32
 _lock = threading.Lock()
-_state: dict = {}  # "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None
+# "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None; "thread",
+# "proc": the build and its compiler while they run; "failed": why the build failed ("": built)
+_state: dict = {}
 
 
 def status() -> str:
-    """``"ready"``, or why the kernel is not used (building it first if not tried yet)."""
+    """``"ready"``, or why the kernel is not used (building it first if not tried yet, and
+    waiting for a build still under way: a diagnostic, not a hot path)."""
+    if _kernel() is None and _state.get("thread") is not None:
+        with _lock:
+            _state.update(_settle(BUILD_TIMEOUT_S + 5))
     return "ready" if _kernel() is not None else _state["why"]
 
 
@@ -166,40 +183,112 @@ def _takes(x, w, bias, res, wt: bool) -> bool:
 
 
 def _kernel():
-    """The loaded library, or None with ``_state["why"]`` set; built once per process."""
+    """The loaded library, or None with ``_state["why"]`` set; settled once per process."""
     if "fn" not in _state:
         with _lock:
             if "fn" not in _state:
-                try:
-                    _state["fn"] = _load()
-                except (OSError, subprocess.SubprocessError) as e:
-                    _state.update(fn=None, why=f"could not build or load {SOURCE.name}: {e}")
+                _state.update(_settle(WAIT_S))
     return _state["fn"]
 
 
-def _load():
+def _settle(wait: float) -> dict:
+    """``{"fn": library or None, "why": reason}``, waiting at most ``wait`` s for a build."""
+    try:
+        found = _compiler()
+        if not isinstance(found, tuple):
+            return {"fn": None, "why": found}
+        cc, path = found
+        if not path.exists():
+            thread = _state.get("thread") or _start_build(cc, path)
+            thread.join(wait)
+            if thread.is_alive():
+                return {"fn": None, "why": (
+                    f"{cc} is still building {SOURCE.name} after {wait:.0f} s: this process "
+                    f"uses the torch path; the build goes on (killed after {BUILD_TIMEOUT_S} s)"
+                    " and later processes load it")}
+            if _state.get("failed"):
+                return {"fn": None, "why": _state["failed"]}
+        return {"fn": _open(path), "why": ""}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"fn": None, "why": f"could not build or load {SOURCE.name}: {e}"}
+
+
+def _compiler():
+    """``(cc, library path)``, or the reason the kernel cannot be used here."""
     if os.environ.get("HEADWISE_NATIVE", "1") == "0":
-        return _off("HEADWISE_NATIVE=0")
+        return "HEADWISE_NATIVE=0"
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return _off(f"not an x86-64 CPU ({platform.machine()})")
+        return f"not an x86-64 CPU ({platform.machine()})"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return _off(f"no AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})")
+        return f"no AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        return _off("no C compiler (cc or gcc) on PATH")
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
+        return "no C compiler (cc or gcc) on PATH"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
     root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
-    path = root / f"step_kernels-{key}.so"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            built = Path(tmp) / path.name
-            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)],
-                                 capture_output=True, text=True, timeout=300)
-            if run.returncode != 0:
-                return _off(f"{cc} failed: {run.stderr.strip()[-300:]}")
-            os.replace(built, path)  # atomic: another process sees all of it or nothing
+    return cc, root / f"step_kernels-{key}.so"
+
+
+def _start_build(cc: str, path: Path) -> threading.Thread:
+    """Compile in a thread, so a slow or hung compiler never holds up the caller for more than
+    :data:`WAIT_S`; the outcome goes to this ``_state`` (``"failed"``: why, when it did)."""
+    state = _state
+
+    def build():
+        try:
+            state["failed"] = _compile(cc, path, state)
+        except (OSError, subprocess.SubprocessError) as e:
+            state["failed"] = f"could not build {SOURCE.name}: {e}"
+
+    state["thread"] = threading.Thread(target=build, name="headwise-cc", daemon=True)
+    state["thread"].start()
+    return state["thread"]
+
+
+def _compile(cc: str, path: Path, state: dict) -> str:
+    """Build the library at ``path``; ``""`` or why not. The compiler runs in its own process
+    group (session), so a hung one is killed with its children (cc1, as, ld) at the time limit
+    or when this process exits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        built = Path(tmp) / path.name
+        proc = subprocess.Popen([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        state["proc"] = proc
+        try:
+            _, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return (f"{cc} did not finish within {BUILD_TIMEOUT_S} s (killed with its "
+                    "children); set CC to a working compiler, or HEADWISE_NATIVE=0")
+        finally:
+            state.pop("proc", None)
+        if proc.returncode != 0:
+            return f"{cc} failed: {err.strip()[-300:]}"
+        os.replace(built, path)  # atomic: another process sees all of it or nothing
+    return ""
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the compiler's whole process group, and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # no process groups (Windows): the compiler itself
+            proc.kill()
+    proc.communicate()
+
+
+@atexit.register
+def _kill_unfinished_build() -> None:
+    proc = _state.get("proc")
+    if proc is not None and proc.poll() is None:
+        _kill(proc)
+
+
+def _open(path: Path):
+    """The built library with its functions' C signatures."""
     lib = ctypes.CDLL(str(path))
     ptr, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     for name, args, result in (
@@ -213,8 +302,3 @@ def _load():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib
-
-
-def _off(why: str):
-    _state["why"] = why
-    return None

@@ -9,6 +9,7 @@ import torch
 
 from headwise import limits
 from headwise import masks as _masks
+from headwise._device import check_tensor_device
 from headwise.attend import check_backend
 from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast.int4 import dtype_of
@@ -38,6 +39,7 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
                              f"expected {dim}; build the module with "
                              f"{ {'query': 'embed_dim', 'key': 'kdim', 'value': 'vdim'}[name]}"
                              f"={t.shape[-1]}")
+        check_tensor_device(t, name, "MultiHeadAttention")
     dtypes(mha, query, key, value)
     b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
     if key.shape[0] != b or value.shape[0] != b:

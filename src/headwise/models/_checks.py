@@ -6,6 +6,7 @@ import torch
 
 from headwise import limits
 from headwise import masks as _masks
+from headwise._device import check_tensor_device
 from headwise.fast import compiling
 
 
@@ -17,6 +18,7 @@ def tokens(ids, vocab_size: int, name: str, where: str) -> None:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{where}: {name} must hold integer token ids, got dtype {ids.dtype}; "
                         "use .long()")
+    check_tensor_device(ids, name, where)
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{where}: {name} has dtype {ids.dtype}; embeddings take int64 or int32 "
                         "ids: use .long()")

@@ -75,8 +75,9 @@ class ChatTokenizer:
         alphabet = set(spelling.values())
         tokens = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))
                   for t in meta["tokenizer.ggml.tokens"]]
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        bpe = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = _merges(meta["tokenizer.ggml.merges"], vocab, source)
+        bpe = Tokenizer(BPE(vocab=vocab, merges=merges,
                             continuing_subword_prefix="", end_of_word_suffix="",
                             fuse_unk=False, dropout=None))
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -278,3 +279,21 @@ class ChatModel:
         if on_text is not None and (rest := stream.flush()):
             on_text(rest)
         return prompt[0].tolist(), answer
+
+
+def _merges(lines, vocab: Mapping[str, int], source: str) -> list[tuple[str, str]]:
+    """The BPE merges ``"a b"`` as pairs, each part and their join in ``vocab``; else one
+    CheckpointError naming the merge (the tokenizers library says only 'Error while
+    initializing BPE')."""
+    merges = []
+    for n, line in enumerate(lines):
+        pair = tuple(str(line).split(" ", 1))
+        missing = ([p for p in (*pair, "".join(pair)) if p not in vocab] if len(pair) == 2
+                   else [str(line)])
+        if missing:
+            raise CheckpointError(f"{source}: BPE merge {n} ({line!r}) names {missing[0]!r}, "
+                                  "which is not in the file's vocabulary (tokenizer.ggml."
+                                  "tokens); the tokenizer is inconsistent: re-download or "
+                                  "re-convert the file")
+        merges.append(pair)
+    return merges

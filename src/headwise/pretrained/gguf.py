@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from einops import rearrange
 
 from headwise import limits
+from headwise._device import parse_device
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
@@ -125,6 +127,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     except ImportError:
         raise CheckpointError("reading GGUF files needs the 'gguf' package: pip install "
                               "'headwise[pretrained]'") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"read_gguf: path must be a str or Path of a .gguf file, got "
+                        f"{type(path).__name__}; e.g. headwise.pretrained.find_smollm2()")
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist (or is not a file); pass a .gguf file, "
@@ -336,8 +341,9 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
     if dtype not in (torch.float32, torch.bfloat16, torch.float64):
         raise TypeError(f"load_gguf: dtype must be torch.float32, torch.bfloat16 or "
                         f"torch.float64, got {dtype}")
-    if q4 and torch.device(device).type != "cpu":
-        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device={device!r};"
+    device = parse_device(str(device))
+    if q4 and device.type != "cpu":
+        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device='{device}';"
                          " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))

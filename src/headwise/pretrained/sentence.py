@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from headwise import limits
 from headwise.errors import CheckpointError
 from headwise.models.bert import BertModel
 from headwise.pretrained.bert import load_bert
@@ -55,6 +56,7 @@ class SentenceEncoder:
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise TypeError("embed: texts must be a str or a non-empty list of str")
+        limits.size(batch_size, "batch_size", "batch", "embed")  # 0 was range()'s raw error
         # batch texts of similar length together (less padding), then restore the order
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = []

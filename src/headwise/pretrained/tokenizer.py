@@ -46,6 +46,12 @@ class CheckpointTokenizer:
         """Ids with the special tokens (``[CLS] text [SEP]``, ``[CLS] a [SEP] b [SEP]``)."""
         return self.tokenizer.encode(text, pair).ids
 
+    def truncated(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[bool]:
+        """Whether each text (with its pair) is longer than the model reads: :meth:`batch`
+        keeps only its first :attr:`max_length` tokens."""
+        inputs = list(zip(texts, pairs, strict=True)) if pairs is not None else list(texts)
+        return [bool(e.overflowing) for e in self.tokenizer.encode_batch(inputs)]
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 

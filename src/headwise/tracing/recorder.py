@@ -40,6 +40,13 @@ def trace(module: nn.Module, *args: Any, **kwargs: Any) -> Trace:
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"trace expects a torch.nn.Module, got {type(module).__name__}")
+    try:  # before any hook is attached: hw.trace(mha) alone has no input
+        inspect.signature(module.forward).bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"trace: {type(module).__name__}.forward cannot take these inputs ({e}); "
+                        "pass its inputs after the module, e.g. hw.trace(mha, x)") from None
+    except ValueError:  # no signature to read (a builtin forward): the call itself will tell
+        pass
     rec = _Recorder(module)
     handles = []
     try:

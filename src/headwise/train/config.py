@@ -261,10 +261,7 @@ def _check(cfg: TrainConfig) -> None:
                          f"learning rate would never finish warming up); pass --warmup "
                          f"{cfg.steps // 10} or more --steps")
     if cfg.threads is not None:
-        cpus = limits.cpu_count()
-        if not _is_int(cfg.threads) or not 1 <= cfg.threads <= cpus:
-            raise ValueError(f"threads must be an int in [1, {cpus}] (this machine's CPUs); "
-                             f"got {cfg.threads!r}")
+        limits.threads(cfg.threads)
     for name in ("lr", "weight_decay", "min_lr_ratio", "grad_clip", "label_smoothing"):
         if not _is_number(getattr(cfg, name)):
             raise TypeError(f"{name} must be a number; got {getattr(cfg, name)!r}")

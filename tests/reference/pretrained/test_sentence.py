@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.reference.pretrained.test_bert import TOL
@@ -26,3 +27,14 @@ def test_sentence_embeddings_match_sentence_transformers(minilm, st_model, sente
     a, b, c = pretrained.embed(["A man is playing a guitar.", "Someone plays the guitar.",
                                 "The stock market fell sharply today."])
     assert a @ b > a @ c + 0.3
+
+
+def test_a_batch_size_below_one_is_a_value_error(minilm):
+    """embed(batch_size=0) was range()'s raw 'arg 3 must not be zero'; a negative one failed
+    in torch.cat of no batches."""
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"embed: batch_size must be >= 1, got {bad}"):
+            minilm.embed(["one", "two"], batch_size=bad)
+    with pytest.raises(TypeError, match="embed: batch_size must be an int"):
+        minilm.embed(["one"], batch_size=2.0)
+    assert minilm.embed(["one", "two"], batch_size=1).shape == (2, 384)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_tokenizer_matches_the_reference_tokenizer(minilm, st_model, sentences):
@@ -19,3 +21,22 @@ def test_tokenizer_matches_the_reference_tokenizer(minilm, st_model, sentences):
     assert minilm.tokenizer.tokens(ids) == ["[CLS]", "hello", "world", "[SEP]"]
     assert minilm.tokenizer.decode(ids) == "hello world"
     assert minilm.tokenizer.max_length == st.max_seq_length == 256
+
+
+@settings(max_examples=10, deadline=None)
+@given(words=st.lists(st.integers(0, 400), min_size=1, max_size=3), pair=st.booleans())
+def test_truncated_says_which_texts_batch_cuts(minilm, words, pair):
+    """truncated() is True exactly for the inputs whose tokens (special ones included) exceed
+    max_length, counted by an untruncated copy of the same tokenizer."""
+    from tokenizers import Tokenizer
+
+    tok = minilm.tokenizer
+    whole = Tokenizer.from_str(tok.tokenizer.to_str())
+    whole.no_truncation()
+    texts = ["word " * n for n in words]
+    pairs = ["pair"] * len(texts) if pair else None
+    full = [len(whole.encode(t, p).ids)
+            for t, p in zip(texts, pairs or [None] * len(texts), strict=True)]
+    kept = tok.batch(texts, pairs)["attention_mask"].sum(1).tolist()
+    assert tok.truncated(texts, pairs) == [n > tok.max_length for n in full]
+    assert kept == [min(n, tok.max_length) for n in full]
