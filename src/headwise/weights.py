@@ -33,7 +33,7 @@ from headwise.fast import finite
 from headwise.fast import large as _large
 
 __all__ = ["Selection", "as_selection", "chunk_rows", "from_lse", "logsumexp", "mask_scores",
-           "nonfinite_rows", "release_memory", "row_chunks", "softmax_rows", "CHUNK_ELEMENTS"]
+           "nonfinite_rows", "release_memory", "row_chunks", "softmax_rows", "take", "CHUNK_ELEMENTS"]
 
 # Elements of one chunk of scores in the chunked LSE pass and the statistics (b x heads x rows x
 # keys): 4M floats = 16 MiB in float32.
@@ -160,7 +160,7 @@ def _axis(value: Index, n: int, name: str, device):
     return torch.tensor(values, device=device)
 
 
-def _take(x: torch.Tensor, dim: int, index, broadcast: bool = False) -> torch.Tensor:
+def take(x: torch.Tensor, dim: int, index, broadcast: bool = False) -> torch.Tensor:
     """``x`` indexed along ``dim`` (a view for a slice); with ``broadcast`` (masks) an axis of
     size 1 stays as it is."""
     if broadcast and x.shape[dim] == 1:
@@ -226,7 +226,7 @@ def mask_scores(s, mask, causal, heads, rows, keys, nq, nk) -> None:
     mask is added): ``heads``, ``rows`` and ``keys`` (slices or index tensors) say which block
     of the ``(b, h, nq, nk)`` scores it is; ``mask`` 4-D (:func:`headwise.masks.as_4d`)."""
     if mask is not None:
-        _masks.fill(s, _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True),
+        _masks.fill(s, take(take(take(mask, 1, heads, True), 2, rows, True), 3, keys, True),
                     inplace=True)
     if causal:
         allowed = _masks.causal_block(_positions(rows, s.device), _positions(keys, s.device),
@@ -263,11 +263,11 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     g, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     heads, rows, keys = (selection or Selection()).resolve(h, nq, nk, q.device)
-    qs = _take(_take(q, 1, heads), 2, rows)                              # (b, hs, is, d)
-    kT = _take(_take(k, 1, _kv_heads(heads, h, g, q.device)), 2, keys).transpose(-1, -2)
+    qs = take(take(q, 1, heads), 2, rows)                              # (b, hs, is, d)
+    kT = take(take(k, 1, _kv_heads(heads, h, g, q.device)), 2, keys).transpose(-1, -2)
     if kT.shape[1] != qs.shape[1]:  # one key/value head (g = 1) serves every query head
         kT = kT.expand(-1, qs.shape[1], -1, -1)
-    lses = _take(_take(lse, 1, heads), 2, rows).unsqueeze(-1)            # (b, hs, is, 1)
+    lses = take(take(lse, 1, heads), 2, rows).unsqueeze(-1)            # (b, hs, is, 1)
     hs, ns, js = qs.shape[1], qs.shape[2], kT.shape[-1]
     work = torch.promote_types(q.dtype, torch.float32)
     qs, kT, lses = (qs.to(work) * scale), kT.to(work), lses.to(work)
@@ -276,7 +276,7 @@ def from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     # every key of a row, each once (a list like [0, 0, 0] has nk entries but is not the row)
     whole_rows = isinstance(keys, slice) and (keys.start, keys.stop) == (0, nk)
     for x in range(b):
-        bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
+        bx = None if mask is None else take(mask, 0, slice(x, x + 1), True)
         for h0, h1, r0, r1 in _blocks(hs, ns, js, budget):
             dest = w[x, h0:h1, r0:r1]  # contiguous: whole rows of whole heads, or one head
             chunk = dest if work == q.dtype else torch.empty(dest.shape, dtype=work,
@@ -323,11 +323,11 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     rows = slice(0, nq) if rows is None else rows
     work = torch.promote_types(q.dtype, torch.float32)
     kv_heads = _kv_heads(heads, h, g, q.device)
-    qs = _take(_take(q, 1, heads), 2, rows).to(work)                    # (b, hs, is, d)
+    qs = take(take(q, 1, heads), 2, rows).to(work)                    # (b, hs, is, d)
     # contiguous once (q, k, v are usually strided views of one projection): every block's
     # matmul then reads plain row-major matrices
-    kT = _take(k, 1, kv_heads).to(work).contiguous().transpose(-1, -2)  # (b, hs, d, j)
-    vs = None if v is None else _take(v, 1, kv_heads).to(work).contiguous()  # (b, hs, j, e)
+    kT = take(k, 1, kv_heads).to(work).contiguous().transpose(-1, -2)  # (b, hs, d, j)
+    vs = None if v is None else take(v, 1, kv_heads).to(work).contiguous()  # (b, hs, j, e)
     hs, ns = qs.shape[1], qs.shape[2]
     w = _large.empty((b, hs, ns, nk), q.dtype, q.device)
     out = None if v is None else torch.empty(b, hs, ns, v.shape[-1], dtype=q.dtype,
@@ -335,7 +335,7 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     scratch = torch.empty(min(hs * ns * nk, max(budget, nk)), dtype=work, device=q.device)
     mask = _masks.as_4d(mask)
     for x in range(b):
-        bx = None if mask is None else _take(mask, 0, slice(x, x + 1), True)
+        bx = None if mask is None else take(mask, 0, slice(x, x + 1), True)
         for h0, h1, r0, r1 in _blocks(hs, ns, nk, budget):
             s = scratch[:(h1 - h0) * (r1 - r0) * nk].view(h1 - h0, r1 - r0, nk)
             torch.baddbmm(s, qs[x, h0:h1, r0:r1], kT[x, h0:h1], beta=0, alpha=scale, out=s)
@@ -349,7 +349,7 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
                     torch.matmul(dest, vs[x, h0:h1], out=o)
                 else:
                     o.copy_(torch.matmul(dest.to(work), vs[x, h0:h1]))
-    _nan_rows(w, _take(_take(q, 1, heads), 2, rows), _take(k, 1, kv_heads))
+    _nan_rows(w, take(take(q, 1, heads), 2, rows), take(k, 1, kv_heads))
     return w, out
 
 

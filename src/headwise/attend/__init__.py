@@ -246,8 +246,7 @@ register_backend("sdpa", sdpa, selections=True)  # the fused kernel: headwise.at
 def _select(weights: torch.Tensor, selection) -> torch.Tensor:
     b, h, nq, nk = weights.shape
     for dim, index in zip((1, 2, 3), selection.resolve(h, nq, nk, weights.device), strict=True):
-        weights = (weights.narrow(dim, index.start, index.stop - index.start)
-                   if isinstance(index, slice) else weights.index_select(dim, index))
+        weights = _weights.take(weights, dim, index)
     return weights
 
 

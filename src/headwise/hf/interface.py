@@ -20,7 +20,7 @@ from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.hf import select
 from headwise.hf.model import NAME
-from headwise.weights import Selection, logsumexp
+from headwise.weights import Selection, logsumexp, take
 
 __all__ = ["attention_forward", "register"]
 
@@ -117,15 +117,9 @@ def _with_sinks(q, k, v, mask, causal, dropout, scale, wanted, sinks):
     if weights is not None:
         selection = wanted if isinstance(wanted, Selection) else Selection()
         heads, rows, _ = selection.resolve(q.shape[1], q.shape[2], k.shape[2], q.device)
-        keep = _take(_take(keep, 1, heads), 2, rows)
+        keep = take(take(keep, 1, heads), 2, rows)
         weights = weights * keep.unsqueeze(-1).to(weights.dtype)
     return out, weights
-
-
-def _take(x: torch.Tensor, dim: int, index) -> torch.Tensor:
-    if isinstance(index, slice):
-        return x.narrow(dim, index.start, index.stop - index.start)
-    return x.index_select(dim, index)
 
 
 def register() -> None:
