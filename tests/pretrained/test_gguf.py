@@ -122,3 +122,39 @@ def test_a_quantization_headwise_cannot_read(tmp_path, kind):
     with pytest.raises(CheckpointError, match=rf"type \['{kind}'\].*blk.0.ffn_down.weight.*"
                                               r"headwise dequantizes \['F32'"):
         read_gguf(path)
+
+
+def test_bfloat16_loading_holds_one_float32_tensor_at_a_time(tmp_path, monkeypatch):
+    """`load_gguf(dtype=bfloat16)` (`chat --bf16`) halves the weights' bytes, and never holds
+    the whole float32 dequantization beside them (that made its peak memory higher than
+    float32's): while a tensor is read, at most one earlier float32 tensor is alive (the one
+    the loader's loop still names). The values equal the
+    float32 load's, rounded."""
+    import gc
+    import weakref
+
+    from headwise.pretrained import gguf as g
+
+    path = tiny_gguf.write(tmp_path / "t.gguf", tiny_gguf.random_weights(seed=5))
+    alive, seen = [], []
+    each = g.GGUFFile.each_tensor
+
+    def spy(self):
+        for name, tensor in each(self):
+            gc.collect()
+            seen.append(sum(r() is not None for r in alive))
+            alive.append(weakref.ref(tensor))
+            yield name, tensor
+
+    monkeypatch.setattr(g.GGUFFile, "each_tensor", spy)
+    half = g.load_gguf(path, dtype=torch.bfloat16)
+    monkeypatch.undo()
+    full = g.load_gguf(path)
+    assert len(seen) > 3 and max(seen) <= 1, seen  # not all the earlier ones
+
+    def nbytes(model):
+        return sum(p.numel() * p.element_size() for p in model.model.parameters())
+    assert 2 * nbytes(half) == nbytes(full)
+    for (name, a), (_, b) in zip(half.model.state_dict().items(),
+                                 full.model.state_dict().items(), strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16)), name

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,9 +94,14 @@ class GGUFFile:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor dequantized to float32 under its GGUF name, ``(out, in)`` as
         ``nn.Linear`` stores it, q and k rows back in rotate-half order."""
+        return dict(self.each_tensor())
+
+    def each_tensor(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` as :meth:`tensors` gives them, one at a time: a caller that
+        converts each (to bfloat16, to a GPU) holds one float32 copy at a time, not all."""
         from gguf.quants import dequantize
 
-        c, out = self.config, {}
+        c = self.config
         for t in self.reader.tensors:
             array = dequantize(t.data, t.tensor_type)
             if not array.flags.writeable:  # F32/F16 come back as views of the read-only map
@@ -106,8 +111,7 @@ class GGUFFile:
                 w = unpermute_rows(w, c.num_heads)
             elif t.name.endswith(".attn_k.weight"):
                 w = unpermute_rows(w, c.num_kv_heads)
-            out[t.name] = w
-        return out
+            yield t.name, w
 
 
 def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -265,7 +269,7 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
     config = lm_config(file.config, file.metadata)
     state, unknown = {}, []
-    for name, tensor in file.tensors().items():
+    for name, tensor in file.each_tensor():  # one float32 copy at a time
         target = headwise_name(name)
         if target is None:
             unknown.append(name)
