@@ -158,3 +158,28 @@ def test_bfloat16_loading_holds_one_float32_tensor_at_a_time(tmp_path, monkeypat
     for (name, a), (_, b) in zip(half.model.state_dict().items(),
                                  full.model.state_dict().items(), strict=True):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16)), name
+
+
+def test_smollm2_is_named_as_its_model_not_its_training_run(smollm2_file):
+    """SmolLM2's general.name is 'Smollm2 135M 8k Lc100K Mix1 Ep2' (a training run's folder),
+    which the head view's title and chat's report showed; the model is SmolLM2-135M-Instruct."""
+    assert smollm2_file.metadata["general.name"] != "SmolLM2-135M-Instruct"
+    assert smollm2_file.config.name == "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("file, meta, name", [
+    ("SmolLM2-135M-Instruct.Q4_1.gguf", {"general.basename": "smollm2",
+                                         "general.name": "Smollm2 135M 8k"}, "SmolLM2-135M-Instruct"),
+    ("Llama-3.2-1B-Instruct-Q4_K_M.gguf", {"general.basename": "Llama-3.2",
+                                           "general.name": "Llama 3.2 1B"}, "Llama-3.2-1B-Instruct"),
+    ("qwen2-0_5b-instruct-iq2_xs.gguf", {"general.basename": "qwen2"}, "qwen2-0_5b-instruct"),
+    ("tinyllama.BF16.gguf", {"general.basename": "TinyLlama"}, "tinyllama"),
+    # a file not named after its model: the metadata's name, else the stem as it is
+    ("model.gguf", {"general.basename": "smollm2", "general.name": "SmolLM2 135M"}, "SmolLM2 135M"),
+    ("model-q8_0.gguf", {}, "model"),
+    ("weights.gguf", {"general.name": ""}, "weights"),
+])
+def test_model_name_prefers_a_file_named_after_its_model(file, meta, name):
+    from headwise.pretrained.gguf import model_name
+
+    assert model_name(meta, f"/some/dir/{file}") == name
