@@ -57,6 +57,12 @@ CHEAPER = {
     'headwise chat "What is the capital of France?"': ["--max-new-tokens", "4"],
 }
 DEMO_STEPS = ["--steps", "20", "--quiet"]
+# What a row says a command writes, checked after it ran.
+WRITES = {
+    'headwise explain "The cat sat."': ["headwise-reports/explain-the-cat-sat/"],
+    "headwise view --checkpoint headwise-demo/checkpoint --src abcdefgh":
+        ["headwise-reports/view-abcdefgh/"],
+}
 
 
 def run(command: str, extra: list[str] = ()) -> tuple[int, str]:
@@ -118,6 +124,9 @@ def test_each_command_runs_after_make_demo_or_names_what_it_needs(after_make_dem
     assert "Traceback" not in err, err
     if not needs:
         assert code == 0, err
+        description = next(d for commands, d in table() if (command, needs) in commands)
+        for path in WRITES.get(command, []):
+            assert f"`{path}`" in description and (after_make_demo / path).is_dir(), path
         return
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "run `make corpora`" in lines[0], err
@@ -130,8 +139,11 @@ def test_the_demo_writes_what_its_row_lists(after_make_demo):
     assert "checkpoint, metrics, head view, heatmaps, head importance grid, shape trace" in \
         description
     names = {p.name for p in demo.iterdir()}
-    assert "checkpoint" in names and any(n.endswith(".html") for n in names), names
-    assert any(n.endswith(".png") for n in names) and any("metrics" in n for n in names), names
+    assert {"checkpoint", "metrics.json", "head_view.html", "importance.png", "trace.txt"} <= names
+    assert any(n.endswith("_attention.png") for n in names), names  # heatmaps
+    # "`make demo` writes it to `headwise-demo/cross_attention.png`"
+    (picture,) = re.findall(r"`make demo` writes it to `headwise-demo/([\w.]+)`", README)
+    assert picture in names
 
 
 def test_torchrun_runs_the_training_module():
@@ -174,7 +186,9 @@ def _flags(text: str) -> set[str]:
 def test_every_flag_the_readme_names_exists():
     """Each `headwise ...` span anywhere in the README uses only its command's flags; in the
     command table a bare `--flag` belongs to the row's commands."""
-    spans = [s for s in re.findall(r"`([^`\n]+)`", README) if s.startswith("headwise ")]
+    prose = re.sub(r"```.*?```", "", README, flags=re.S)  # inline spans only
+    spans = [s.split("&& ", 1)[-1] for s in re.findall(r"`([^`]+)`", prose)]
+    spans = [" ".join(s.split()) for s in spans if s.startswith("headwise ")]
     for commands, description in table():
         row = [c for c, _ in commands if c.startswith("headwise ")]
         words = {c.split()[1] for c in row}
@@ -278,3 +292,25 @@ def test_strict_mode_does_what_the_readme_says(monkeypatch):
     with pytest.raises(strict.StrictError, match="exceed the budget"):
         hw.attention(q, k, v, return_weights=True, strict=True)
     hw.attention(q, k, v, return_weights=True)  # not strict: no budget
+
+
+def test_the_keywords_the_readme_passes_exist():
+    """`hw.generate(..., strategy=, top_k=, ...)`, `head_view(..., kv_heads=3,
+    generated_start=n)`, `load_gguf(path, q4=...)`, `hw.Selection(heads=, rows=, keys=)`: each
+    keyword the README writes is a parameter of that function."""
+    import inspect
+
+    import headwise as hw
+    from headwise.pretrained import load_gguf
+    from headwise.viz import head_view
+    functions = {"headwise.generate": hw.generate, "head_view": head_view,
+                 "load_gguf": load_gguf, "hw.Selection": hw.Selection,
+                 "hw.importance": hw.importance, "hw.ablate": hw.ablate}
+    seen = 0
+    for name, fn in functions.items():
+        params = set(inspect.signature(fn).parameters)
+        for call in re.findall(re.escape(name) + r"\(([^`]*?)\)(?:`|$)", README, re.M):
+            keywords = set(re.findall(r"(?<![\w.])([a-z_]+)=", call))
+            assert keywords <= params, (name, keywords - params)
+            seen += bool(keywords)
+    assert seen >= 5
