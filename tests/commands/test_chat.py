@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from headwise.cli import main
 
@@ -63,6 +64,10 @@ def test_view_must_be_an_html_file(capsys):
     # 100,000 threads under a memory limit failed mid-load as a "truncated model file"
     (["--threads", "100000"], "--threads must be an int in [1, "),
     (["--threads", "0"], "--threads must be an int in [1, "),
+    (["--device", "bogus"], "--device 'bogus' is not a torch device; use auto, cpu, cuda"),
+    (["--device", "meta"], "--device meta: headwise runs on cpu or cuda, not 'meta'"),
+    (["--q4", "--device", "cuda"], "--q4 runs torch's CPU int4 kernel, not on --device cuda; "
+     "drop --q4" if torch.cuda.is_available() else "--device cuda: CUDA is not available here"),
 ])
 def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,
                                                                 message):
@@ -90,3 +95,31 @@ def test_an_empty_prompt_is_refused_before_the_model_loads(monkeypatch, capsys, 
     assert main(["chat", prompt]) == 2
     err = capsys.readouterr().err
     assert "the prompt is empty; pass a message" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here"))])
+def test_device_puts_the_model_there_and_answers_as_on_the_cpu(tmp_path, capsys, monkeypatch,
+                                                                device):
+    """chat --device (the README's commands all take one): the model is loaded on it, and the
+    greedy reply is the CPU's (a tiny random GGUF; greedy tokens only differ where two logits
+    tie within float32 rounding, which random weights make unlikely)."""
+    pytest.importorskip("gguf")
+    from headwise import pretrained
+    from tests.pretrained import tiny_gguf
+    path = tiny_gguf.write(tmp_path / "tiny.gguf", heads=4, kv_heads=2)
+    argv = ["chat", "hi", "--gguf", str(path), "--max-new-tokens", "6"]
+    assert main(argv) == 0
+    on_cpu = capsys.readouterr().out
+    seen = []
+    load = pretrained.load_gguf
+
+    def spy(*args, **kwargs):
+        chat = load(*args, **kwargs)
+        seen.append(chat.model.lm_head.weight.device)
+        return chat
+
+    monkeypatch.setattr(pretrained, "load_gguf", spy)
+    assert main([*argv, "--device", device]) == 0
+    assert [d.type for d in seen] == [device]
+    assert capsys.readouterr().out == on_cpu

@@ -24,9 +24,10 @@ def test_explain_writes_head_view_and_heatmaps_of_real_heads(minilm_folder, tmp_
     assert "http://" not in page and "https://" not in page  # offline
     assert "6 layers x 12 heads" in printed
     assert "example 0 (9 tokens): [CLS] the cat sat on the mat . [SEP]" in printed
-    # the trace summary: one line per layer's attention call, naming the kernel and why
+    # the trace summary: the 6 layers' calls ran alike, so one line names them, the kernel
+    # and why
     assert re.search(r"attention: 6 calls", printed)
-    assert printed.count("self_attn") == 6
+    assert printed.count("self_attn") == 1 and "layers.0-5.self_attn (6 calls)" in printed
     assert "weights recomputed exactly as the softmax of whole rows" in printed
     # two texts: their sentence embeddings' cosine similarity, equal to headwise.pretrained.embed
     from headwise.pretrained import embed
@@ -179,7 +180,14 @@ def test_smollm2_head_view_groups_9_query_heads_under_3(smollm2_path, tmp_path, 
     assert meta["tokens"]["tgt"][0][:2] == ["Paris", " is"]
     assert meta["generatedStart"] == [2] and len(meta["tokens"]["tgt"][0]) == 4
     assert "30 layers x 9 query heads sharing 3 key/value heads (3 each)" in printed
-    assert "attention: 30 calls" in printed
+    # the 30 layers' calls ran alike: one summary line (it printed 30), after the paths
+    lines = printed.splitlines()
+    assert "attention: 30 calls" in printed and len(lines) <= 8, printed
+    assert [ln.split()[0] for ln in lines if "self_attn" in ln] == ["blocks.0-29.self_attn"]
+    assert printed.index("head view:") < printed.index("attention: 30 calls")
+    # the page is titled with the model's name, not the GGUF's training-run label
+    title = re.search(r"<title>(.*?)</title>", out.read_text()).group(1)
+    assert title.startswith("SmolLM2-135M-Instruct: Paris is"), title
 
 
 def test_missing_gguf_package_is_one_line(tiny_llama, monkeypatch, capsys):

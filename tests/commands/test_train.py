@@ -82,7 +82,7 @@ def test_unknown_preset_size(capsys):
 
 def test_warmup_not_shorter_than_the_run(capsys):
     _fails(capsys, ["train", "reverse", *TINY, "--warmup", "1"],
-           "warmup=1 must be smaller than steps=1")
+           "--warmup 1 must be smaller than --steps 1")
 
 
 @pytest.mark.parametrize("bad", [["--lr", "inf"], ["--weight-decay", "nan"]])
@@ -99,13 +99,13 @@ def test_a_diverging_run_stops_naming_the_step(capsys, tmp_path, bad, every, mat
 
 @pytest.mark.parametrize("bad, match", [
     (["--threads", "100000"], "threads must be an int in [1, "),
-    (["--max-len", "10000000"], "max_len=10,000,000 is over the maximum 4,096"),
-    (["--eval-size", "1000000000"], "eval_size must be in [1, 100,000]"),
-    (["--batch-size", "100000000"], "batch_size must be in [1, 1,048,576]"),
-    (["--batch-size", "1000000"], "batch_size=1,000,000 (activations for backward) would need about"),
+    (["--max-len", "10000000"], "--max-len 10,000,000 is over the maximum 4,096"),
+    (["--eval-size", "1000000000"], "--eval-size must be in [1, 100,000]"),
+    (["--batch-size", "100000000"], "--batch-size must be in [1, 1,048,576]"),
+    (["--batch-size", "1000000"], "--batch-size 1,000,000 (activations for backward) would need about"),
     (["--d-model", "100000", "--heads", "1"], "parameters (training) would need about"),
-    (["--d-model", "1000000", "--heads", "1"], "d_model=1000000 is over the maximum 131,072"),
-    (["--layers", "1000000"], "num_layers=1000000 is over the maximum 1,024"),
+    (["--d-model", "1000000", "--heads", "1"], "--d-model 1000000 is over the maximum 131,072"),
+    (["--layers", "1000000"], "--layers 1000000 is over the maximum 1,024"),
     (["--seed", str(2**70)], "seed must be in [0,"),
     (["--context", "1"], "context must be in [2,"),
 ])
@@ -194,3 +194,25 @@ def test_bad_model_options_are_one_line(capsys, tmp_path):
     assert exit_.value.code != 0
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "argument --bias: expected yes or no, got 'maybe'" in err, err
+
+
+def test_an_indivisible_head_count_suggests_a_flag_train_has_and_it_runs(capsys, tmp_path):
+    """`--heads 3` at d_model 16: the config's suggestion (`head_dim=5`) reaches the user as
+    this command's flags, every flag it names exists, and following it trains."""
+    import re
+
+    from headwise import checkpoint
+    from headwise.cli import build_parser
+    argv = ["train", "reverse", *TINY, "--heads", "3", "--out", str(tmp_path / "run")]
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "head_dim" not in err and "num_heads" not in err, err
+    flags = set(re.findall(r"--[a-z][a-z-]*", err))
+    train = build_parser(["train"])._subparsers._group_actions[0].choices["train"]
+    known = {s for a in train._actions for s in a.option_strings}
+    assert "--head-dim" in flags and flags <= known, (flags - known, err)
+    head_dim = int(re.search(r"pass --head-dim (\d+)", err).group(1))
+    assert head_dim == 16 // 3
+    assert main([*argv, "--head-dim", str(head_dim)]) == 0
+    cfg = checkpoint.load(tmp_path / "run" / "checkpoint").model.config
+    assert (cfg.num_heads, cfg.head_dim) == (3, head_dim)

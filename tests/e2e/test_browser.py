@@ -47,7 +47,9 @@ def browser_context():
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, args=ARGS, offline=True,
-            viewport={"width": 1400, "height": 900})
+            viewport={"width": 1400, "height": 900},
+            # scrollbars take room as in a user's browser (Playwright hides them by default)
+            ignore_default_args=["--hide-scrollbars"])
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)
@@ -509,4 +511,41 @@ def test_query_heads_grouped_under_their_kv_heads_and_generated_tokens_marked(br
     p.js("window.headwise.setTab('matrix')")
     p.settle()
     assert p.js("window.headwise.lastDraw.matrix.nq") == n
+    p.close()
+
+
+@pytest.mark.parametrize("n", [13, 40])  # explain's 13 tokens fit the lines view; 40 scroll
+def test_smollm2_sized_view_shows_every_head_and_row_number_at_1400_px(browser_context,
+                                                                        tmp_path, n):
+    """SmolLM2's view (30 layers x 9 query heads on 3 key/value heads, two-digit token
+    positions) at 1400 x 900: the model view cut off the ninth head (H8), and a vertical
+    scrollbar of the lines view (shown even for 13 tokens: the box's height left out its
+    border) covered the key side's row numbers. Now every head's column and the whole lines
+    canvas lie inside what their panels show, and the lines view scrolls only when it must."""
+    att = {"decoder_self": [softmaxed(1, 9, n, n, seed=l, causal=True) for l in range(30)]}
+    tokens = [f"t{k}" for k in range(n)]
+    p = Page(browser_context, head_view(att, tokens, tmp_path / "smol.html", kv_heads=3,
+                                        generated_start=n - 8).path)
+    p.settle()
+    assert p.js("window.innerWidth") == 1400
+    wrap = p.js("(() => { const r = document.getElementById('hw-grid-wrap')"
+                ".getBoundingClientRect(); const w = document.getElementById('hw-grid-wrap');"
+                " return {left: r.left, right: r.left + w.clientWidth}; })()")
+    for h in range(9):
+        for where in (f'.hw-cell[data-layer="0"][data-head="{h}"]',
+                      f'.hw-grid .hw-chip[data-head="{h}"]'):
+            box = p.page.locator(where).first.bounding_box()
+            assert box and wrap["left"] <= box["x"] and box["x"] + box["width"] <= wrap["right"], (
+                where, box, wrap, p.js("window.headwise.lastDraw.thumb"))
+    assert p.js("document.getElementById('hw-grid-wrap').scrollWidth <= "
+                "document.getElementById('hw-grid-wrap').clientWidth")
+    # the lines canvas fits inside its scrolling box beside the scrollbar
+    scroll = p.js("(() => { const s = document.getElementById('hw-lines-scroll');"
+                  " return {client: s.clientWidth, offset: s.offsetWidth,"
+                  " tall: s.scrollHeight > s.clientHeight}; })()")
+    canvas = p.js("document.getElementById('hw-lines-canvas').getBoundingClientRect().width")
+    assert scroll["tall"] == (n > 13), scroll  # 13 rows of 20 px fit 640 px
+    assert (scroll["offset"] - scroll["client"] > 2) == scroll["tall"], scroll  # its scrollbar
+    assert canvas <= scroll["client"], (canvas, scroll)
+    assert canvas >= 0.6 * 1400 - 24  # still the window's width, less the scrollbar
     p.close()

@@ -122,3 +122,64 @@ def test_a_quantization_headwise_cannot_read(tmp_path, kind):
     with pytest.raises(CheckpointError, match=rf"type \['{kind}'\].*blk.0.ffn_down.weight.*"
                                               r"headwise dequantizes \['F32'"):
         read_gguf(path)
+
+
+def test_bfloat16_loading_holds_one_float32_tensor_at_a_time(tmp_path, monkeypatch):
+    """`load_gguf(dtype=bfloat16)` (`chat --bf16`) halves the weights' bytes, and never holds
+    the whole float32 dequantization beside them (that made its peak memory higher than
+    float32's): while a tensor is read, at most one earlier float32 tensor is alive (the one
+    the loader's loop still names). The values equal the
+    float32 load's, rounded."""
+    import gc
+    import weakref
+
+    from headwise.pretrained import gguf as g
+
+    path = tiny_gguf.write(tmp_path / "t.gguf", tiny_gguf.random_weights(seed=5))
+    alive, seen = [], []
+    each = g.GGUFFile.each_tensor
+
+    def spy(self):
+        for name, tensor in each(self):
+            gc.collect()
+            seen.append(sum(r() is not None for r in alive))
+            alive.append(weakref.ref(tensor))
+            yield name, tensor
+
+    monkeypatch.setattr(g.GGUFFile, "each_tensor", spy)
+    half = g.load_gguf(path, dtype=torch.bfloat16)
+    monkeypatch.undo()
+    full = g.load_gguf(path)
+    assert len(seen) > 3 and max(seen) <= 1, seen  # not all the earlier ones
+
+    def nbytes(model):
+        return sum(p.numel() * p.element_size() for p in model.model.parameters())
+    assert 2 * nbytes(half) == nbytes(full)
+    for (name, a), (_, b) in zip(half.model.state_dict().items(),
+                                 full.model.state_dict().items(), strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16)), name
+
+
+def test_smollm2_is_named_as_its_model_not_its_training_run(smollm2_file):
+    """SmolLM2's general.name is 'Smollm2 135M 8k Lc100K Mix1 Ep2' (a training run's folder),
+    which the head view's title and chat's report showed; the model is SmolLM2-135M-Instruct."""
+    assert smollm2_file.metadata["general.name"] != "SmolLM2-135M-Instruct"
+    assert smollm2_file.config.name == "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("file, meta, name", [
+    ("SmolLM2-135M-Instruct.Q4_1.gguf", {"general.basename": "smollm2",
+                                         "general.name": "Smollm2 135M 8k"}, "SmolLM2-135M-Instruct"),
+    ("Llama-3.2-1B-Instruct-Q4_K_M.gguf", {"general.basename": "Llama-3.2",
+                                           "general.name": "Llama 3.2 1B"}, "Llama-3.2-1B-Instruct"),
+    ("qwen2-0_5b-instruct-iq2_xs.gguf", {"general.basename": "qwen2"}, "qwen2-0_5b-instruct"),
+    ("tinyllama.BF16.gguf", {"general.basename": "TinyLlama"}, "tinyllama"),
+    # a file not named after its model: the metadata's name, else the stem as it is
+    ("model.gguf", {"general.basename": "smollm2", "general.name": "SmolLM2 135M"}, "SmolLM2 135M"),
+    ("model-q8_0.gguf", {}, "model"),
+    ("weights.gguf", {"general.name": ""}, "weights"),
+])
+def test_model_name_prefers_a_file_named_after_its_model(file, meta, name):
+    from headwise.pretrained.gguf import model_name
+
+    assert model_name(meta, f"/some/dir/{file}") == name

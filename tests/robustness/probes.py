@@ -684,8 +684,47 @@ def issue31_probes(tmp: Path) -> list[Probe]:
     return P
 
 
+def _without_corpora(tmp: Path, *argv: str) -> str:
+    """``headwise argv`` with $HEADWISE_CORPORA naming an empty folder (a fresh clone after
+    `make demo`, before `make corpora`)."""
+    import os
+
+    empty = tmp / "no-corpora"
+    empty.mkdir(exist_ok=True)
+    before = os.environ.get("HEADWISE_CORPORA")
+    os.environ["HEADWISE_CORPORA"] = str(empty)
+    try:
+        return cli(*argv)
+    finally:
+        if before is None:
+            del os.environ["HEADWISE_CORPORA"]
+        else:
+            os.environ["HEADWISE_CORPORA"] = before
+
+
+def issue31_cli_probes(tmp: Path) -> list[Probe]:
+    """#31's README and command-line items: chat --device, train's flags in its errors, a
+    missing corpus reported before any model loads (within the row's time limit)."""
+    P = []
+
+    def add(area, call, fn, expect="error"):
+        P.append(Probe(area, call, fn, expect))
+
+    add("cli chat", "headwise chat hi --device meta", lambda: cli("chat", "hi", "--device", "meta"))
+    add("cli chat", "headwise chat hi --device bogus",
+        lambda: cli("chat", "hi", "--device", "bogus"))
+    add("cli train", "headwise train reverse --heads 3 --steps 1",
+        lambda: cli("train", "reverse", "--heads", "3", "--steps", "1", "--out",
+                    str(tmp / "run-heads-3")))
+    for model in ("minilm", "smollm2"):
+        add("cli heads", f"headwise heads catalogue --model {model}  # before make corpora",
+            lambda m=model: _without_corpora(tmp, "heads", "catalogue", "--model", m, "-o",
+                                             str(tmp / f"cat-{m}")))
+    return P
+
+
 def probes(tmp: Path) -> list[Probe]:
     tmp = Path(tmp)
     out = attention_probes() + mha_probes() + mask_and_head_probes() + model_probes()
     out += checkpoint_probes(tmp) + bert_probes(tmp) + data_probes(tmp) + viz_probes(tmp)
-    return out + cli_probes(tmp) + issue31_probes(tmp)
+    return out + cli_probes(tmp) + issue31_probes(tmp) + issue31_cli_probes(tmp)

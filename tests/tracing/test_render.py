@@ -108,3 +108,33 @@ def test_the_trace_function_shadows_no_module():
 
     assert hw.trace is headwise.tracing.trace and hw.Trace is headwise.tracing.Trace
     assert importlib.util.find_spec("headwise.trace") is None
+
+
+@pytest.mark.parametrize("layers, asked", [(7, None), (5, 2), (4, 0), (3, 2), (1, None)])
+def test_the_summary_gives_calls_that_ran_alike_one_line(layers, asked):
+    """`explain --model smollm2` printed 30 near-identical lines; the summary now has one line
+    per group of layers whose calls ran alike, and the groups hold every call once."""
+    torch.manual_seed(layers)
+    model = build(LMConfig(40, d_model=16, num_heads=2, num_layers=layers, d_ff=16)).eval()
+    weights = False if asked is None else {"decoder_self": [asked]}
+    record = hw.trace(model, torch.randint(0, 40, (1, 6)), return_weights=weights)
+    head, *lines = record.summary().splitlines()
+    assert head.startswith(f"attention: {layers} call")
+    fused = [n for n in range(layers) if n != asked]
+    want = [] if not fused else [("fused kernel", fused)]
+    if asked is not None:
+        want.append(("weights recomputed", [asked]))
+    want.sort(key=lambda w: w[1][0])  # groups in the order their first call ran
+    assert len(lines) == len(want), lines
+    for line, (verdict, members) in zip(lines, want, strict=True):
+        path = line.split()[0]
+        runs: list[list[int]] = []  # consecutive layers as [first, last]
+        for n in members:
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+        assert path == f"blocks.{text}.self_attn", line
+        assert (f"({len(members)} calls)" in line) == (len(members) > 1), line
+        assert verdict in line and (verdict == "weights recomputed") == ("weights" in line), line

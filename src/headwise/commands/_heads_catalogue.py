@@ -126,8 +126,7 @@ def _checkpoint(args, device):
 def _minilm(args, device):
     from headwise import pretrained
 
-    encoder = pretrained.load_sentence_encoder(pretrained.find_minilm(), device=device)
-    if args.sentences:
+    if args.sentences:  # the text first: a missing corpus is one line, before a model loads
         from headwise.data import read_text
         texts = [line.strip() for line in read_text(args.sentences).splitlines() if line.strip()]
         dataset = f"{Path(args.sentences).name}"
@@ -136,6 +135,7 @@ def _minilm(args, device):
     else:
         from headwise.data.corpora import ding_pairs
         texts, dataset = [en for _, en in ding_pairs()], "English side of the Ding de-en pairs"
+    encoder = pretrained.load_sentence_encoder(pretrained.find_minilm(), device=device)
     step = max(1, len(texts) // args.examples)  # spread over the whole file, deterministic
     texts = texts[::step][:args.examples]
     tok = encoder.tokenizer
@@ -151,13 +151,13 @@ def _smollm2(args, device):
 
     from headwise.pretrained import load_smollm2
 
-    chat = load_smollm2(device=device)
-    if args.sentences:
+    if args.sentences:  # the text first: a missing corpus is one line, before a model loads
         from headwise.data import read_text
         text, dataset = read_text(args.sentences), Path(args.sentences).name
     else:
         from headwise.data.corpora import austen_text
         text, dataset = austen_text(("emma",)), "Austen's Emma"
+    chat = load_smollm2(device=device)
     n, want = args.length, args.examples
     limit = chat.model.config.max_len
     if n > limit:

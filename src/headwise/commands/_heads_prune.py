@@ -119,14 +119,33 @@ def head_order(target, order: str) -> dict:
         return output_norms(target.model, target.calibrate)
 
 
+DISAGREE = 0.05  # a row whose two latency figures differ by more than this gets a mark
+
+
 def _table(target, steps) -> str:
+    """The sweep as a table: per workload the median time (ms) and the median of per-round
+    ratios to the unpruned model. Each round times every model back to back, so the ratio
+    cancels the machine's drift between rounds and the ms medians do not: under a changing
+    load the two can disagree, and a row where they differ by over 5% is marked and explained
+    under the table."""
     names = list(steps[0].ratio)
-    head = ["heads pruned", target.metric_name, *(f"{n}: ms (ratio)" for n in names)]
+    head = ["heads pruned", target.metric_name,
+            *(f"{n}: ms (median), vs unpruned (median ratio)" for n in names)]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    marked = False
     for s in steps:
+        cells = []
+        for n in names:
+            of_medians = s.latency_ms[n] / steps[0].latency_ms[n]
+            odd = abs(of_medians / s.ratio[n] - 1) > DISAGREE
+            marked |= odd
+            cells.append(f"{s.latency_ms[n]:.1f}, {s.ratio[n]:.2f}x" + " *" * odd)
         lines.append(" | ".join([f"{s.pruned}/{s.heads} ({s.pruned / s.heads:.0%})",
-                                 f"{s.metric:.4g}",
-                                 *(f"{s.latency_ms[n]:.1f} ({s.ratio[n]:.2f}x)" for n in names)]))
+                                 f"{s.metric:.4g}", *cells]))
+    if marked:
+        lines.append(f"* the ms medians give a ratio more than {DISAGREE:.0%} away: the load "
+                     "changed between rounds; trust the ratio (each round times every model "
+                     "back to back), or rerun on a quieter machine / with more --rounds")
     return f"{target.name}: {target.workloads}\n" + "\n".join(lines)
 
 

@@ -39,12 +39,14 @@ def register(subparsers) -> None:
     p.add_argument("--gguf", metavar="FILE",
                    help="a llama GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--bf16", action="store_true",
-                   help="bfloat16 weights: half the memory; logits move by up to ~1.2 (of "
-                        "~38) and greedy replies stay the same for the first ~25+ tokens")
+                   help="bfloat16 weights: half the weights' bytes (SmolLM2: 0.27 of 0.54 GB; "
+                        "the process's peak ~0.8 GB instead of ~1.1); logits move by up to ~1.2 "
+                        "(of ~38) and greedy replies stay the same for the first ~25+ tokens")
     p.add_argument("--q4", action="store_true",
                    help="decode on the file's own 4-bit blocks (Q4_0/Q4_1, CPU): ~1/3 of the "
                         "bytes read per token; logits move by ~1%% of their range")
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (--q4: cpu only)")
     p.add_argument("--view", metavar="FILE.html",
                    help="also write the head view of prompt + answer (the answer marked, query "
                         "heads grouped under their key/value heads)")
@@ -55,11 +57,16 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headwise import limits
+    from headwise.commands._common import parse_device
     from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
     from headwise.pretrained.chat import check_length
 
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
+    device = parse_device(args.device)
+    if args.q4 and device.type != "cpu":
+        raise ValueError(f"--q4 runs torch's CPU int4 kernel, not on --device {args.device}; "
+                         "drop --q4 or pass --device cpu")
     if not args.prompt.strip():
         raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:
@@ -73,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     file = read_gguf(args.gguf or find_smollm2())
     prompt = ChatTokenizer.from_metadata(file.metadata).chat(args.prompt, system=args.system)
     check_length(len(prompt), args.max_new_tokens, file.config.context_length, file.config.name)
-    chat = load_gguf(file, dtype=torch.bfloat16 if args.bf16 else torch.float32, q4=args.q4)
+    chat = load_gguf(file, dtype=torch.bfloat16 if args.bf16 else torch.float32,
+                     device=device, q4=args.q4)
     start = time.perf_counter()
     first: list[float] = []
 

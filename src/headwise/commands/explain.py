@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"example {i} ({len(toks)} tokens): " + " ".join(toks))
     if len(texts) > 1:
         _print_similarities(hidden, inputs["attention_mask"], encoder)
+    print(f"head view: {html.path}\nheatmaps:  {png}")  # what to open, before the trace
     print(record.render() if args.trace else record.summary())  # plain: never re-wrapped
-    print(f"head view: {html.path}\nheatmaps:  {png}")
     return 0
 
 
@@ -183,8 +183,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if args.generate:
         print(f"generated ({len(answer)} tokens, marked in the view): "
               f"{chat.tokenizer.decode(answer)!r}")
+    print(f"head view: {view.path}\nheatmaps:  {png}")  # what to open, before the trace
     print(run.record.render() if args.trace else run.record.summary())
-    print(f"head view: {view.path}\nheatmaps:  {png}")
     return 0
 
 

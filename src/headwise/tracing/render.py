@@ -67,18 +67,48 @@ def listing(root: Node, full: bool) -> str:
 
 
 def summary(runs: list[AttentionRun], root: str) -> str:
-    """Which attention calls ran a fused kernel and which fell back, and why."""
+    """Which attention calls ran a fused kernel and which fell back, and why: one line per
+    group of calls that differ only in their layer number (``blocks.0-29.self_attn``, 30 calls
+    that ran alike, instead of 30 lines)."""
     fused = [r for r in runs if r.fused]
     head = (f"attention: {len(runs)} call{'s' * (len(runs) != 1)}, {len(fused)} fused "
             f"(O(n) memory), {len(runs) - len(fused)} materialised the (b, h, i, j) scores "
             "(O(n^2))")
-    path_w = max(len(r.path or root) for r in runs)
-    ran_w = max(len(r.ran) for r in runs)
-    lines = [head]
+    groups: dict[tuple, list[int | None]] = {}
     for r in runs:
-        lines.append(f"  {r.path or root:<{path_w}}  {r.kind:<5}  {r.ran:<{ran_w}}  "
-                     f"{r.memory:<6}  {r.verdict}")
+        template, layer = _layer_of(r.path or root)
+        groups.setdefault((template, r.kind, r.ran, r.memory, r.verdict), []).append(layer)
+    rows = [(_layers_label(key[0], layers), *key[1:]) for key, layers in groups.items()]
+    path_w, ran_w = max(len(r[0]) for r in rows), max(len(r[2]) for r in rows)
+    lines = [head]
+    for path, kind, ran, memory, verdict in rows:
+        lines.append(f"  {path:<{path_w}}  {kind:<5}  {ran:<{ran_w}}  {memory:<6}  {verdict}")
     return "\n".join(lines)
+
+
+def _layer_of(path: str) -> tuple[str, int | None]:
+    """``("blocks.{}.self_attn", 3)`` for a module path with one numeric part (a layer's
+    index in its ``nn.ModuleList``); ``(path, None)`` for any other."""
+    parts = path.split(".")
+    numbers = [n for n, part in enumerate(parts) if part.isdigit()]
+    if len(numbers) != 1:
+        return path.replace("{", "{{").replace("}", "}}"), None
+    n = numbers[0]
+    return ".".join([*parts[:n], "{}", *parts[n + 1:]]), int(parts[n])
+
+
+def _layers_label(template: str, layers: list[int | None]) -> str:
+    """``blocks.0-29.self_attn (30 calls)``: the layers as ranges, and the count of calls."""
+    if layers == [None] * len(layers):
+        return template.format() + (f" ({len(layers)} calls)" if len(layers) > 1 else "")
+    spans: list[list[int]] = []
+    for n in sorted(set(layers)):  # type: ignore[type-var]
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return template.format(text) + (f" ({len(layers)} calls)" if len(layers) > 1 else "")
 
 
 def markdown(steps: list[Step], runs: list[AttentionRun], root: str) -> str:

@@ -302,7 +302,23 @@
       canvas.addEventListener("mousemove", (e) => onMatrixMove(e, which));
       canvas.addEventListener("mouseleave", () => { S.cell = null; ui.tip.style.display = "none"; setHover(null); });
     }
-    window.addEventListener("resize", () => { sizeThumbs(); scheduleDetail(); });
+    window.addEventListener("resize", () => { sizeThumbs(); fitThumbs(); scheduleDetail(); });
+  }
+  /** Smaller thumbnails until every head's column fits the model view's panel (SmolLM2's 9
+   * heads and 3 group gaps overflowed it at 1400 px, hiding H8); a grid that still does not fit
+   * at MIN_THUMB px (a dozen heads and more) scrolls. */
+  const MIN_THUMB = 26; // the importance value under a thumbnail still fits on one line
+  function fitThumbs() {
+    const wrap = document.getElementById("hw-grid-wrap");
+    if (!wrap || !wrap.clientWidth) return;
+    const room = () => wrap.clientWidth - 4; // the wrap's 2 px padding on each side
+    let px = parseFloat(getComputedStyle(document.documentElement).getPropertyValue("--thumb")) || 64;
+    const wide = () => Math.max(ui.grid.offsetWidth, ui.grid.scrollWidth); // chips may overhang
+    while (px > MIN_THUMB && wide() > room()) {
+      px -= 1;
+      document.documentElement.style.setProperty("--thumb", px + "px");
+    }
+    hw.lastDraw.thumb = px;
   }
   function sizeThumbs() { // the grid takes about a third of the window, the detail view the rest
     const heads = Math.max(...kindMeta().heads.map((h) => h || 0));
@@ -414,6 +430,7 @@
     }
     hw.lastDraw.grid = { cells: cells.length, layers: nLayers, heads: nHeads, scale: S.thumbScale, top: thumbTop, kvHeads: km.kvHeads || null };
     refreshGridClasses();
+    fitThumbs();
     fitImportanceLabels();
   }
   /** Importance values stay on one line inside their cell: smaller type, then fewer digits. */
@@ -570,10 +587,20 @@
     lineMats.sort((a, b) => (a.h === S.head) - (b.h === S.head));
     drawLines();
   }
+  let scrollbarW = null;
+  function scrollbarWidth() { // of a vertical scrollbar here (0 where scrollbars overlay)
+    if (scrollbarW === null) {
+      const probe = el("div", { style: "position:absolute;visibility:hidden;overflow:scroll;width:100px;height:100px" });
+      document.body.append(probe);
+      scrollbarW = probe.offsetWidth - probe.clientWidth;
+      probe.remove();
+    }
+    return scrollbarW;
+  }
   function linesGeometry() {
     const nq = qTokens().length, nk = kTokens().length;
     const total = PAD * 2 + Math.max(nq, nk) * ROW;
-    const full = Math.max(360, ui.lines.clientWidth || 600);
+    const full = Math.max(360, (ui.lines.clientWidth || 602) - 2); // inside the box's border
     const height = Math.min(total, Math.max(260, window.innerHeight - 260));
     if (!linesColW) { // each token column as wide as its longest token (within limits)
       const ctx = ui.linesCanvas.getContext("2d");
@@ -585,15 +612,17 @@
       };
       linesColW = { q: widest(qTokens()), k: widest(kTokens()) };
     }
-    const width = full; // the whole panel: long lines between far-apart tokens stay readable
-    return { nq, nk, total, width, height, xl: linesColW.q, xr: width - linesColW.k };
+    // the whole panel (long lines between far-apart tokens stay readable), less the vertical
+    // scrollbar when the tokens scroll: it covered the key side's row numbers
+    const width = full - (total > height ? scrollbarWidth() : 0);
+    return { nq, nk, total, full, width, height, xl: linesColW.q, xr: width - linesColW.k };
   }
   function drawLines() {
     if (S.tab !== "lines" || !lineMats) return;
     const g = linesGeometry();
-    ui.linesScroll.style.height = g.height + "px";
-    ui.linesScroll.style.width = g.width + 2 + "px";
-    ui.linesHead.style.width = g.width + 2 + "px";
+    ui.linesScroll.style.height = g.height + 2 + "px"; // + its border: 2 px less scrolled
+    ui.linesScroll.style.width = g.full + 2 + "px";
+    ui.linesHead.style.width = g.full + 2 + "px";
     ui.linesSpacer.style.height = Math.max(0, g.total - g.height) + "px";
     const ctx = setupCanvas(ui.linesCanvas, g.width, g.height);
     const top = ui.linesScroll.scrollTop;
