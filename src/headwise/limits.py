@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "threads",
+__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "cpu_model", "threads",
            "format_bytes", "parameter_count"]
 
 #: Largest accepted value per kind of size.
@@ -75,6 +75,19 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``'s first ``model name``), else the platform's."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.partition(":")[2].split())
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def threads(value, name: str = "threads") -> int:
