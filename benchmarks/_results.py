@@ -57,12 +57,16 @@ def make(name: str, machine_key: str, *, command: str, threads: int, torch_versi
     header = (f"## {name} — {machine_key}\n\n`{command}`: {date}, torch {torch_version}, "
               f"{threads} threads, load average {load:.1f} at the start, commit {commit}, "
               f"{seconds:.0f} s\n")
-    return Section(name, machine_key, f"{header}\n{demote(output.strip())}")
+    return Section(name, machine_key, f"{header}\n{as_markdown(output.strip())}")
 
 
-def demote(text: str) -> str:
-    """A script's ``#`` headings go two levels down, under the section's ``##``."""
-    return "\n".join("##" + line if line.startswith("#") else line for line in text.splitlines())
+def as_markdown(text: str) -> str:
+    """A script's output under the section: its ``#`` headings two levels down; output with no
+    markdown table (a fixed-width text table) in a code block, so its columns stay aligned."""
+    lines = text.splitlines()
+    if not any(line.startswith("|") for line in lines):
+        return "```\n" + text.replace("```", "` ` `") + "\n```"
+    return "\n".join("##" + line if line.startswith("#") else line for line in lines)
 
 
 def parse(text: str) -> list[Section]:

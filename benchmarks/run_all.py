@@ -77,9 +77,9 @@ def main() -> int:
     env = dict(os.environ, HEADWISE_BENCH_CEILINGS=json.dumps(ceil))
     ceilings = ("| fp32 torch.mm 2048^3 GFLOP/s | copy_ GB/s (read + write, 256 MiB) |\n"
                 f"|---|---|\n| {ceil['gflops']:.0f} | {ceil['gbps']:.1f} |")
-    R.update(args.out, [section("ceilings", "python benchmarks/run_all.py (the machine's "
-                                "ceilings, measured before the benchmarks)",
-                                time.perf_counter() - start, ceilings, load)], order)
+    this_run = " ".join(["python", "benchmarks/run_all.py", *sys.argv[1:]])
+    R.update(args.out, [section("ceilings", this_run, time.perf_counter() - start, ceilings,
+                                load)], order)
     failed = []
     for name in args.only:
         full, quick = BENCHMARKS[name]

@@ -76,6 +76,14 @@ def test_the_header_names_the_machine_command_threads_torch_date_load_and_commit
     assert "#### Time" in s.body  # the script's own headings sit under the section
 
 
+def test_output_without_a_markdown_table_is_kept_in_a_code_block():
+    text = "command      median s\npython -c pass  0.016\n# not a heading here"
+    body = section("cli_startup", "A", output=text).body
+    assert f"```\n{text}\n```" in body
+    back = R.parse(R.render([section("cli_startup", "A", output=text)]))
+    assert back[0].body.strip() == body.strip()
+
+
 def test_update_keeps_other_machines_and_writes_through_a_renamed_temporary_file(tmp_path,
                                                                                 monkeypatch):
     path = tmp_path / "RESULTS.md"
