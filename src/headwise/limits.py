@@ -1,9 +1,10 @@
 """The boundary policy for sizes: every size a user passes is bounded *before* anything is
 allocated or looped over, and every error hint costs no more than the check. Also what this
-machine can hold (CPU count, memory) and the parameter count a model config implies, computed
-from the config alone, so that ``d_model: 1000000`` is answered in microseconds with the number
-of bytes it would need. Torch-free on purpose: ``headwise train --help`` estimates run times
-with it.
+machine can hold (CPU count, memory), how torch's threads wait (:func:`wait_policy`), and the
+parameter count a model config implies, computed from the config alone, so that ``d_model:
+1000000`` is answered in microseconds with the number of bytes it would need. Torch-free on
+purpose: ``headwise train --help`` estimates run times with it, and ``import headwise`` sets
+the wait policy with it before torch loads.
 
 Two rules, one place:
 
@@ -22,8 +23,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 __all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "cpu_model", "threads",
-           "wait_policy",
-           "format_bytes", "parameter_count"]
+           "WAIT_SETTINGS", "wait_policy", "format_bytes", "parameter_count"]
 
 #: Largest accepted value per kind of size.
 MAX: dict[str, int] = {
@@ -115,9 +115,9 @@ def wait_policy(environ: MutableMapping[str, str] | None = None, *,
 
     libgomp lets a thread that reaches the end of a parallel region first spin ~300,000 times
     (milliseconds) before it sleeps. When other processes load every core, the thread it waits
-    for is often descheduled and the spinners burn the time slices it needs: measured here with
-    a busy loop on each of 2 cores, ``chat`` at 2 threads fell to 0.3 tokens/s against 7.6 at
-    ``--threads 1``, and 6.9 at 2 threads with this policy (``benchmarks/busy.py``). libgomp
+    for is often descheduled and the spinners burn the time slices it needs: beside a busy loop
+    on each core, ``chat`` and ``train`` ran 15-40x slower at torch's default threads than with
+    this policy (``benchmarks/busy.py``; the README gives the table's numbers). libgomp
     reads the variable once, when torch loads it, so this runs on ``import headwise``: it takes
     effect when headwise is imported before torch (as the CLI does) and does nothing once torch
     is loaded. A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` stands.
