@@ -43,6 +43,7 @@ BENCHMARKS = {
     "llama_decode": ([], ["--threads", "2", "--batches", "1", "--new", "16", "--layers", "4",
                           "--budget", "5"]),
     "prune": ([], ["--quick"]),
+    "busy": ([], ["--rounds", "1", "--settings", "default", "threads1", "--train-seconds", "20"]),
 }
 
 
