@@ -215,7 +215,7 @@ def main() -> int:
                     else:
                         res = run_generate(extra, env, args.generate_tokens)
                     results[s].append(res)
-                    print(f"  {tool} {label}: {res}", flush=True)
+                    print(f"  {tool} {label}: {res}", file=sys.stderr, flush=True)
             rows += _rows(tool, results)
     cols = ["tool", "setting", "threads", "tokens/s", "printed estimate", "projected run",
             "projected / estimate", "time vs --threads 1"]
