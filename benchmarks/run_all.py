@@ -1,11 +1,13 @@
-"""Run every benchmark and write benchmarks/RESULTS.md.
+"""Run benchmarks and write their current results into benchmarks/RESULTS.md.
 
 Each benchmark script prints its own tables of ratios against anchors measured interleaved in
 its process; this runner measures the machine's fp32 matmul rate and copy bandwidth first (in
 the same run, handed to the scripts that report fractions of them through the environment
-variable HEADWISE_BENCH_CEILINGS), runs each script, and writes one section per benchmark with
-the exact command, the machine line and the load average (the box may be shared: read ratios,
-not milliseconds).
+variable HEADWISE_BENCH_CEILINGS), runs each script, and after each one replaces that
+benchmark's section for this machine in RESULTS.md (see ``_results.py``): the CPU model,
+threads, torch version, date, load average, commit and exact command, then the script's output.
+Sections of other benchmarks and other machines stay. A benchmark that fails keeps its previous
+section; its error is printed here and the exit status is 1.
 
     python benchmarks/run_all.py [--quick] [--only attention weights ...] [--out FILE]
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+import _results as R  # noqa: E402
+from headwise import limits  # noqa: E402
 from weights import measure_ceilings  # noqa: E402
 
 # name -> (full arguments, --quick arguments)
@@ -39,6 +43,7 @@ BENCHMARKS = {
     "llama_decode": ([], ["--threads", "2", "--batches", "1", "--new", "16", "--layers", "4",
                           "--budget", "5"]),
     "prune": ([], ["--quick"]),
+    "busy": ([], ["--rounds", "1", "--settings", "default", "threads1", "--train-seconds", "20"]),
 }
 
 
@@ -58,38 +63,39 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=list(BENCHMARKS))
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = ap.parse_args()
+    here = R.machine(limits.cpu_model(), limits.cpu_count())
+    order = ["ceilings", *BENCHMARKS]
+    commit = R.commit(HERE.parent)
+
+    def section(name: str, command: str, seconds: float, output: str, load: float):
+        return R.make(name, here, command=command, threads=torch.get_num_threads(),
+                      torch_version=torch.__version__, load=load, commit=commit,
+                      seconds=seconds, output=output,
+                      date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+
+    load, start = os.getloadavg()[0], time.perf_counter()
     ceil = measure_ceilings()
     env = dict(os.environ, HEADWISE_BENCH_CEILINGS=json.dumps(ceil))
-    load = os.getloadavg()
-    lines = ["# Benchmark results", "",
-             f"`python benchmarks/run_all.py{' --quick' if args.quick else ''}`, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} CPUs; load average at the start {load[0]:.1f} "
-             "(a shared machine: every row is a ratio against an anchor measured interleaved in "
-             "the same process; milliseconds are only indicative).", "",
-             "## Machine ceilings (measured in this run)", "",
-             "| fp32 torch.mm 2048^3 GFLOP/s | copy_ GB/s (read + write, 256 MiB) |",
-             "|---|---|", f"| {ceil['gflops']:.0f} | {ceil['gbps']:.1f} |", ""]
+    ceilings = ("| fp32 torch.mm 2048^3 GFLOP/s | copy_ GB/s (read + write, 256 MiB) |\n"
+                f"|---|---|\n| {ceil['gflops']:.0f} | {ceil['gbps']:.1f} |")
+    this_run = " ".join(["python", "benchmarks/run_all.py", *sys.argv[1:]])
+    R.update(args.out, [section("ceilings", this_run, time.perf_counter() - start, ceilings,
+                                load)], order)
     failed = []
     for name in args.only:
         full, quick = BENCHMARKS[name]
         argv = quick if args.quick else full
         print(f"running {name} {' '.join(argv)}", flush=True)
+        load = os.getloadavg()[0]
         text, seconds, code = run(name, argv, env)
         if code:
             failed.append(name)
+            print(f"{name} failed; its section in {args.out} is unchanged:\n{text}", flush=True)
+            continue
         command = " ".join(["python", f"benchmarks/{name}.py", *argv])
-        lines += [f"## {name}", "", f"`{command}` ({seconds:.0f} s)", "",
-                  _demote(text), ""]
-        args.out.write_text("\n".join(lines) + "\n")  # partial results survive a later failure
+        R.update(args.out, [section(name, command, seconds, text, load)], order)
     print(f"wrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
-
-
-def _demote(text: str) -> str:
-    """A script's ``## title`` lines become ``###`` under the benchmark's own section."""
-    return "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
 
 
 if __name__ == "__main__":

@@ -90,3 +90,51 @@ def test_a_thread_count_is_an_int_between_one_and_the_cpus(value):
                                              r"\(this machine's CPUs\); got"):
             limits.threads(value, "--threads")
 
+
+
+@settings(max_examples=50, deadline=None)
+@given(user=st.dictionaries(st.sampled_from(["OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS",
+                                             "PATH"]),
+                            st.sampled_from(["ACTIVE", "passive", "300000", "0", "/usr/bin"]),
+                            max_size=3),
+       torch_loaded=st.booleans())
+def test_the_wait_policy_is_passive_unless_the_user_chose_or_torch_is_loaded(user, torch_loaded):
+    env = dict(user)
+    got = limits.wait_policy(env, torch_loaded=torch_loaded)
+    if "OMP_WAIT_POLICY" in user or "GOMP_SPINCOUNT" in user:
+        assert (got, env) == ("user", user)  # their choice stands, untouched
+    elif torch_loaded:
+        assert (got, env) == ("late", user)  # libgomp read its settings already: claim nothing
+    else:
+        assert (got, env) == ("set", dict(user, OMP_WAIT_POLICY="PASSIVE"))
+
+
+@pytest.mark.parametrize(("first", "user", "policy"), [
+    ("import headwise; import torch", {}, "PASSIVE"),
+    ("import headwise.cli; import torch", {}, "PASSIVE"),  # the CLI's entry point
+    ("import headwise; import torch", {"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),
+    ("import headwise; import torch", {"GOMP_SPINCOUNT": "300000"}, None),
+    ("import torch; import headwise", {}, None),
+])
+def test_importing_headwise_before_torch_sets_the_policy_libgomp_reads(first, user, policy):
+    """In a fresh interpreter: what OMP_WAIT_POLICY is when torch (and so libgomp) loads."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in limits.WAIT_SETTINGS}
+    code = f"{first}; import os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, **user), text=True,
+                         capture_output=True, timeout=120, check=True).stdout.split()[-1]
+    assert out == str(policy)
+
+
+def test_cpu_model_names_this_cpu():
+    name = limits.cpu_model()
+    assert name and name == name.strip() and "\n" not in name
+    try:
+        with open("/proc/cpuinfo") as f:
+            listed = [" ".join(line.split(":", 1)[1].split()) for line in f
+                      if line.startswith("model name")]
+    except OSError:
+        listed = []
+    if listed:
+        assert name == listed[0]

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import importlib
 
+from headwise import limits  # torch-free
+
+limits.wait_policy()  # before torch loads its OpenMP runtime: threads sleep, not spin, on a busy CPU
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it (None: the name is the submodule itself). No public

@@ -1,9 +1,10 @@
 """The boundary policy for sizes: every size a user passes is bounded *before* anything is
 allocated or looped over, and every error hint costs no more than the check. Also what this
-machine can hold (CPU count, memory) and the parameter count a model config implies, computed
-from the config alone, so that ``d_model: 1000000`` is answered in microseconds with the number
-of bytes it would need. Torch-free on purpose: ``headwise train --help`` estimates run times
-with it.
+machine can hold (CPU count, memory), how torch's threads wait (:func:`wait_policy`), and the
+parameter count a model config implies, computed from the config alone, so that ``d_model:
+1000000`` is answered in microseconds with the number of bytes it would need. Torch-free on
+purpose: ``headwise train --help`` estimates run times with it, and ``import headwise`` sets
+the wait policy with it before torch loads.
 
 Two rules, one place:
 
@@ -17,11 +18,12 @@ Two rules, one place:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "threads",
-           "format_bytes", "parameter_count"]
+__all__ = ["MAX", "size", "check_memory", "machine_memory", "cpu_count", "cpu_model", "threads",
+           "WAIT_SETTINGS", "wait_policy", "format_bytes", "parameter_count"]
 
 #: Largest accepted value per kind of size.
 MAX: dict[str, int] = {
@@ -77,6 +79,19 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``'s first ``model name``), else the platform's."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.partition(":")[2].split())
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def threads(value, name: str = "threads") -> int:
     """``value`` as a thread count in ``[1, cpu_count()]``, or one ValueError: more threads than
     CPUs only wait on one another, and 100,000 OpenMP threads exhaust memory mid-load (once
@@ -86,6 +101,38 @@ def threads(value, name: str = "threads") -> int:
         raise ValueError(f"{name} must be an int in [1, {cpus}] (this machine's CPUs); got "
                          f"{value!r}")
     return value
+
+
+#: What a user may set to choose how torch's OpenMP runtime (libgomp) waits; any of them set,
+#: and :func:`wait_policy` leaves the choice to them.
+WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def wait_policy(environ: MutableMapping[str, str] | None = None, *,
+                torch_loaded: bool | None = None) -> str:
+    """Ask torch's OpenMP runtime to put a waiting thread to sleep at once
+    (``OMP_WAIT_POLICY=PASSIVE``): the thread policy for a busy machine, in one place.
+
+    libgomp lets a thread that reaches the end of a parallel region first spin ~300,000 times
+    (milliseconds) before it sleeps. When other processes load every core, the thread it waits
+    for is often descheduled and the spinners burn the time slices it needs: beside a busy loop
+    on each core, ``chat`` and ``train`` ran 15-40x slower at torch's default threads than with
+    this policy (``benchmarks/busy.py``; the README gives the table's numbers). libgomp
+    reads the variable once, when torch loads it, so this runs on ``import headwise``: it takes
+    effect when headwise is imported before torch (as the CLI does) and does nothing once torch
+    is loaded. A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` stands.
+
+    Returns ``"set"``, ``"user"`` (their setting stands) or ``"late"`` (torch already loaded).
+    """
+    env = os.environ if environ is None else environ
+    if torch_loaded is None:
+        torch_loaded = "torch" in sys.modules
+    if any(name in env for name in WAIT_SETTINGS):
+        return "user"
+    if torch_loaded:
+        return "late"
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return "set"
 
 
 def format_bytes(n: float) -> str:

@@ -11,7 +11,7 @@ W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise.fast.rows`' column for
 weights read, compute-bound; a single core reads ~21 GB/s. ``step_kernels.c`` (beside this file)
 reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a ``W^T (in, out)``
 storage with the result kept in cache, or two rows of ``W`` against every row of ``x`` for 2-4:
-20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md``, sessions 10 and 11). The
+20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md`` of 542c6ce, sessions 10-11). The
 attention of the single newest query (``F.scaled_dot_product_attention``'s 1-query call costs
 ~80 us per SmolLM2 layer in a step, mostly fixed costs) is four keys' scores at a time, the
 softmax with a vectorized exp, and the values weighed 64 features at a time in registers, each
