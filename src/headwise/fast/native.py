@@ -28,10 +28,16 @@ killed with its children after :data:`BUILD_TIMEOUT_S` or when the process exits
 split output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
 torch has already loaded (``libgomp.so.1``).
 
+bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``step_kernels_q4.c``: torch's kernels for
+so few rows read them at a third to a half of the machine's read bandwidth) run one of two paths
+chosen when the library loads (:func:`isa`): AVX512-BF16 (``vdpbf16ps``) where the CPU and its OS
+have it, else AVX2; ``HEADWISE_NATIVE_ISA=avx2`` forces the AVX2 path (``auto``: the widest).
+
 When not. Anything else takes the torch path (MKL; the same result up to float32 rounding): no
-x86-64 CPU with AVX2 and FMA, no compiler or a failed build (:func:`status` says why), the
-environment variable ``HEADWISE_NATIVE=0``, tensors that are not float32 on the CPU, rows that
-are not contiguous, autograd (no backward exists), torch.compile.
+x86-64 CPU with AVX2 and FMA, no compiler or a failed build (:func:`status` says why),
+``HEADWISE_NATIVE=0``, tensors not float32 (or bfloat16 where a kernel has that form) on the
+CPU, rows not contiguous, autograd (no backward exists), torch.compile. A declined product's
+reason is kept, once per kernel (:func:`declined`).
 """
 
 from __future__ import annotations
@@ -51,11 +57,16 @@ from pathlib import Path
 
 import torch
 
-from headwise.fast import applies
+from headwise.fast import applies, host
 
-__all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "status"]
+__all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "rms_rows",
+           "rope_rows", "rows_matmul", "status"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
+# the library's sources: SOURCE, the bfloat16 and 4-bit kernels, their shared header
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4")),
+           SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
+ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 ROWS = 4  # the kernel's most rows
 # A build takes ~1 s of CPU (6 s on a loaded 2-core machine). The first call waits this long for
@@ -63,11 +74,13 @@ ROWS = 4  # the kernel's most rows
 WAIT_S = 8.0
 BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
-_F32 = torch.float32
+_F32, _BF16, _U8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.float16
 _lock = threading.Lock()
-# "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None; "thread",
-# "proc": the build and its compiler while they run; "failed": why the build failed ("": built)
+# "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for
+# the AVX512-BF16 path, 0 for AVX2; "f16c": the CPU converts float16 (the 4-bit kernels);
+# "thread", "proc": the build and its compiler while they run; "failed": why the build failed
 _state: dict = {}
+_declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
 
 
 def status() -> str:
@@ -79,33 +92,73 @@ def status() -> str:
     return "ready" if _kernel() is not None else _state["why"]
 
 
+def isa() -> str | None:
+    """The path the bfloat16 and 4-bit products run: ``"avx512-bf16"`` or ``"avx2"`` (None
+    without the library: :func:`status` says why)."""
+    if _kernel() is None:
+        return None
+    return "avx512-bf16" if _state["wide"] else "avx2"
+
+
+def declined() -> dict[str, str]:
+    """For each kernel that declined a product it was asked for, the first reason (the caller
+    then ran torch's kernel), e.g. ``{"q4_matmul": "more than 4 rows"}``."""
+    return dict(_declined)
+
+
+def _decline(kernel: str, why: str) -> None:
+    """Note why ``kernel`` declined (its first reason); returns None, the caller's answer."""
+    _declined.setdefault(kernel, why)
+
+
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                 res: torch.Tensor | None = None, *, wt: bool = False) -> torch.Tensor | None:
     """``x (b, in) @ w (out, in)^T + bias (out,) + res (b, out)`` -> a new ``(b, out)``, for
-    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous; with ``wt=True``, one row times
-    ``w`` given as ``W^T (in, out)`` with its rows contiguous (a :func:`headwise.fast.rows.lay_out`
-    storage or a transposed copy). None when the kernel does not apply (module docstring):
-    the caller then multiplies as usual."""
-    if not _takes(x, w, bias, res, wt):
-        return None
-    lib = _kernel()
+    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous, all float32 or all bfloat16 (float32
+    sums, rounded once); with ``wt=True``, one float32 row times ``w`` given as ``W^T (in,
+    out)`` with contiguous rows (a :func:`headwise.fast.rows.lay_out` storage or a copy). None
+    when the kernel does not apply (module docstring): the caller multiplies as usual."""
+    why = _takes(x, w, bias, res, wt)
+    lib = None if why else _kernel()
     if lib is None:
-        return None
-    b, n = x.shape
-    out = w.shape[1] if wt else w.shape[0]
-    y = torch.empty(b, out)
+        return _decline("rows_matmul", why or _state["why"])
+    (b, n), out = x.shape, w.shape[1] if wt else w.shape[0]
+    y = torch.empty(b, out, dtype=x.dtype)
     bias_ptr = None if bias is None else bias.data_ptr()
+    res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
     if wt:
         lib.headwise_row_matmul_t(
-            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(),
-            None if res is None else res.data_ptr(), bias_ptr, out, n, torch.get_num_threads())
+            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(), res_ptr, bias_ptr, out, n,
+            torch.get_num_threads())
         return y
-    lib.headwise_rows_matmul(
-        x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
-        None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
-        bias_ptr, b, out, n, torch.get_num_threads())
+    args = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out, res_ptr,
+            ldr, bias_ptr, b, out, n, torch.get_num_threads())
+    if x.dtype is _BF16:
+        lib.headwise_rows_matmul_bf16(*args, _state["wide"])
+    else:
+        lib.headwise_rows_matmul(*args)
     return y
 
+
+def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+              bias: torch.Tensor | None = None,
+              res: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> a new float32 ``(b, out)`` for float32
+    rows (any number: a prompt's in fours per block of W), ``W`` held as a :class:`headwise.fast.int4.Int4`'s ``codes (out,
+    in / 2)``, ``scales, mins (out, in / 32)`` (its layout). ``x`` is rounded to bfloat16 (as
+    torch's int4 kernel does), the sums are float32. None when the kernel does not apply."""
+    why = _takes_q4(x, codes, scales, mins, bias, res)
+    lib = None if why else _kernel()
+    if lib is None or not _state["f16c"]:
+        return _decline("q4_matmul", why or _state["why"] or "this CPU has no F16C")
+    (b, n), out = x.shape, codes.shape[0]
+    y = torch.empty(b, out)
+    res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
+    failed = lib.headwise_q4_matmul(
+        x.data_ptr(), x.stride(0), codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
+        y.data_ptr(), out, res_ptr, ldr, None if bias is None else bias.data_ptr(), b, out, n,
+        torch.get_num_threads(), _state["wide"])
+    return _decline("q4_matmul", "no scratch memory for the rows") if failed else y
 
 def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
               r: int) -> bool | None:
@@ -145,41 +198,71 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     """Attention of one new query per row over every cached position, no mask, scale
     ``1/sqrt(d)``: ``q (b, h, 1, d)`` (heads ``d`` apart, e.g. a view of a fused q|k|v row),
     ``k, v (b, g, n, d)`` with ``g`` dividing ``h`` (grouped-query heads; views of a cache, the
-    same strides) -> a new ``(b, h*d)``; what ``F.scaled_dot_product_attention(q, k, v,
-    enable_gqa=True)`` returns, to float32 rounding (its exp a ~1 ulp polynomial). Finite
-    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not
-    spread as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
+    same strides), all float32 or all bfloat16 -> a new ``(b, h*d)`` in their dtype; what
+    ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` returns, to float32 rounding
+    (its exp a ~1 ulp polynomial; bfloat16 read as float32, the output rounded once). Finite
+    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not spread
+    as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
     b, h, i, d = q.shape
     g, n = k.shape[1], k.shape[2]
     if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
             or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
-            or k.stride(3) != 1 or not applies(q, k, v)):
+            or k.stride(3) != 1 or not applies(q, k, v, bf16=True)):
         return None
     lib = _kernel()
     if lib is None:
         return None
+    half = k.dtype is _BF16
+    if half:
+        q = q.float()  # (b, h, 1, d): a few hundred values; the cache is read as it is
     out = torch.empty(b, h * d)
-    failed = lib.headwise_attend_rows(
+    failed = (lib.headwise_attend_rows_bf16 if half else lib.headwise_attend_rows)(
         q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), *k.stride()[:3], b, h, g, n, d,
         d ** -0.5, out.data_ptr(), h * d, torch.get_num_threads())
-    return None if failed else out
+    return None if failed else out.to(_BF16) if half else out
 
 
-def _takes(x, w, bias, res, wt: bool) -> bool:
-    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x``,
-    ``w`` and ``res`` contiguous (``w`` ``(out, in)``, or ``(in, out)`` for one row when
-    ``wt``)."""
-    if x.dim() != 2 or w.dim() != 2 or x.stride(1) != 1 or w.stride(1) != 1:
-        return False
-    b, n = x.shape
+def _takes(x, w, bias, res, wt: bool) -> str:
+    """Why :func:`rows_matmul` cannot take these tensors as they are (``""``: it can): ``w``
+    ``(out, in)`` with contiguous rows (``(in, out)`` for one float32 row when ``wt``), rows as
+    :func:`_rows_ok` says, the :func:`~headwise.fast.applies` rule."""
+    if w.dim() != 2 or w.stride(1) != 1:
+        return "W is not 2-D with contiguous rows"
     n_in, out = (w.shape if wt else reversed(w.shape))
-    if not (n_in == n and (b == 1 if wt else 1 <= b <= ROWS)):
-        return False
+    why = _rows_ok(x, n_in, out, bias, res)
+    if not why and wt and (x.shape[0] != 1 or x.dtype is not _F32):
+        return "a W^T storage is multiplied for one float32 row only"
+    if not why and not applies(x, w, *[t for t in (bias, res) if t is not None], bf16=True):
+        return "not all float32 or all bfloat16 on the CPU without autograd"
+    return why
+
+
+def _takes_q4(x, codes, scales, mins, bias, res) -> str:
+    """Why :func:`q4_matmul` cannot take these tensors (``""``: it can)."""
+    out, n = codes.shape[0], x.shape[-1]
+    if (n % 32 or codes.dtype is not _U8 or codes.shape != (out, n // 2)
+            or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in (scales, mins))
+            or not all(t.is_contiguous() for t in (codes, scales, mins))
+            or not host(codes, scales, mins)):
+        return "codes, scales or mins are not the 4-bit form of a (out, in) matrix"
+    why = _rows_ok(x, n, out, bias, res, x.shape[0] if x.dim() else 1)
+    if not why and not applies(x, *[t for t in (bias, res) if t is not None]):
+        return "x, bias or the residual is not float32 on the CPU without autograd"
+    return why
+
+
+def _rows_ok(x, n_in: int, out: int, bias, res, most: int = ROWS) -> str:
+    """Why rows ``x``, ``bias`` and ``res`` do not fit a product ``(b <= most, n_in) -> (b,
+    out)``."""
+    if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] != n_in:
+        return f"x is not (b, {n_in}) with contiguous rows"
+    if not 1 <= x.shape[0] <= most:
+        return f"more than {most} rows"
     if bias is not None and (bias.shape != (out,) or not bias.is_contiguous()):
-        return False
-    if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
-        return False
-    return applies(x, w, *[t for t in (bias, res) if t is not None])
+        return "bias is not a contiguous (out,)"
+    if res is not None and (res.shape != (x.shape[0], out) or res.stride(1) != 1):
+        return "the residual is not (b, out) with contiguous rows"
+    return ""
 
 
 def _kernel():
@@ -208,7 +291,10 @@ def _settle(wait: float) -> dict:
                     " and later processes load it")}
             if _state.get("failed"):
                 return {"fn": None, "why": _state["failed"]}
-        return {"fn": _open(path), "why": ""}
+        lib = _open(path)
+        features = lib.headwise_features()  # bit 0: F16C, bit 1: the AVX512-BF16 path
+        wide = features >> 1 & 1 and os.environ.get(ISA_ENV, "auto") != "avx2"
+        return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1}
     except (OSError, subprocess.SubprocessError) as e:
         return {"fn": None, "why": f"could not build or load {SOURCE.name}: {e}"}
 
@@ -224,7 +310,11 @@ def _compiler():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return "no C compiler (cc or gcc) on PATH"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    if os.environ.get(ISA_ENV, "auto") not in ISAS:
+        return (f"{ISA_ENV}={os.environ[ISA_ENV]!r}: expected one of {', '.join(ISAS)}; unset it "
+                "or set it to avx2 to force the AVX2 path")
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)
+                         + " ".join(FLAGS).encode()).hexdigest()[:16]
     root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
     return cc, root / f"step_kernels-{key}.so"
 
@@ -252,7 +342,8 @@ def _compile(cc: str, path: Path, state: dict) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        proc = subprocess.Popen([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+        proc = subprocess.Popen([cc, *FLAGS, *(str(p) for p in SOURCES if p.suffix == ".c"),
+                                 "-o", str(built)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         state["proc"] = proc
@@ -294,11 +385,17 @@ def _open(path: Path):
     for name, args, result in (
             ("headwise_rows_matmul",
              [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32], i32),
+            ("headwise_rows_matmul_bf16",
+             [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32, i32], i32),
+            ("headwise_q4_matmul", [ptr, long, ptr, ptr, ptr, ptr, long, ptr, long, ptr, i32,
+                                    long, long, i32, i32], i32),
+            ("headwise_features", [], i32),
             ("headwise_row_matmul_t", [ptr, ptr, long, ptr, ptr, ptr, long, long, i32], None),
             ("headwise_rope_rows", [ptr, long, long, long, long, long, ptr, ptr, long], i32),
             ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None),
-            ("headwise_attend_rows", [ptr, long, ptr, ptr, long, long, long, long, long, long,
-                                      long, long, ctypes.c_float, ptr, long, i32], i32)):
+            *((name, [ptr, long, ptr, ptr, long, long, long, long, long, long, long, long,
+                      ctypes.c_float, ptr, long, i32], i32)
+              for name in ("headwise_attend_rows", "headwise_attend_rows_bf16"))):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib

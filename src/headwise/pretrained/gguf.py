@@ -313,13 +313,13 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
         if (not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK
                 or layer.out_features % 16):  # the kernel's packing needs rows in 16s
             continue  # (the token embedding is a lookup: it keeps its dequantized table)
-        codes, scales, zeros = fields(t.data, t.tensor_type.name)
+        codes, scales, mins = fields(t.data, t.tensor_type.name)
         heads = (c.num_heads if t.name.endswith(".attn_q.weight") else
                  c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
         if heads is not None:
-            codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
+            codes, scales, mins = (unpermute_rows(x, heads) for x in (codes, scales, mins))
         setattr(model.get_submodule(parent), name,
-                Int4Linear(Int4(codes, scales, zeros, BLOCK), layer.bias, layer.weight.dtype))
+                Int4Linear(Int4(codes, scales, mins), layer.bias, layer.weight.dtype))
         done += 1
     return done
 
