@@ -80,7 +80,7 @@ def test_bf16_attend_rows_equals_float64(isa, rows, g, per, n, d, threads, seed)
 @pytest.mark.parametrize("case, why", [
     ("mixed dtypes", "not all float32 or all bfloat16"),
     ("five rows", "more than 4 rows"),
-    ("bfloat16 W^T", "one float32 row only"),
+    ("bfloat16 W^T", "for float32 rows only"),
     ("strided W", "contiguous rows"),
 ])
 def test_what_the_bf16_product_cannot_take_is_declined_with_the_reason(isa, monkeypatch, case,

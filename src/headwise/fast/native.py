@@ -4,40 +4,33 @@ four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit f
 :meth:`headwise.rope.RotaryEmbedding.rotate`).
 
 Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the
-weights are read once, so the product should run at the speed memory delivers them. MKL's
-float32 kernels for so few rows do not: on this project's CPUs (AMD EPYC, AVX2) one row streams
-SmolLM2-135M's matrices at 12-20 GB/s depending on shape and layout, and for 2-4 rows ``x @
-W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise.fast.rows`' column form) at ~10 GB/s of
-weights read, compute-bound; a single core reads ~21 GB/s. ``step_kernels.c`` (beside this file)
-reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a ``W^T (in, out)``
-storage with the result kept in cache, or two rows of ``W`` against every row of ``x`` for 2-4:
-20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md``, sessions 10 and 11). The
-attention of the single newest query (``F.scaled_dot_product_attention``'s 1-query call costs
-~80 us per SmolLM2 layer in a step, mostly fixed costs) is four keys' scores at a time, the
-softmax with a vectorized exp, and the values weighed 64 features at a time in registers, each
-key/value head once for the query heads that share it: a SmolLM2 step ~1.5 ms faster.
+weights are read once, so the product should run at the speed memory delivers them
+(:mod:`headwise.fast.roof`). MKL's float32 kernels for so few rows do not: one row streams
+SmolLM2-135M's matrices at 12-20 GB/s here, 2-4 rows at ~10, compute-bound; a core reads ~21.
+``step_kernels.c`` (beside this file) reads eight rows of ``W (out, in)`` per pass for one row,
+or eight rows of a ``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W``
+against every row of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four
+(``benchmarks/RESULTS.md``, sessions 10 and 11). The attention of the newest query (SDPA's
+1-query call costs ~80 us per SmolLM2 layer, mostly fixed costs) is four keys' scores at a
+time, a vectorized exp, the values weighed 64 features at a time: a SmolLM2 step ~1.5 ms faster.
 
-How. The first call compiles the source with the C compiler (``$CC``, else ``cc`` / ``gcc``;
-``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
-``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under a name that hashes the source and
-flags, written to a temporary file and renamed into place, so concurrent first calls never load
-a half-written library; later processes load it at once. The build runs in a thread and the
-first call waits :data:`WAIT_S` for it, so a slow or hung compiler costs the first generation no
-more: past that the process keeps the torch path, and the compiler, in its own process group, is
-killed with its children after :data:`BUILD_TIMEOUT_S` or when the process exits. The kernels
-split output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
-torch has already loaded (``libgomp.so.1``).
+How. The first call compiles the sources (:data:`SOURCES`) with ``$CC``, else ``cc`` / ``gcc``
+(``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
+``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), named by a hash of sources and flags,
+written to a temporary file and renamed into place (concurrent first calls never load half a
+library; later processes load it at once). The build runs in a thread the first call waits
+:data:`WAIT_S` for: past that the process keeps the torch path, and the compiler, in its own
+process group, is killed with its children after :data:`BUILD_TIMEOUT_S` or at exit. The kernels
+split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
 
-bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``step_kernels_q4.c``: torch's kernels for
-so few rows read them at a third to a half of the machine's read bandwidth) run one of two paths
-chosen when the library loads (:func:`isa`): AVX512-BF16 (``vdpbf16ps``) where the CPU and its OS
-have it, else AVX2; ``HEADWISE_NATIVE_ISA=avx2`` forces the AVX2 path (``auto``: the widest).
+bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``_q4.c``; torch reads them at a third to a
+half of the roof) run one of two paths (:func:`isa`): AVX512-BF16 (``vdpbf16ps``) where the CPU
+and its OS have it, else AVX2; ``HEADWISE_NATIVE_ISA=avx2`` forces AVX2 (``auto``: the widest).
 
-When not. Anything else takes the torch path (MKL; the same result up to float32 rounding): no
-x86-64 CPU with AVX2 and FMA, no compiler or a failed build (:func:`status` says why),
-``HEADWISE_NATIVE=0``, tensors not float32 (or bfloat16 where a kernel has that form) on the
-CPU, rows not contiguous, autograd (no backward exists), torch.compile. A declined product's
-reason is kept, once per kernel (:func:`declined`).
+When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
+FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
+(or bfloat16 where a kernel has it) on the CPU, rows not contiguous, autograd, torch.compile;
+a declined product's reason is kept (:func:`declined`).
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ import torch
 from headwise.fast import applies, host
 
 __all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "rms_rows",
-           "rope_rows", "rows_matmul", "status"]
+           "rope_rows", "rows_matmul", "status", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 # the library's sources: SOURCE, the bfloat16 and 4-bit kernels, their shared header
@@ -76,9 +69,9 @@ BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
 _F32, _BF16, _U8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.float16
 _lock = threading.Lock()
-# "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for
-# the AVX512-BF16 path, 0 for AVX2; "f16c": the CPU converts float16 (the 4-bit kernels);
-# "thread", "proc": the build and its compiler while they run; "failed": why the build failed
+# "fn": the library (ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
+# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc":
+# the build and its compiler while they run; "failed": why the build failed
 _state: dict = {}
 _declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
 
@@ -95,9 +88,17 @@ def status() -> str:
 def isa() -> str | None:
     """The path the bfloat16 and 4-bit products run: ``"avx512-bf16"`` or ``"avx2"`` (None
     without the library: :func:`status` says why)."""
-    if _kernel() is None:
-        return None
-    return "avx512-bf16" if _state["wide"] else "avx2"
+    return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
+
+
+def use_isa(name: str) -> None:
+    """From now on in this process, run the bfloat16 and 4-bit kernels on path ``name`` as
+    :data:`ISA_ENV` would have from the start (a benchmark's rows on each path)."""
+    if name not in ISAS:
+        raise ValueError(f"use_isa: expected one of {ISAS}, got {name!r}")
+    os.environ[ISA_ENV] = name
+    with _lock:
+        _state.pop("fn", None)  # (settled again at the next call: the library is loaded once)
 
 
 def declined() -> dict[str, str]:
@@ -172,8 +173,7 @@ def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
             or not applies(rows, *tables)
             or any(t.numel() != r or not t.is_contiguous() for t in tables)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
     return bool(lib.headwise_rope_rows(rows.data_ptr(), rows.shape[0], rows.stride(0), heads, d,
                                        r, cos.data_ptr(), sin.data_ptr(), rows.shape[1]))
@@ -185,8 +185,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
             or not applies(x, w)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
     y = torch.empty(x.shape[0], x.shape[1])
     lib.headwise_rms_rows(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1],
@@ -209,8 +208,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
             or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
             or k.stride(3) != 1 or not applies(q, k, v, bf16=True)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
     half = k.dtype is _BF16
     if half:
@@ -229,9 +227,9 @@ def _takes(x, w, bias, res, wt: bool) -> str:
     if w.dim() != 2 or w.stride(1) != 1:
         return "W is not 2-D with contiguous rows"
     n_in, out = (w.shape if wt else reversed(w.shape))
-    why = _rows_ok(x, n_in, out, bias, res)
-    if not why and wt and (x.shape[0] != 1 or x.dtype is not _F32):
-        return "a W^T storage is multiplied for one float32 row only"
+    why = _rows_ok(x, n_in, out, bias, res, 1 if wt else ROWS)
+    if not why and wt and x.dtype is not _F32:
+        return "a W^T storage is multiplied for float32 rows only"
     if not why and not applies(x, w, *[t for t in (bias, res) if t is not None], bf16=True):
         return "not all float32 or all bfloat16 on the CPU without autograd"
     return why
