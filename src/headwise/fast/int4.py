@@ -105,7 +105,7 @@ class Int4:
 class Int4Linear(nn.Module):
     """An ``nn.Linear`` whose weight exists only as :class:`Int4` codes: the module path
     multiplies by them as the decoding step does (bfloat16 activations into the products), so a
-    model keeps one copy of each matrix, 1/7 of its float32 bytes.
+    model keeps one copy of each matrix, about 1/6 of its float32 bytes (20 per 32 weights).
 
     ``weight`` is not a parameter: reading it dequantizes the codes afresh (``(out, in)`` in
     :attr:`dtype`; for inspection, e.g. per-head views). ``dtype`` is the float dtype of the

@@ -46,7 +46,7 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 - :class:`~headwise.fast.int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
   :class:`~headwise.fast.int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
   ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
-  copy), the product reads those, about 1/7 of the float32 bytes, whatever ``transpose`` says.
+  copy), the product reads those, about 1/6 of the float32 bytes, whatever ``transpose`` says.
 """
 
 from __future__ import annotations

@@ -334,7 +334,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
 
     ``q4=True`` (CPU only) keeps the file's own Q4_0 / Q4_1 matrices as 4-bit codes instead of
     dequantized copies (:func:`attach_q4`): the modules (the prompt, traces, hooks) and the
-    cached decoding step both multiply by them (about 1/7 of the float32 bytes; bfloat16
+    cached decoding step both multiply by them (about 1/6 of the float32 bytes; bfloat16
     activations into those products: see :mod:`headwise.pretrained.q4`)."""
     from headwise.pretrained.chat import ChatModel, ChatTokenizer
 
@@ -343,7 +343,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
                         f"torch.float64, got {dtype}")
     device = parse_device(str(device))
     if q4 and device.type != "cpu":
-        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device='{device}';"
+        raise ValueError(f"load_gguf: q4=True runs CPU 4-bit kernels, got device='{device}';"
                          " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))

@@ -11,9 +11,9 @@ re-quantizing: the file's own codes and float16 values, with
     Q4_1: scale = d, min = m          Q4_0: scale = d, min = -8 d (exact in float16)
 
 What is not exact: the products round the activations to bfloat16 (and sum in float32); where
-torch's int4 kernel runs instead of headwise's (more than 4 rows: the prompt; or no C kernel),
-it also holds scale and zero in bfloat16 (8 significant bits; the file's float16 has 11).
-The figures below were measured with torch's kernel, bfloat16 scales included. ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
+torch's int4 kernel runs instead of headwise's (no C kernel: ``HEADWISE_NATIVE=0``, no
+compiler), it also holds scale and zero in bfloat16 (8 significant bits; the file's float16
+has 11). The figures below were measured with torch's kernel, bfloat16 scales included. ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
 measure both. Measured on SmolLM2-135M-Instruct against HF's float32 model of the same file
 (four chat prompts, teacher-forced on HF's 48 greedy tokens; logits up to ~43): q4's max
 |logit difference| is 0.66-0.77 on the new tokens (1.12 over the whole sequence), of which the
