@@ -65,6 +65,9 @@ class Int4:
             y = _native.q4_matmul(x.float(), self.codes, self.scales, self.mins)
             if y is not None:
                 return self._add(y.to(x.dtype), bias, res)
+        if self.shape[0] % 16:  # (torch's packing takes rows in 16s: the product as a float one)
+            y = x.to(torch.bfloat16).float() @ self.dequantize().t()
+            return self._add(y.to(x.dtype), bias, res)
         if self._torch is None:
             zeros = self.mins.float() + 8 * self.scales.float()  # (q - 8) * scale + zero
             self._torch = (torch.ops.aten._convert_weight_to_int4pack_for_cpu(

@@ -301,6 +301,9 @@ def _compiler():
     """``(cc, library path)``, or the reason the kernel cannot be used here."""
     if os.environ.get("HEADWISE_NATIVE", "1") == "0":
         return "HEADWISE_NATIVE=0"
+    if os.environ.get(ISA_ENV, "auto") not in ISAS:
+        return (f"{ISA_ENV}={os.environ[ISA_ENV]!r}: expected one of {', '.join(ISAS)}; unset it "
+                "or set it to avx2 to force the AVX2 path")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -308,9 +311,6 @@ def _compiler():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return "no C compiler (cc or gcc) on PATH"
-    if os.environ.get(ISA_ENV, "auto") not in ISAS:
-        return (f"{ISA_ENV}={os.environ[ISA_ENV]!r}: expected one of {', '.join(ISAS)}; unset it "
-                "or set it to avx2 to force the AVX2 path")
     key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)
                          + " ".join(FLAGS).encode()).hexdigest()[:16]
     root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
