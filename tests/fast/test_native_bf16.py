@@ -79,7 +79,7 @@ def test_bf16_attend_rows_equals_float64(isa, rows, g, per, n, d, threads, seed)
 
 @pytest.mark.parametrize("case, why", [
     ("mixed dtypes", "not all float32 or all bfloat16"),
-    ("five rows", "more than 4 rows"),
+    ("five rows", "with b <= 4"),
     ("bfloat16 W^T", "for float32 rows only"),
     ("strided W", "contiguous rows"),
 ])

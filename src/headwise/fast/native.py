@@ -108,8 +108,7 @@ def declined() -> dict[str, str]:
 
 
 def _decline(kernel: str, why: str) -> None:
-    """Note why ``kernel`` declined (its first reason); returns None, the caller's answer."""
-    _declined.setdefault(kernel, why)
+    _declined.setdefault(kernel, why)  # (the first reason); None: the caller's answer
 
 
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -124,7 +123,7 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
     if lib is None:
         return _decline("rows_matmul", why or _state["why"])
     (b, n), out = x.shape, w.shape[1] if wt else w.shape[0]
-    y = torch.empty(b, out, dtype=x.dtype)
+    y = torch.empty(b, out) if x.dtype is _F32 else torch.empty(b, out, dtype=_BF16)
     bias_ptr = None if bias is None else bias.data_ptr()
     res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
     if wt:
@@ -134,10 +133,10 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
         return y
     args = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out, res_ptr,
             ldr, bias_ptr, b, out, n, torch.get_num_threads())
-    if x.dtype is _BF16:
-        lib.headwise_rows_matmul_bf16(*args, _state["wide"])
-    else:
+    if x.dtype is _F32:
         lib.headwise_rows_matmul(*args)
+    else:
+        lib.headwise_rows_matmul_bf16(*args, _state["wide"])
     return y
 
 
@@ -226,7 +225,9 @@ def _takes(x, w, bias, res, wt: bool) -> str:
     :func:`_rows_ok` says, the :func:`~headwise.fast.applies` rule."""
     if w.dim() != 2 or w.stride(1) != 1:
         return "W is not 2-D with contiguous rows"
-    n_in, out = (w.shape if wt else reversed(w.shape))
+    out, n_in = w.shape
+    if wt:
+        out, n_in = n_in, out
     why = _rows_ok(x, n_in, out, bias, res, 1 if wt else ROWS)
     if not why and wt and x.dtype is not _F32:
         return "a W^T storage is multiplied for float32 rows only"
@@ -250,15 +251,15 @@ def _takes_q4(x, codes, scales, mins, bias, res) -> str:
 
 
 def _rows_ok(x, n_in: int, out: int, bias, res, most: int = ROWS) -> str:
-    """Why rows ``x``, ``bias`` and ``res`` do not fit a product ``(b <= most, n_in) -> (b,
-    out)``."""
-    if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] != n_in:
+    """Why ``x``, ``bias``, ``res`` do not fit a product ``(b <= most, n_in) -> (b, out)``."""
+    if x.dim() != 2 or x.stride(1) != 1:
         return f"x is not (b, {n_in}) with contiguous rows"
-    if not 1 <= x.shape[0] <= most:
-        return f"more than {most} rows"
+    b, n = x.shape
+    if n != n_in or not 0 < b <= most:
+        return f"x is not (b, {n_in}) with b <= {most}"
     if bias is not None and (bias.shape != (out,) or not bias.is_contiguous()):
         return "bias is not a contiguous (out,)"
-    if res is not None and (res.shape != (x.shape[0], out) or res.stride(1) != 1):
+    if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
         return "the residual is not (b, out) with contiguous rows"
     return ""
 
