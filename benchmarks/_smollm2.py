@@ -197,9 +197,10 @@ def measure(threads: int, rounds: int, batches, chat, ours, theirs, paths) -> li
     prompt = chat_prompt(chat, PROMPT)
     bws, rows = [read_bandwidth()], []
     for b in batches:
-        rows += decode_rows(threads, b, prompt, ours, theirs, rounds, paths)
+        new = decode_rows(threads, b, prompt, ours, theirs, rounds, paths)
+        rows += new
         bws.append(read_bandwidth())  # between the rows too: the best of the run's readings
-        print(C.table(rows[-5:], COLS), flush=True)  # partial results survive an interruption
+        print(C.table(new, COLS), flush=True)  # partial results survive an interruption
     rows += prefill_rows(threads, chat_prompt(chat, PREFILL), ours, theirs, rounds)
     bw = max(bws)
     print(f"read bandwidth at {threads} thread(s): {bw / 1e9:.1f} GB/s (best of "
