@@ -20,10 +20,18 @@ ratios), at each thread count:
              conservative for both); ``agree`` = leading new tokens equal to HF's in that row;
              ``ms/step`` = the same medians / 256 (per new token, the prefill included)
   prefill    one forward over 512 tokens (all logits), time ratio (>= 9 rounds)
-  bandwidth  bytes of weights one decode step reads (every parameter once, the tied matrix once;
-             q4: the 4-bit codes + their bfloat16 scales instead of the float32 matrices) x
-             steps/s / the copy bandwidth (read + write bytes of a 256 MiB copy) measured in the
-             same run at the same thread count
+  roof       the step's floor: the bytes of weights one decode step reads
+             (:func:`headwise.fast.roof.step_bytes`: every parameter once, the tied matrix once;
+             q4: the 4-bit codes + their float16 scales and minima instead of the float32
+             matrices) over the machine's read bandwidth (:func:`headwise.fast.roof.
+             read_bandwidth`: a sum over 512 MiB) measured in the same run at the same thread
+             count. ``step ms`` is the decode steps alone: (the 256-token call - a 1-token call
+             of the same prompt, both medians of the interleaved rounds) / 255; ``% roof`` =
+             roof ms / step ms
+  paths      bf16 and q4 run headwise's kernels on the widest path the CPU has
+             (:func:`headwise.fast.native.isa`) and, where that is AVX512-BF16, again on the AVX2
+             path (``@avx2`` rows: the fallback of a CPU without it, forced by
+             :func:`headwise.fast.native.use_isa`), interleaved with the others
   memory     in a fresh process per variant (headwise only): resident set after loading and
              decoding 256 tokens at batch 4, minus the process before loading, / the float32
              weight bytes
@@ -43,6 +51,7 @@ import _common as C
 
 NEW, PROMPT, PREFILL = 256, 64, 512
 WARM = 8  # new tokens of the untimed call each decode candidate makes first
+AVX2 = "@avx2"  # suffix of a variant run on the AVX2 path
 PREFILL_ROUNDS = 9
 TEXT = ("Explain, step by step and with examples, how attention heads in a small language "
         "model decide which earlier words matter for the next word, and why grouped-query "
@@ -56,25 +65,6 @@ def chat_prompt(chat, n: int) -> torch.Tensor:
     ids = chat.tokenizer.chat(TEXT * 20)
     assert len(ids) >= n
     return torch.tensor([ids[:n]])
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large tensor copy (read + write), best of 5."""
-    src = torch.randn(64 * 2**20)  # 256 MiB
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best
-
-
-def step_bytes(model) -> int:
-    """Bytes of weights one decode step reads: each parameter once (tied: once), plus the
-    4-bit codes and scales of the matrices held as codes (``Int4Linear``: no float copy)."""
-    return (sum(p.numel() * p.element_size() for p in model.parameters())
-            + sum(m.int4.nbytes() for m in _coded(model)))
 
 
 def fp32_bytes(model) -> int:
@@ -120,15 +110,22 @@ def load_all(variants=tuple(PAIRS)):
     return chat, ours, theirs
 
 
-def decode_rows(threads, b, prompt, ours, theirs, rounds) -> list[dict]:
+def decode_rows(threads, b, prompt, ours, theirs, rounds, paths) -> list[dict]:
     from headwise import generate
+    from headwise.fast import native
 
     ids = prompt.expand(b, -1).contiguous()
     mask, out = torch.ones_like(ids), {}
+    names = [n for n in ours] + [n + AVX2 for n in ours if n != "fp32" and "avx2" in paths]
 
     def hw(name, new=NEW):
+        model = ours[name.removesuffix(AVX2)]
+
         def run():
-            out["hw " + name] = generate(ours[name], ids, max_new_tokens=new)
+            native.use_isa("avx2" if name.endswith(AVX2) else "auto")
+            tokens = generate(model, ids, max_new_tokens=new)
+            if new == NEW:
+                out["hw " + name] = tokens
         return run
 
     def hf(name, new=NEW):
@@ -140,13 +137,17 @@ def decode_rows(threads, b, prompt, ours, theirs, rounds) -> list[dict]:
 
     # a few tokens each first, so that the first timed call (with --quick: the only one) pays
     # no first-call costs (thread pool, allocator) that the others do not
-    for warm in [hw(n, WARM) for n in ours] + [hf(n, WARM) for n in theirs]:
+    for warm in [hw(n, WARM) for n in names] + [hf(n, WARM) for n in theirs]:
         warm()
-    fns = {f"hw {n}": hw(n) for n in ours} | {f"HF {n}": hf(n) for n in theirs}
+    fns = ({f"hw {n}": hw(n) for n in names} | {f"HF {n}": hf(n) for n in theirs}
+           | {f"prefill {n}": hw(n, 1) for n in names})
     times = C.interleave(fns, warmup=0, min_rounds=rounds, max_rounds=rounds)
+    native.use_isa("auto")
     rows = []
-    for name in ours:
-        for anchor in PAIRS[name]:
+    for name in names:
+        step_s = (statistics.median(times[f"hw {name}"])
+                  - statistics.median(times[f"prefill {name}"])) / (NEW - 1)
+        for anchor in PAIRS[name.removesuffix(AVX2)]:
             mine, ref = times[f"hw {name}"], times[f"HF {anchor}"]
             rows.append(dict(
                 threads=threads, batch=b, what=f"decode {NEW} after {PROMPT}",
@@ -157,7 +158,9 @@ def decode_rows(threads, b, prompt, ours, theirs, rounds) -> list[dict]:
                                             f"{1e3 * statistics.median(ref) / NEW:.1f}"},
                 ratio=1 / C.ratio(mine, ref), goal=">= 1.5x",
                 agree=f"{_agree(out[f'hw {name}'], out[f'HF {anchor}'], PROMPT)}/{NEW}",
-                _steps_s=NEW / statistics.median(mine), _model=name))
+                path=(native.isa() if name != "fp32" and not name.endswith(AVX2)
+                      else "avx2" if name.endswith(AVX2) else "fp32 kernels"),
+                _step_s=step_s, _model=name.removesuffix(AVX2)))
     return rows
 
 
@@ -187,26 +190,32 @@ def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
             for n in names]
 
 
-def measure(threads: int, rounds: int, batches, chat, ours, theirs) -> list[dict]:
+def measure(threads: int, rounds: int, batches, chat, ours, theirs, paths) -> list[dict]:
+    from headwise.fast.roof import read_bandwidth, step_bytes
+
     torch.set_num_threads(threads)
     prompt = chat_prompt(chat, PROMPT)
-    rows = []
+    bws, rows = [read_bandwidth()], []
     for b in batches:
-        rows += decode_rows(threads, b, prompt, ours, theirs, rounds)
-        print(C.table(rows[-5:], COLS), flush=True)  # partial results survive an interruption
+        new = decode_rows(threads, b, prompt, ours, theirs, rounds, paths)
+        rows += new
+        bws.append(read_bandwidth())  # between the rows too: the best of the run's readings
+        print(C.table(new, COLS), flush=True)  # partial results survive an interruption
     rows += prefill_rows(threads, chat_prompt(chat, PREFILL), ours, theirs, rounds)
-    bw = copy_bandwidth()
+    bw = max(bws)
+    print(f"read bandwidth at {threads} thread(s): {bw / 1e9:.1f} GB/s (best of "
+          f"{', '.join(f'{x / 1e9:.1f}' for x in bws)})", flush=True)
     for row in rows:
-        if "_steps_s" in row:
-            read = step_bytes(ours[row.pop("_model")])
-            frac = read * row.pop("_steps_s") / bw
-            row["bandwidth"] = f"{frac:.0%} ({read / 2**20:.0f} MiB/step, {bw / 1e9:.1f} GB/s)"
+        if "_step_s" in row:
+            read, step_s = step_bytes(ours[row.pop("_model")]), row.pop("_step_s")
+            row["step ms"] = f"{step_s * 1e3:.1f}"
+            row["roof ms"] = f"{read / bw * 1e3:.1f} ({read / 2**20:.0f} MiB, {bw / 1e9:.1f} GB/s)"
+            row["% roof"] = f"{read / bw / step_s:.0%}"
     return rows
 
 
-COLS = ["threads", "batch", "what", "headwise", "HF", "headwise tok/s", "HF tok/s",
-        "ms/step headwise / HF", "ratio",
-        "goal", "agree", "bandwidth"]
+COLS = ["threads", "batch", "what", "headwise", "path", "HF", "headwise tok/s", "HF tok/s",
+        "ms/step headwise / HF", "ratio", "goal", "agree", "step ms", "roof ms", "% roof"]
 
 
 def memory_child(batch: int, variant: str) -> dict:
@@ -225,17 +234,24 @@ def memory_child(batch: int, variant: str) -> dict:
 
 
 def run(threads_list, rounds: int, batches, variants=tuple(PAIRS)) -> None:
+    from headwise.fast import native
+    from headwise.fast.roof import cpu
+
     t0 = time.perf_counter()
     chat, ours, theirs = load_all(variants)
+    paths = ("auto", "avx2") if native.isa() == "avx512-bf16" else ("auto",)
     print(f"# torch {torch.__version__}, loaded in {time.perf_counter() - t0:.0f} s; "
-          f"{rounds} interleaved round(s); tok/s and ms are medians", flush=True)
+          f"{rounds} interleaved round(s); tok/s and ms are medians\n# CPU: {cpu()}; "
+          f"headwise kernels: {native.status()}, bf16/q4 path {native.isa()}"
+          f"{' (and @avx2 rows)' if len(paths) > 1 else ''}", flush=True)
     rows = []
     for threads in threads_list:
-        rows += measure(threads, rounds, batches, chat, ours, theirs)
+        rows += measure(threads, rounds, batches, chat, ours, theirs, paths)
     print("\n## SmolLM2-135M-Instruct (Q4_1 GGUF): headwise vs HF LlamaForCausalLM\n")
     print(C.table(rows, COLS))
     print("\nratio: decode = headwise tok/s over HF's (median of per-round ratios); prefill = "
-          "headwise time over HF's. agree: leading new tokens equal to HF's in every row.")
+          "headwise time over HF's. agree: leading new tokens equal to HF's in every row. "
+          "% roof: the step's floor (bytes read / read bandwidth) over its time.")
     del chat, ours, theirs
     print(f"\n## Resident memory (fresh process, batch {max(batches)}, {NEW} tokens decoded; "
           "goal <= 1.25x the fp32 weights)\n")

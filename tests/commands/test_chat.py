@@ -19,6 +19,24 @@ def test_chat_answers_the_capital_of_france(smollm2_path, capsys):
     assert "tok/s" in err and "new tokens" in err
 
 
+@pytest.mark.parametrize("flag", ["--bf16", "--q4"])
+def test_bf16_and_q4_print_their_speed_beside_the_roof(smollm2_path, capsys, flag):
+    """The second line: the roof in tok/s (bytes per token over the read bandwidth measured
+    then), the fraction of it the decoding reached, and the kernels' path."""
+    from headwise.fast import native
+
+    assert main(["chat", "What is the capital of France?", "--max-new-tokens", "12",
+                 "--threads", "1", flag]) == 0
+    err = capsys.readouterr().err
+    found = re.search(r"\[roof: ([\d.]+) tok/s \((\d+) MiB read per token at ([\d.]+) GB/s, 1 "
+                      r"threads\); decoding ran at (\d+)% of it on headwise's (\S+) kernels\]",
+                      err)
+    assert found, err
+    roof, mib, gbs, percent, path = found.groups()
+    assert float(roof) == pytest.approx(float(gbs) * 1e9 / (int(mib) * 2**20), rel=0.01)
+    assert 0 < int(percent) and path == native.isa()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--top-p", "0.9"], "--top-p samples; give --temperature"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),

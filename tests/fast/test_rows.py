@@ -112,8 +112,7 @@ def test_the_untransposed_weight_is_the_modules_own_tensor():
 def test_linear_and_residual_take_int4_from_the_layer(seed, bias):
     torch.manual_seed(seed)
     layer = torch.nn.Linear(64, 32, bias=bias)
-    codes, scales, zeros = random_int4(32, 2, seed)
-    layer.int4 = _int4.Int4(codes, scales, zeros, 32)
+    layer.int4 = _int4.Int4(*random_int4(32, 2, seed))
     w = _rows.of_linear(layer, transpose=True)  # codes win over any float layout
     assert w[2] is _rows.INT4 and _int4.quantized(torch.nn.Sequential(layer))
     x, res = torch.randn(3, 64), torch.randn(3, 32)
@@ -257,7 +256,7 @@ def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):
     layers = nn.ModuleList(
         _int4.Int4Linear(_int4.Int4(torch.randint(0, 16, (16, 32), generator=g),
                                     torch.rand(16, 1, generator=g) + 0.1,
-                                    torch.randn(16, 1, generator=g), 32), None, torch.float32)
+                                    torch.randn(16, 1, generator=g)), None, torch.float32)
         for _ in range(2))
 
     def refuse(self):

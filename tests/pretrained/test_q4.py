@@ -26,12 +26,14 @@ def test_fields_reproduce_ggufs_dequantization(kind, rows, blocks, scale, seed):
     t = gguf.GGMLQuantizationType[kind]
     raw = gguf.quants.quantize(x, t)
     want = torch.from_numpy(gguf.quants.dequantize(raw, t).copy()).double()
-    codes, scales, zeros = fields(raw, kind)
+    codes, scales, mins = fields(raw, kind)
     assert codes.shape == x.shape and int(codes.min()) >= 0 and int(codes.max()) <= 15
-    s, z = (v.double().repeat_interleave(32, 1) for v in (scales, zeros))
-    got = (codes.double() - 8) * s + z
-    # zero = m + 8 d is formed in float32: exact up to one float32 rounding of it
-    assert ((got - want).abs() <= 2**-23 * (z.abs() + 8 * s.abs())).all()
+    # the file's float16 values as they are (Q4_0's min = -8 d exactly)
+    assert torch.equal(scales.half().float(), scales) and torch.equal(mins.half().float(), mins)
+    s, m = (v.double().repeat_interleave(32, 1) for v in (scales, mins))
+    got = codes.double() * s + m
+    # gguf dequantizes in float32: one rounding of d q + m
+    assert ((got - want).abs() <= 2**-24 * (m.abs() + 16 * s.abs())).all()
     assert (got - torch.from_numpy(x).double()).abs().max() > 0  # really quantized
 
 

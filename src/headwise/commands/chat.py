@@ -6,7 +6,9 @@
     headwise chat "What is the capital of France?" --view answer.html
 
 The answer is streamed token by token as it is decoded (greedy unless ``--temperature``), then
-one line gives the prompt and decoding speed in tokens per second. ``--view FILE.html`` then
+one line gives the prompt and decoding speed in tokens per second; with ``--bf16`` or ``--q4``
+a second line puts it beside the machine's roof (:mod:`headwise.fast.roof`: the bytes a token
+reads over the read bandwidth, measured then) and names the kernels' path. ``--view FILE.html`` then
 runs one forward pass over prompt + answer and writes its head view: every layer's causal
 self-attention over both, the answer's tokens marked, the query heads grouped under the
 key/value heads they share.
@@ -51,6 +53,21 @@ def register(subparsers) -> None:
                    help="also write the head view of prompt + answer (the answer marked, query "
                         "heads grouped under their key/value heads)")
     p.set_defaults(func=run)
+
+
+def _beside_the_roof(model, rate: float) -> str:
+    """One line: the decoding rate against the machine's roof, the tokens per second a step
+    would make if it read its weights at the read bandwidth measured now (at these threads)."""
+    import torch
+
+    from headwise.fast import native
+    from headwise.fast.roof import read_bandwidth, step_bytes
+
+    bw, read = read_bandwidth(), step_bytes(model)
+    roof = bw / read
+    return (f"[roof: {roof:.1f} tok/s ({read / 2**20:.0f} MiB read per token at {bw / 1e9:.1f} "
+            f"GB/s, {torch.get_num_threads()} threads); decoding ran at {rate / roof:.0%} of it "
+            f"on headwise's {native.isa() or 'torch (' + native.status() + ')'} kernels]")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{len(prompt)} prompt tokens, {len(answer)} new tokens in {end - start:.2f} s: "
           f"first token after {t_first - start:.2f} s, then {decode_rate:.1f} tok/s; "
           f"{chat.config.name}, {torch.get_num_threads()} threads]", file=sys.stderr)
+    if args.bf16 or args.q4:
+        print(_beside_the_roof(chat.model, decode_rate), file=sys.stderr)
     if args.view is not None:
         from headwise.commands import _decoder_view as dv
 

@@ -1,7 +1,8 @@
 """The speed layer: what makes headwise's paths fast on a given device, changing no value.
 
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
-their loader (``native`` + ``step_kernels.c``), the 4-bit GGUF weight form (``int4``), huge-page
+their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
+memory roof a step is measured against (``roof``), huge-page
 and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), and the
 CPU flash kernel that returns its log-sum-exp (``flash_cpu``). Everything here is an
 optimisation of a computation the plain torch path (:mod:`headwise.layers`,
@@ -10,7 +11,8 @@ optimisation of a computation the plain torch path (:mod:`headwise.layers`,
 
 This file is the one place that decides where the layer applies (as Hugging Face's
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule,
-:func:`applies` the rule for the float32 CPU kernels and layouts, :func:`finite` the one NaN
+:func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
+kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
 question about torch.compile. No other module tests a tensor's device for speed.
 
@@ -26,7 +28,7 @@ import torch
 
 __all__ = ["applies", "compiling", "finite", "host"]
 
-_F32 = torch.float32
+_F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
 
 
@@ -46,15 +48,19 @@ def host(*tensors: torch.Tensor) -> bool:
     return not _compiling()
 
 
-def applies(*tensors: torch.Tensor, autograd: bool = False) -> bool:
+def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) -> bool:
     """The rule for the CPU speed layer's kernels and layouts (:mod:`headwise.fast.native`,
-    :mod:`headwise.fast.rows`): float32 tensors on the :func:`host`, with nothing for autograd
-    to record, since the C kernels have no backward (``autograd=True``: the caller only moves
-    where values are stored, keeping the same parameters, as
+    :mod:`headwise.fast.rows`): float32 tensors on the :func:`host` (``bf16=True``, for the
+    kernels that also have a bfloat16 form: all float32 or all bfloat16), with nothing for
+    autograd to record, since the C kernels have no backward (``autograd=True``: the caller
+    only moves where values are stored, keeping the same parameters, as
     :func:`~headwise.fast.rows.lay_out` does). Attribute reads only, ~1 us: a decoding step
     asks a few hundred times."""
+    dtype = tensors[0].dtype if tensors else _F32
+    if dtype is not _F32 and not (bf16 and dtype is _BF16):
+        return False
     for t in tensors:
-        if t.dtype is not _F32 or not t.is_cpu:
+        if t.dtype is not dtype or not t.is_cpu:
             return False
     if not autograd and torch.is_grad_enabled():
         for t in tensors:

@@ -1,8 +1,8 @@
-"""4-bit weights a model holds instead of float32 matrices: :class:`Int4` (a matrix as torch's
-CPU int4 codes, multiplied by ``torch.ops.aten._weight_int4pack_mm_for_cpu``) and
+"""4-bit weights a model holds instead of float32 matrices: :class:`Int4` (a matrix as 4-bit codes
+in groups of 32 with float16 scales and minima: a GGUF's Q4_0 / Q4_1 blocks as they are) and
 :class:`Int4Linear` (an ``nn.Linear`` whose weight exists only as those codes), which
-:func:`headwise.pretrained.load_gguf` with ``q4=True`` builds from a GGUF's own Q4_1 blocks;
-:mod:`headwise.fast.rows` multiplies the decoding step's rows by them.
+:func:`headwise.pretrained.load_gguf` with ``q4=True`` builds; :mod:`headwise.fast.rows`
+multiplies the decoding step's rows by them.
 """
 
 from __future__ import annotations
@@ -10,64 +10,105 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Int4", "Int4Linear", "dtype_of", "quantized"]
+from headwise.fast import native as _native
+
+__all__ = ["GROUP", "Int4", "Int4Linear", "dtype_of", "quantized"]
+
+GROUP = 32  # input features per scale and minimum (a GGUF block)
 
 
 class Int4:
-    """``W (out, in)`` as 4-bit codes ``q`` in groups of ``group`` input features,
-    ``w = (q - 8) * scale + zero`` per (output row, group): torch's CPU int4 layout
-    (``torch.ops.aten._convert_weight_to_int4pack_for_cpu``).
+    """``W (out, in)`` as 4-bit codes ``q`` in groups of :data:`GROUP` input features,
+    ``w = q * scale + min`` per (output row, group): a GGUF's Q4_1 blocks (Q4_0: ``min = -8
+    scale``) without their interleaving.
 
-    ``packed``: ``(out, in / 2)`` uint8. ``scales_zeros``: ``(in / group, out, 2)`` bfloat16 (the
-    kernel's dtype: it takes bfloat16 rows; float32 rows run a scalar path ~20x slower here).
-    Calling it on rows ``x (b, in)`` rounds them to bfloat16, multiplies with float32
-    accumulation and returns ``(b, out)`` in ``x``'s dtype.
+    ``codes``: ``(out, in / 2)`` uint8, per group 16 bytes whose low nibbles are weights 0-15
+    and high nibbles 16-31 (llama.cpp's order). ``scales``, ``mins``: ``(out, in / 32)``
+    float16 (the file's own values). Calling it on rows ``x (b, in)`` rounds them to bfloat16,
+    multiplies with float32 sums and returns ``(b, out)`` in ``x``'s dtype, through headwise's
+    kernel (:func:`headwise.fast.native.q4_matmul`, which unpacks the codes in registers), the
+    same for the step's few rows and a prompt's many; where it declines (:func:`~headwise.fast.
+    native.declined`), through torch's int4 kernel (``_weight_int4pack_mm_for_cpu``), whose
+    packed copy is made on first use (it holds scale and zero in bfloat16: 3 fewer significant
+    bits than the file's float16).
     """
 
-    __slots__ = ("packed", "scales_zeros", "group")
+    __slots__ = ("codes", "scales", "mins", "_torch")
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 group: int):
-        """``codes (out, in)`` integers in [0, 15]; ``scales, zeros (out, in / group)``."""
-        self.group = group
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).contiguous(), 1)
-        self.scales_zeros = torch.stack((scales.t(), zeros.t()), -1).to(torch.bfloat16)
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor):
+        """``codes (out, in)`` integers in [0, 15]; ``scales, mins (out, in / 32)``."""
+        out, n = codes.shape
+        if n % GROUP or scales.shape != (out, n // GROUP) or mins.shape != scales.shape:
+            raise ValueError(f"Int4: expected codes (out, in) with in a multiple of {GROUP} and "
+                             f"scales, mins (out, in / {GROUP}), got {tuple(codes.shape)}, "
+                             f"{tuple(scales.shape)}, {tuple(mins.shape)}; pad in to a "
+                             f"multiple of {GROUP}")
+        q = codes.to(torch.uint8).view(out, n // GROUP, 2, GROUP // 2)
+        self.codes = (q[:, :, 0] | q[:, :, 1] << 4).reshape(out, n // 2).contiguous()
+        self.scales, self.mins = (t.to(torch.float16).contiguous() for t in (scales, mins))
+        if not (self.scales.isfinite().all() and self.mins.isfinite().all()):
+            raise ValueError("Int4: scales and mins must be finite in float16 (|x| < 65504), "
+                             "got an inf or NaN; rescale the matrix")
+        self._torch = None  # torch's packed form, made on first use
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               res: torch.Tensor | None = None) -> torch.Tensor:
+        """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> ``(b, out)`` in ``x``'s dtype."""
+        if x.dtype is torch.float32:
+            y = _native.q4_matmul(x, self.codes, self.scales, self.mins, bias, res)
+            if y is not None:
+                return y
+        else:  # (bfloat16 rows: the kernel rounds them to bfloat16 again, exactly)
+            y = _native.q4_matmul(x.float(), self.codes, self.scales, self.mins)
+            if y is not None:
+                return self._add(y.to(x.dtype), bias, res)
+        if self.shape[0] % 16:  # (torch's packing takes rows in 16s: the product as a float one)
+            y = x.to(torch.bfloat16).float() @ self.dequantize().t()
+            return self._add(y.to(x.dtype), bias, res)
+        if self._torch is None:
+            zeros = self.mins.float() + 8 * self.scales.float()  # (q - 8) * scale + zero
+            self._torch = (torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                self.unpacked().to(torch.int32), 1),
+                torch.stack((self.scales.t().float(), zeros.t()), -1).to(torch.bfloat16))
+        packed, scales_zeros = self._torch
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, self.group, self.scales_zeros)
-        return y.to(x.dtype)
+            x.to(torch.bfloat16), packed, GROUP, scales_zeros).to(x.dtype)
+        return self._add(y, bias, res)
+
+    @staticmethod
+    def _add(y, bias, res):
+        y = y if res is None else y.add_(res)
+        return y if bias is None else y.add_(bias)
 
     @property
     def shape(self) -> tuple[int, int]:
         """``(out, in)``, as ``nn.Linear.weight``."""
-        return self.packed.shape[0], self.packed.shape[1] * 2
+        return self.codes.shape[0], self.codes.shape[1] * 2
+
+    def unpacked(self) -> torch.Tensor:
+        """The codes ``q (out, in)`` as uint8 in [0, 15]."""
+        out, half = self.codes.shape
+        c = self.codes.view(out, -1, 1, GROUP // 2)
+        return torch.cat((c & 0xF, c >> 4), dim=2).view(out, half * 2)
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 ``W (out, in)`` this form multiplies by (for inspection and tests).
-
-        The codes come back through the kernel itself (whose packed layout depends on the CPU's
-        vector width): identity rows with unit scales and zero offsets give ``q - 8``, small
-        integers that bfloat16 holds exactly; then ``(q - 8) * scale + zero`` in float32, where
-        the product is exact (8 + 4 significant bits), so the one rounding is the kernel's."""
-        k = self.shape[1]
-        unit = torch.zeros_like(self.scales_zeros)
-        unit[..., 0] = 1
-        q = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            torch.eye(k, dtype=torch.bfloat16), self.packed, self.group, unit).t().float()
-        scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(self.group, 1)
-                       for i in (0, 1))
-        return q.mul_(scale).add_(zero)
+        """The float32 ``W (out, in)``: ``q * scale + min``, one float32 rounding (``q * scale``
+        is exact: 4 + 11 significant bits)."""
+        scale, low = (t.float().repeat_interleave(GROUP, 1) for t in (self.scales, self.mins))
+        return self.unpacked().float().mul_(scale).add_(low)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_zeros))
+        """Bytes a product reads: the codes, scales and minima."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins))
 
 
 class Int4Linear(nn.Module):
     """An ``nn.Linear`` whose weight exists only as :class:`Int4` codes: the module path
     multiplies by them as the decoding step does (bfloat16 activations into the products), so a
-    model keeps one copy of each matrix, 1/7 of its float32 bytes.
+    model keeps one copy of each matrix, about 1/6 of its float32 bytes (20 per 32 weights).
 
     ``weight`` is not a parameter: reading it dequantizes the codes afresh (``(out, in)`` in
     :attr:`dtype`; for inspection, e.g. per-head views). ``dtype`` is the float dtype of the
@@ -88,8 +129,8 @@ class Int4Linear(nn.Module):
         return self.int4.dequantize().to(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.int4(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        y = self.int4.matmul(x.reshape(-1, self.in_features), self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
         self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype  # .to(dtype), .half(), ...
@@ -97,7 +138,7 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int4 group={self.int4.group}")
+                f"bias={self.bias is not None}, int4 group={GROUP}")
 
 
 def dtype_of(layer: nn.Module) -> torch.dtype:

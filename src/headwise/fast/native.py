@@ -4,34 +4,33 @@ four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit f
 :meth:`headwise.rope.RotaryEmbedding.rotate`).
 
 Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the
-weights are read once, so the product should run at the speed memory delivers them. MKL's
-float32 kernels for so few rows do not: on this project's CPUs (AMD EPYC, AVX2) one row streams
-SmolLM2-135M's matrices at 12-20 GB/s depending on shape and layout, and for 2-4 rows ``x @
-W^T`` runs at ~25 GFLOP/s and ``W @ x^T`` (:mod:`headwise.fast.rows`' column form) at ~10 GB/s of
-weights read, compute-bound; a single core reads ~21 GB/s. ``step_kernels.c`` (beside this file)
-reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a ``W^T (in, out)``
-storage with the result kept in cache, or two rows of ``W`` against every row of ``x`` for 2-4:
-20-24 GB/s at one row, 14-15 at four (``benchmarks/RESULTS.md`` of 542c6ce, sessions 10-11). The
-attention of the single newest query (``F.scaled_dot_product_attention``'s 1-query call costs
-~80 us per SmolLM2 layer in a step, mostly fixed costs) is four keys' scores at a time, the
-softmax with a vectorized exp, and the values weighed 64 features at a time in registers, each
-key/value head once for the query heads that share it: a SmolLM2 step ~1.5 ms faster.
+weights are read once, so the product should run at the speed memory delivers them
+(:mod:`headwise.fast.roof`). MKL's float32 kernels for so few rows do not: one row streams
+SmolLM2-135M's matrices at 12-20 GB/s here, 2-4 rows at ~10, compute-bound; a core reads ~21.
+``step_kernels.c`` (beside this file) reads eight rows of ``W (out, in)`` per pass for one row,
+or eight rows of a ``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W``
+against every row of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four
+(``benchmarks/RESULTS.md`` at 542c6ce). The attention of the newest query (SDPA's
+1-query call costs ~80 us per SmolLM2 layer, mostly fixed costs) is four keys' scores at a
+time, a vectorized exp, the values weighed 64 features at a time: a SmolLM2 step ~1.5 ms faster.
 
-How. The first call compiles the source with the C compiler (``$CC``, else ``cc`` / ``gcc``;
-``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
-``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), under a name that hashes the source and
-flags, written to a temporary file and renamed into place, so concurrent first calls never load
-a half-written library; later processes load it at once. The build runs in a thread and the
-first call waits :data:`WAIT_S` for it, so a slow or hung compiler costs the first generation no
-more: past that the process keeps the torch path, and the compiler, in its own process group, is
-killed with its children after :data:`BUILD_TIMEOUT_S` or when the process exits. The kernels
-split output features over ``torch.get_num_threads()`` OpenMP threads, in the OpenMP runtime
-torch has already loaded (``libgomp.so.1``).
+How. The first call compiles the sources (:data:`SOURCES`) with ``$CC``, else ``cc`` / ``gcc``
+(``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
+``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), named by a hash of sources and flags,
+written to a temporary file and renamed into place (concurrent first calls never load half a
+library; later processes load it at once). The build runs in a thread the first call waits
+:data:`WAIT_S` for: past that the process keeps the torch path, and the compiler, in its own
+process group, is killed with its children after :data:`BUILD_TIMEOUT_S` or at exit. The kernels
+split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
 
-When not. Anything else takes the torch path (MKL; the same result up to float32 rounding): no
-x86-64 CPU with AVX2 and FMA, no compiler or a failed build (:func:`status` says why), the
-environment variable ``HEADWISE_NATIVE=0``, tensors that are not float32 on the CPU, rows that
-are not contiguous, autograd (no backward exists), torch.compile.
+bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``_q4.c``; torch reads them at a third to a
+half of the roof) run one of two paths (:func:`isa`): AVX512-BF16 (``vdpbf16ps``) where the CPU
+and its OS have it, else AVX2; ``HEADWISE_NATIVE_ISA=avx2`` forces AVX2 (``auto``: the widest).
+
+When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
+FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
+(or bfloat16 where a kernel has it) on the CPU, rows not contiguous, autograd, torch.compile;
+a declined product's reason is kept (:func:`declined`).
 """
 
 from __future__ import annotations
@@ -51,11 +50,16 @@ from pathlib import Path
 
 import torch
 
-from headwise.fast import applies
+from headwise.fast import applies, host
 
-__all__ = ["ROWS", "attend_rows", "rms_rows", "rope_rows", "rows_matmul", "status"]
+__all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "rms_rows",
+           "rope_rows", "rows_matmul", "status", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
+# the library's sources: SOURCE, the bfloat16 and 4-bit kernels, their shared header
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4")),
+           SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
+ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 ROWS = 4  # the kernel's most rows
 # A build takes ~1 s of CPU (6 s on a loaded 2-core machine). The first call waits this long for
@@ -63,11 +67,13 @@ ROWS = 4  # the kernel's most rows
 WAIT_S = 8.0
 BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
-_F32 = torch.float32
+_F32, _BF16, _U8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.float16
 _lock = threading.Lock()
-# "fn": the loaded library (ctypes.CDLL) or None; "why": the reason when None; "thread",
-# "proc": the build and its compiler while they run; "failed": why the build failed ("": built)
+# "fn": the library (ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
+# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc":
+# the build and its compiler while they run; "failed": why the build failed
 _state: dict = {}
+_declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
 
 
 def status() -> str:
@@ -79,33 +85,80 @@ def status() -> str:
     return "ready" if _kernel() is not None else _state["why"]
 
 
+def isa() -> str | None:
+    """The path the bfloat16 and 4-bit products run: ``"avx512-bf16"`` or ``"avx2"`` (None
+    without the library: :func:`status` says why)."""
+    return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
+
+
+def use_isa(name: str) -> None:
+    """From now on in this process, run the bfloat16 and 4-bit kernels on path ``name`` as
+    :data:`ISA_ENV` would have from the start (a benchmark's rows on each path)."""
+    if name not in ISAS:
+        raise ValueError(f"use_isa: expected one of {ISAS}, got {name!r}")
+    os.environ[ISA_ENV] = name
+    with _lock:
+        _state.pop("fn", None)  # (settled again at the next call: the library is loaded once)
+
+
+def declined() -> dict[str, str]:
+    """For each kernel that declined a product it was asked for, the first reason (the caller
+    then ran torch's kernel), e.g. ``{"q4_matmul": "more than 4 rows"}``."""
+    return dict(_declined)
+
+
+def _decline(kernel: str, why: str) -> None:
+    _declined.setdefault(kernel, why)  # (the first reason); None: the caller's answer
+
+
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                 res: torch.Tensor | None = None, *, wt: bool = False) -> torch.Tensor | None:
     """``x (b, in) @ w (out, in)^T + bias (out,) + res (b, out)`` -> a new ``(b, out)``, for
-    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous; with ``wt=True``, one row times
-    ``w`` given as ``W^T (in, out)`` with its rows contiguous (a :func:`headwise.fast.rows.lay_out`
-    storage or a transposed copy). None when the kernel does not apply (module docstring):
-    the caller then multiplies as usual."""
-    if not _takes(x, w, bias, res, wt):
-        return None
-    lib = _kernel()
+    ``b`` in 1 .. :data:`ROWS` with ``w``'s rows contiguous, all float32 or all bfloat16 (float32
+    sums, rounded once); with ``wt=True``, one float32 row times ``w`` given as ``W^T (in,
+    out)`` with contiguous rows (a :func:`headwise.fast.rows.lay_out` storage or a copy). None
+    when the kernel does not apply (module docstring): the caller multiplies as usual."""
+    why = _takes(x, w, bias, res, wt)
+    lib = None if why else _kernel()
     if lib is None:
-        return None
-    b, n = x.shape
-    out = w.shape[1] if wt else w.shape[0]
-    y = torch.empty(b, out)
+        return _decline("rows_matmul", why or _state["why"])
+    (b, n), out = x.shape, w.shape[1] if wt else w.shape[0]
+    y = torch.empty(b, out) if x.dtype is _F32 else torch.empty(b, out, dtype=_BF16)
     bias_ptr = None if bias is None else bias.data_ptr()
+    res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
     if wt:
         lib.headwise_row_matmul_t(
-            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(),
-            None if res is None else res.data_ptr(), bias_ptr, out, n, torch.get_num_threads())
+            x.data_ptr(), w.data_ptr(), w.stride(0), y.data_ptr(), res_ptr, bias_ptr, out, n,
+            torch.get_num_threads())
         return y
-    lib.headwise_rows_matmul(
-        x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out,
-        None if res is None else res.data_ptr(), 0 if res is None else res.stride(0),
-        bias_ptr, b, out, n, torch.get_num_threads())
+    args = (x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), y.data_ptr(), out, res_ptr,
+            ldr, bias_ptr, b, out, n, torch.get_num_threads())
+    if x.dtype is _F32:
+        lib.headwise_rows_matmul(*args)
+    else:
+        lib.headwise_rows_matmul_bf16(*args, _state["wide"])
     return y
 
+
+def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+              bias: torch.Tensor | None = None,
+              res: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> a new float32 ``(b, out)`` for float32
+    rows (any number: a prompt's in fours per block of W), ``W`` held as a :class:`headwise.fast.int4.Int4`'s ``codes (out,
+    in / 2)``, ``scales, mins (out, in / 32)`` (its layout). ``x`` is rounded to bfloat16 (as
+    torch's int4 kernel does), the sums are float32. None when the kernel does not apply."""
+    why = _takes_q4(x, codes, scales, mins, bias, res)
+    lib = None if why else _kernel()
+    if lib is None or not _state["f16c"]:
+        return _decline("q4_matmul", why or _state["why"] or "this CPU has no F16C")
+    (b, n), out = x.shape, codes.shape[0]
+    y = torch.empty(b, out)
+    res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
+    failed = lib.headwise_q4_matmul(
+        x.data_ptr(), x.stride(0), codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
+        y.data_ptr(), out, res_ptr, ldr, None if bias is None else bias.data_ptr(), b, out, n,
+        torch.get_num_threads(), _state["wide"])
+    return _decline("q4_matmul", "no scratch memory for the rows") if failed else y
 
 def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
               r: int) -> bool | None:
@@ -119,8 +172,7 @@ def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
             or not applies(rows, *tables)
             or any(t.numel() != r or not t.is_contiguous() for t in tables)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
     return bool(lib.headwise_rope_rows(rows.data_ptr(), rows.shape[0], rows.stride(0), heads, d,
                                        r, cos.data_ptr(), sin.data_ptr(), rows.shape[1]))
@@ -132,8 +184,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
             or not applies(x, w)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
     y = torch.empty(x.shape[0], x.shape[1])
     lib.headwise_rms_rows(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1],
@@ -145,41 +196,72 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     """Attention of one new query per row over every cached position, no mask, scale
     ``1/sqrt(d)``: ``q (b, h, 1, d)`` (heads ``d`` apart, e.g. a view of a fused q|k|v row),
     ``k, v (b, g, n, d)`` with ``g`` dividing ``h`` (grouped-query heads; views of a cache, the
-    same strides) -> a new ``(b, h*d)``; what ``F.scaled_dot_product_attention(q, k, v,
-    enable_gqa=True)`` returns, to float32 rounding (its exp a ~1 ulp polynomial). Finite
-    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not
-    spread as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
+    same strides), all float32 or all bfloat16 -> a new ``(b, h*d)`` in their dtype; what
+    ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` returns, to float32 rounding
+    (its exp a ~1 ulp polynomial; bfloat16 read as float32, the output rounded once). Finite
+    inputs only: the caller has checked them (the step's NaN policy), since a NaN is not spread
+    as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
     b, h, i, d = q.shape
     g, n = k.shape[1], k.shape[2]
     if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
             or n < 1 or h % g or q.stride(3) != 1 or q.stride(1) != d or k.stride() != v.stride()
-            or k.stride(3) != 1 or not applies(q, k, v)):
+            or k.stride(3) != 1 or not applies(q, k, v, bf16=True)):
         return None
-    lib = _kernel()
-    if lib is None:
+    if (lib := _kernel()) is None:
         return None
+    half = k.dtype is _BF16
+    if half:
+        q = q.float()  # (b, h, 1, d): a few hundred values; the cache is read as it is
     out = torch.empty(b, h * d)
-    failed = lib.headwise_attend_rows(
+    failed = (lib.headwise_attend_rows_bf16 if half else lib.headwise_attend_rows)(
         q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), *k.stride()[:3], b, h, g, n, d,
         d ** -0.5, out.data_ptr(), h * d, torch.get_num_threads())
-    return None if failed else out
+    return None if failed else out.to(_BF16) if half else out
 
 
-def _takes(x, w, bias, res, wt: bool) -> bool:
-    """:func:`_takes_rows` tensors of the product's shapes, read as they are: rows of ``x``,
-    ``w`` and ``res`` contiguous (``w`` ``(out, in)``, or ``(in, out)`` for one row when
-    ``wt``)."""
-    if x.dim() != 2 or w.dim() != 2 or x.stride(1) != 1 or w.stride(1) != 1:
-        return False
+def _takes(x, w, bias, res, wt: bool) -> str:
+    """Why :func:`rows_matmul` cannot take these tensors as they are (``""``: it can): ``w``
+    ``(out, in)`` with contiguous rows (``(in, out)`` for one float32 row when ``wt``), rows as
+    :func:`_rows_ok` says, the :func:`~headwise.fast.applies` rule."""
+    if w.dim() != 2 or w.stride(1) != 1:
+        return "W is not 2-D with contiguous rows"
+    out, n_in = w.shape
+    if wt:
+        out, n_in = n_in, out
+    why = _rows_ok(x, n_in, out, bias, res, 1 if wt else ROWS)
+    if not why and wt and x.dtype is not _F32:
+        return "a W^T storage is multiplied for float32 rows only"
+    if not why and not applies(x, w, *[t for t in (bias, res) if t is not None], bf16=True):
+        return "not all float32 or all bfloat16 on the CPU without autograd"
+    return why
+
+
+def _takes_q4(x, codes, scales, mins, bias, res) -> str:
+    """Why :func:`q4_matmul` cannot take these tensors (``""``: it can)."""
+    out, n = codes.shape[0], x.shape[-1]
+    if (n % 32 or codes.dtype is not _U8 or codes.shape != (out, n // 2)
+            or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in (scales, mins))
+            or not all(t.is_contiguous() for t in (codes, scales, mins))
+            or not host(codes, scales, mins)):
+        return "codes, scales or mins are not the 4-bit form of a (out, in) matrix"
+    why = _rows_ok(x, n, out, bias, res, x.shape[0] if x.dim() else 1)
+    if not why and not applies(x, *[t for t in (bias, res) if t is not None]):
+        return "x, bias or the residual is not float32 on the CPU without autograd"
+    return why
+
+
+def _rows_ok(x, n_in: int, out: int, bias, res, most: int = ROWS) -> str:
+    """Why ``x``, ``bias``, ``res`` do not fit a product ``(b <= most, n_in) -> (b, out)``."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        return f"x is not (b, {n_in}) with contiguous rows"
     b, n = x.shape
-    n_in, out = (w.shape if wt else reversed(w.shape))
-    if not (n_in == n and (b == 1 if wt else 1 <= b <= ROWS)):
-        return False
+    if n != n_in or not 0 < b <= most:
+        return f"x is not (b, {n_in}) with b <= {most}"
     if bias is not None and (bias.shape != (out,) or not bias.is_contiguous()):
-        return False
+        return "bias is not a contiguous (out,)"
     if res is not None and (res.shape != (b, out) or res.stride(1) != 1):
-        return False
-    return applies(x, w, *[t for t in (bias, res) if t is not None])
+        return "the residual is not (b, out) with contiguous rows"
+    return ""
 
 
 def _kernel():
@@ -208,7 +290,10 @@ def _settle(wait: float) -> dict:
                     " and later processes load it")}
             if _state.get("failed"):
                 return {"fn": None, "why": _state["failed"]}
-        return {"fn": _open(path), "why": ""}
+        lib = _open(path)
+        features = lib.headwise_features()  # bit 0: F16C, bit 1: the AVX512-BF16 path
+        wide = features >> 1 & 1 and os.environ.get(ISA_ENV, "auto") != "avx2"
+        return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1}
     except (OSError, subprocess.SubprocessError) as e:
         return {"fn": None, "why": f"could not build or load {SOURCE.name}: {e}"}
 
@@ -217,6 +302,9 @@ def _compiler():
     """``(cc, library path)``, or the reason the kernel cannot be used here."""
     if os.environ.get("HEADWISE_NATIVE", "1") == "0":
         return "HEADWISE_NATIVE=0"
+    if os.environ.get(ISA_ENV, "auto") not in ISAS:
+        return (f"{ISA_ENV}={os.environ[ISA_ENV]!r}: expected one of {', '.join(ISAS)}; unset it "
+                "or set it to avx2 to force the AVX2 path")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -224,7 +312,8 @@ def _compiler():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return "no C compiler (cc or gcc) on PATH"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)
+                         + " ".join(FLAGS).encode()).hexdigest()[:16]
     root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
     return cc, root / f"step_kernels-{key}.so"
 
@@ -252,7 +341,8 @@ def _compile(cc: str, path: Path, state: dict) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        proc = subprocess.Popen([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+        proc = subprocess.Popen([cc, *FLAGS, *(str(p) for p in SOURCES if p.suffix == ".c"),
+                                 "-o", str(built)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         state["proc"] = proc
@@ -294,11 +384,17 @@ def _open(path: Path):
     for name, args, result in (
             ("headwise_rows_matmul",
              [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32], i32),
+            ("headwise_rows_matmul_bf16",
+             [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32, i32], i32),
+            ("headwise_q4_matmul", [ptr, long, ptr, ptr, ptr, ptr, long, ptr, long, ptr, i32,
+                                    long, long, i32, i32], i32),
+            ("headwise_features", [], i32),
             ("headwise_row_matmul_t", [ptr, ptr, long, ptr, ptr, ptr, long, long, i32], None),
             ("headwise_rope_rows", [ptr, long, long, long, long, long, ptr, ptr, long], i32),
             ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None),
-            ("headwise_attend_rows", [ptr, long, ptr, ptr, long, long, long, long, long, long,
-                                      long, long, ctypes.c_float, ptr, long, i32], i32)):
+            *((name, [ptr, long, ptr, ptr, long, long, long, long, long, long, long, long,
+                      ctypes.c_float, ptr, long, i32], i32)
+              for name in ("headwise_attend_rows", "headwise_attend_rows_bf16"))):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib

@@ -46,7 +46,7 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 - :class:`~headwise.fast.int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
   :class:`~headwise.fast.int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
   ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
-  copy), the product reads those, about 1/7 of the float32 bytes, whatever ``transpose`` says.
+  copy), the product reads those, about 1/6 of the float32 bytes, whatever ``transpose`` says.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x (b, in) @ W^T + bias -> (b, out)``."""
     m, bias, layout = w
     if layout is INT4:
-        return m(x) if bias is None else m(x).add_(bias)
+        return m.matmul(x, bias)
     if (y := _native.rows_matmul(x, m, bias, wt=layout)) is not None:
         return y
     if (y := _split_product(x, m, layout, None)) is not None:
@@ -293,10 +293,10 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     its bias), plus one add when there is a bias."""
     m, bias, layout = w
     if layout is INT4:
-        out = m(y).add_(x)
-    elif (out := _native.rows_matmul(y, m, bias, x, wt=layout)) is not None:
+        return m.matmul(y, bias, x)
+    if (out := _native.rows_matmul(y, m, bias, x, wt=layout)) is not None:
         return out
-    elif (split := _split_product(y, m, layout, x)) is not None:
+    if (split := _split_product(y, m, layout, x)) is not None:
         out = split
     elif not layout and _as_columns(y, m):
         out = torch.addmm(x.t(), m, y.t()).t().contiguous()  # (x^T + W @ y^T)^T

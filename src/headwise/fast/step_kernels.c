@@ -1,6 +1,8 @@
 /* The cached decoding step's C kernels (headwise.fast.native says why they exist and when they are
- * used; AVX2 + FMA, built by headwise.fast.native on first use, float32 throughout):
- * headwise_rows_matmul, headwise_row_matmul_t, headwise_rope_rows, headwise_rms_rows.
+ * used; AVX2 + FMA, built by headwise.fast.native on first use): here the float32 ones,
+ * headwise_rows_matmul, headwise_row_matmul_t, headwise_rope_rows, headwise_rms_rows,
+ * headwise_attend_rows, and the CPU-feature test headwise_features; the bfloat16 products in
+ * step_kernels_bf16.c, the 4-bit ones in step_kernels_q4.c (paths: step_kernels.h).
  *
  * headwise_rows_matmul: y (b, out) = x (b, in) @ W^T (+ bias) (+ res) for 1 to 4 rows, W (out,
  * in) with contiguous rows: the small-batch product. Each pass reads a few rows of W once (eight
@@ -17,13 +19,22 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "step_kernels.h"
+
 #define PREFETCH 4608
 
-static inline float total(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+/* What this CPU (and its OS, which must save the registers) runs: bit 0: F16C (the 4-bit
+ * kernels' float16 scales), bit 1: the AVX512-BF16 path of step_kernels.h's WIDE functions. */
+int headwise_features(void) {
+    __builtin_cpu_init();
+    int f16c = __builtin_cpu_supports("f16c") != 0;
+    int wide = f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+               && __builtin_cpu_supports("avx512bf16");
+    return f16c | (wide << 1);
 }
+
+#define total sum8  /* (step_kernels.h) */
 
 static inline float finish(float s, const float* w, const float* xb, long k, long n,
                            const float* bias, const float* res, long o) {
@@ -237,43 +248,6 @@ static inline __m256 exp_neg(__m256 x) {
     return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-static inline float dot(const float* a, const float* b, long d) {
-    __m256 s = _mm256_setzero_ps();
-    long k = 0;
-    for (; k + 8 <= d; k += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s);
-    float t = total(s);
-    for (; k < d; k++) t += a[k] * b[k];
-    return t;
-}
-
-/* Scores of one query q (d features) against n keys (sj apart), times scale, into s: four keys
- * at a time, four independent sums (a single dot product's chain of FMAs would wait on itself). */
-static void scores(const float* q, const float* k, long sj, long n, long d, float scale,
-                   float* s) {
-    long j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const float* k0 = k + j * sj;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        long c = 0;
-        for (; c + 8 <= d; c += 8) {
-            __m256 qv = _mm256_loadu_ps(q + c);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + c), qv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + sj + c), qv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + 2 * sj + c), qv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + 3 * sj + c), qv, a3);
-        }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        float four[4];
-        _mm_storeu_ps(four, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-        for (int u = 0; u < 4; u++) {
-            float x = four[u];
-            for (long cc = c; cc < d; cc++) x += q[cc] * k0[u * sj + cc];
-            s[j + u] = x * scale;
-        }
-    }
-    for (; j < n; j++) s[j] = dot(q, k + j * sj, d) * scale;
-}
-
 /* s (n scores) -> e^(s - max s) in place; returns their sum. */
 static float exps(float* s, long n) {
     float m = s[0];
@@ -293,54 +267,23 @@ static float exps(float* s, long n) {
     return z;
 }
 
-/* out (d) = sum_j p[j] v[j] / z over n values (sj apart): 64 features at a time in eight
- * registers, the rest one at a time. */
-static void weigh(const float* p, const float* v, long sj, long n, long d, float z, float* out) {
-    long c0 = 0;
-    for (; c0 + 64 <= d; c0 += 64) {
-        __m256 a[8];
-        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
-        for (long j = 0; j < n; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            const float* vj = v + j * sj + c0;
-            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * u), a[u]);
-        }
-        for (int u = 0; u < 8; u++) _mm256_storeu_ps(out + c0 + 8 * u, a[u]);
-    }
-    for (long c = c0; c < d; c++) out[c] = 0.0f;
-    for (long j = 0; j < n && c0 < d; j++)
-        for (long c = c0; c < d; c++) out[c] += p[j] * v[j * sj + c];
-    for (long c = 0; c < d; c++) out[c] /= z;
-}
+/* The attention over a float32 cache: headwise_attend_rows, and over a bfloat16 one:
+ * headwise_attend_rows_bf16 (its keys and values widened to float32 as they are read: a
+ * bfloat16 is the high half of a float32; torch's bfloat16 attention of one query costs
+ * ~5x the float32 one here). */
+#define KV float
+#define NAME(f) f
+#define LOAD8(p) _mm256_loadu_ps(p)
+#define LOAD1(p) (*(p))
+#include "step_kernels_attend.inc"
+#undef KV
+#undef NAME
+#undef LOAD8
+#undef LOAD1
 
-/* The `per` query heads q (rows d apart) that share keys k and values v (n positions, sj
- * apart) -> out (rows d apart). s: scratch of n floats. */
-static void attend_group(const float* q, const float* k, const float* v, long sj, long n,
-                         long d, long per, float scale, float* s, float* out) {
-    for (long t = 0; t < per; t++) {
-        scores(q + t * d, k, sj, n, d, scale, s);
-        weigh(s, v, sj, n, d, exps(s, n), out + t * d);
-    }
-}
-
-/* Attention of one new query per row over n cached positions, no mask:
- * out[i, head] = softmax(q[i, head] . k[i, kv]^T * scale) v[i, kv], kv = head / (h / g)
- * (grouped-query heads). q: rows ldq apart, h heads of d features; k, v: (rows, g, n, d) with
- * strides sb, sg, sj; out: rows ldo apart. One task per (row, kv head), spread over threads.
- * Returns 0, or 1 when scratch memory could not be had (nothing written). */
-int headwise_attend_rows(const float* q, long ldq, const float* k, const float* v, long sb,
-                         long sg, long sj, long rows, long h, long g, long n, long d,
-                         float scale, float* out, long ldo, int threads) {
-    long per = h / g, tasks = rows * g;
-    float* scratch = malloc(sizeof(float) * (size_t)(tasks * n));
-    if (!scratch) return 1;
-    int use = threads < tasks ? threads : (int)tasks;
-    #pragma omp parallel for num_threads(use > 1 ? use : 1) schedule(static) if (use > 1)
-    for (long t = 0; t < tasks; t++) {
-        long i = t / g, kv = t % g;
-        attend_group(q + i * ldq + kv * per * d, k + i * sb + kv * sg, v + i * sb + kv * sg,
-                     sj, n, d, per, scale, scratch + t * n, out + i * ldo + kv * per * d);
-    }
-    free(scratch);
-    return 0;
-}
+#define KV bf16
+#define NAME(f) f##_bf16
+#define LOAD8(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
+    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p))), 16))
+#define LOAD1(p) from_bf16(*(p))
+#include "step_kernels_attend.inc"

@@ -334,13 +334,13 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
         if (not isinstance(layer, torch.nn.Linear) or layer.in_features % BLOCK
                 or layer.out_features % 16):  # the kernel's packing needs rows in 16s
             continue  # (the token embedding is a lookup: it keeps its dequantized table)
-        codes, scales, zeros = fields(t.data, t.tensor_type.name)
+        codes, scales, mins = fields(t.data, t.tensor_type.name)
         heads = (c.num_heads if t.name.endswith(".attn_q.weight") else
                  c.num_kv_heads if t.name.endswith(".attn_k.weight") else None)
         if heads is not None:
-            codes, scales, zeros = (unpermute_rows(x, heads) for x in (codes, scales, zeros))
+            codes, scales, mins = (unpermute_rows(x, heads) for x in (codes, scales, mins))
         setattr(model.get_submodule(parent), name,
-                Int4Linear(Int4(codes, scales, zeros, BLOCK), layer.bias, layer.weight.dtype))
+                Int4Linear(Int4(codes, scales, mins), layer.bias, layer.weight.dtype))
         done += 1
     return done
 
@@ -355,7 +355,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
 
     ``q4=True`` (CPU only) keeps the file's own Q4_0 / Q4_1 matrices as 4-bit codes instead of
     dequantized copies (:func:`attach_q4`): the modules (the prompt, traces, hooks) and the
-    cached decoding step both multiply by them (about 1/7 of the float32 bytes; bfloat16
+    cached decoding step both multiply by them (about 1/6 of the float32 bytes; bfloat16
     activations into those products: see :mod:`headwise.pretrained.q4`)."""
     from headwise.pretrained.chat import ChatModel, ChatTokenizer
 
@@ -364,7 +364,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
                         f"torch.float64, got {dtype}")
     device = parse_device(str(device))
     if q4 and device.type != "cpu":
-        raise ValueError(f"load_gguf: q4=True runs torch's CPU int4 kernel, got device='{device}';"
+        raise ValueError(f"load_gguf: q4=True runs CPU 4-bit kernels, got device='{device}';"
                          " pass device='cpu' or q4=False")
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))

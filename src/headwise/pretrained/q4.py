@@ -4,15 +4,16 @@
 After the prompt, decoding one token per row is a matrix-vector product per weight matrix: its
 speed is the bytes of weights read per token. llama.cpp's 4-bit block formats keep 32 weights in
 20 bytes (Q4_1: a float16 scale ``d``, a float16 minimum ``m``, 32 codes ``q`` in [0, 15],
-``w = d * q + m``) or 18 (Q4_0: ``w = d * (q - 8)``). torch's CPU int4 kernel
-(``_weight_int4pack_mm_for_cpu``) computes ``w = (q - 8) * scale + zero`` per group of 32 input
-features, so both map onto it without re-quantizing: the file's own codes, with
+``w = d * q + m``) or 18 (Q4_0: ``w = d * (q - 8)``). :class:`~headwise.fast.int4.Int4` holds
+``w = q * scale + min`` per group of 32 input features, so both map onto it without
+re-quantizing: the file's own codes and float16 values, with
 
-    Q4_1: scale = d, zero = m + 8 d          Q4_0: scale = d, zero = 0
+    Q4_1: scale = d, min = m          Q4_0: scale = d, min = -8 d (exact in float16)
 
-What is not exact: the kernel holds ``scale`` and ``zero`` in bfloat16 (8 significant bits; the
-file's float16 has 11) and rounds the activations to bfloat16 before each product (it accumulates
-in float32). ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
+What is not exact: the products round the activations to bfloat16 (and sum in float32); where
+torch's int4 kernel runs instead of headwise's (no C kernel: ``HEADWISE_NATIVE=0``, no
+compiler), it also holds scale and zero in bfloat16 (8 significant bits; the file's float16
+has 11). The figures below were measured with torch's kernel, bfloat16 scales included. ``tests/pretrained/test_q4.py`` and ``tests/reference/pretrained/test_gguf.py``
 measure both. Measured on SmolLM2-135M-Instruct against HF's float32 model of the same file
 (four chat prompts, teacher-forced on HF's 48 greedy tokens; logits up to ~43): q4's max
 |logit difference| is 0.66-0.77 on the new tokens (1.12 over the whole sequence), of which the
@@ -34,12 +35,13 @@ import torch
 __all__ = ["BLOCK", "KINDS", "fields"]
 
 BLOCK = 32
-KINDS = ("Q4_0", "Q4_1")  # the block formats that map onto the int4 kernel as they are
+KINDS = ("Q4_0", "Q4_1")  # the block formats that map onto Int4 as they are
 
 
 def fields(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``raw (rows, blocks * bytes)`` of a Q4_0 / Q4_1 tensor as the int4 kernel's
-    ``codes (rows, cols)`` in [0, 15] and ``scales, zeros (rows, blocks)`` (float32).
+    """``raw (rows, blocks * bytes)`` of a Q4_0 / Q4_1 tensor as
+    :class:`~headwise.fast.int4.Int4`'s ``codes (rows, cols)`` in [0, 15] and ``scales, mins
+    (rows, blocks)`` (float32, each a float16 of the file: ``w = q * scale + min``).
 
     A block is ``d`` (float16), for Q4_1 ``m`` (float16), then 16 bytes whose low nibbles are
     weights 0-15 and high nibbles weights 16-31 (llama.cpp's ``block_q4_1``).
@@ -53,9 +55,8 @@ def fields(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torc
     nibbles = blocks[..., head:]
     codes = np.concatenate((nibbles & 0xF, nibbles >> 4), axis=-1).reshape(rows, -1)
     if kind == "Q4_1":
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zeros = m + 8 * d
+        mins = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     else:
-        zeros = np.zeros_like(d)
+        mins = -8 * d
     return (torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
-            torch.from_numpy(zeros))
+            torch.from_numpy(mins))

@@ -1,0 +1,67 @@
+"""The memory roof of a decoding step: a step at batch 1 (and up to a few rows) reads every
+weight once, so its floor is the bytes it reads over the machine's read bandwidth. The
+benchmarks (``benchmarks/generate.py --model smollm2``) and ``headwise chat`` report each step's
+speed as a fraction of it.
+
+- :func:`read_bandwidth`: bytes per second one sum over a float32 buffer much larger than the
+  caches reads, at the current torch thread count (torch's reduction splits it over them),
+  best of a few: what the machine delivers to a reading loop, the step's kind of traffic (a
+  copy's writes would count bytes the step never moves).
+- :func:`step_bytes`: the bytes of weights one step reads: each parameter once (a tied matrix
+  once), and a 4-bit matrix's codes, scales and minima (:class:`~headwise.fast.int4.Int4`).
+- :func:`cpu`: the CPU's name and the features the kernels' paths depend on.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+from torch import nn
+
+__all__ = ["BUFFER_BYTES", "cpu", "read_bandwidth", "step_bytes"]
+
+BUFFER_BYTES = 512 * 2**20  # 16x this project's largest cache (a 32 MiB L3)
+_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16")
+
+
+def read_bandwidth(repeats: int = 5, nbytes: int = BUFFER_BYTES) -> float:
+    """Bytes per second of ``torch.sum`` over ``nbytes`` of float32, the best of ``repeats``
+    (after one untimed pass that faults the pages in), at ``torch.get_num_threads()``."""
+    if repeats < 1 or nbytes < 2**20:
+        raise ValueError(f"read_bandwidth: expected repeats >= 1 and nbytes >= 1 MiB, got "
+                         f"{repeats} and {nbytes}; the defaults measure 512 MiB 5 times")
+    buf = torch.ones(nbytes // 4)
+    buf.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best
+
+
+def step_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decoding step of ``model`` reads (module docstring)."""
+    return (sum(p.numel() * p.element_size() for p in model.parameters())
+            + sum(m.int4.nbytes() for m in model.modules()
+                  if getattr(m, "int4", None) is not None))
+
+
+def cpu() -> str:
+    """``"<model name>; avx2 fma ... avx512_bf16"``: the CPU and which of the features the
+    kernels' paths depend on it has (from ``/proc/cpuinfo`` where there is one)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name in ("", platform.machine()):
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return f"{name}; {' '.join(f for f in _FEATURES if f in flags) or 'features unknown'}"

@@ -1,0 +1,164 @@
+/* bfloat16 products of 1 to 4 rows (headwise.fast.native says why these kernels exist):
+ * y (b, out) = x (b, in) @ W^T (+ bias) (+ res), every tensor bfloat16, W (out, in) with
+ * contiguous rows. Each output is one float32 sum of exact products (a bfloat16 times a
+ * bfloat16 has 16 significant bits), bias and residual added in float32, then rounded to
+ * bfloat16 once: what torch's bfloat16 F.linear does up to the order of the sums (torch rounds
+ * the product before adding a residual; this rounds once, so it is never further from the exact
+ * value).
+ *
+ * A decoding step reads every weight once, so these read W at the speed memory delivers it:
+ * one row of W at a time against every row of x (which sits in L1), so that each thread reads
+ * its block of W front to back. Reading several rows of W per pass (as the float32 kernel
+ * does) keeps several short streams in flight instead: for SmolLM2's 576-wide rows (1152
+ * bytes) eight such streams read ~11.5 GB/s on this project's Zen 4 where one row at a time
+ * reads ~24 (and a plain sum over a buffer ~20). Two sums per row of x, so each sum waits on
+ * its own chain only every other step. Two paths, picked by the caller's `wide`
+ * (step_kernels.h):
+ * - AVX512-BF16: vdpbf16ps takes 32 bfloat16 of W and of x and adds the 16 pair sums into
+ *   float32 lanes: no widening at all; the tail of a row (in % 64) through masked loads, which
+ *   read zeros past the end.
+ * - AVX2: a bfloat16 is the high half of a float32, so 16 of them (one 256-bit load) widen by
+ *   one shift (the even ones) and one AND (the odd ones) into two float32 vectors, which x
+ *   matches by the same split; two FMAs. The tail (in % 32) one product at a time. */
+#include "step_kernels.h"
+
+typedef struct {
+    const bf16 *x, *w, *res, *bias;
+    bf16* y;
+    long ldx, ldw, ldy, ldr, n;
+} bf16_args;
+
+/* y[b, o] = bfloat16(s + bias[o] + res[b, o]) */
+static inline void put(const bf16_args* a, int b, long o, float s) {
+    if (a->bias) s += from_bf16(a->bias[o]);
+    if (a->res) s += from_bf16(a->res[b * a->ldr + o]);
+    a->y[b * a->ldy + o] = to_bf16(s);
+}
+
+/* ---- AVX512-BF16 ---------------------------------------------------------------------- */
+
+/* 32 bfloat16 at p; the first n only when n < 32 (a masked load: zeros past them) */
+WIDE INLINE __m512bh load32(const bf16* p, long n) {
+    if (n >= 32) return (__m512bh)_mm512_loadu_si512(p);
+    return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1), p);
+}
+
+/* Rows o[0..S-1] of W against one row of x (B = 1), 32 weights per step: x's 32 loaded once
+ * for the S rows, one sum per row of W. */
+WIDE INLINE void pass_wide(const bf16_args* a, const long* o, int S, int B) {
+    __m512 acc[4][4];
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+    for (long k = 0, n = a->n; k < n; k += 32) {
+        __m512bh xv[4];
+        for (int b = 0; b < B; b++) xv[b] = load32(a->x + b * a->ldx + k, n - k);
+        for (int r = 0; r < S; r++) {
+            __m512bh wv = load32(a->w + o[r] * a->ldw + k, n - k);
+            for (int b = 0; b < B; b++) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wv, xv[b]);
+        }
+    }
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+}
+
+/* Row o of W against B >= 2 rows of x, 64 weights per step in two sums per row of x: more
+ * rows of x already keep enough sums in flight, and the x loads of a 64-wide step then cost
+ * less than reloading x for a second row of W (measured). */
+WIDE INLINE void row_wide(const bf16_args* a, long o, int B) {
+    __m512 acc[4][2];
+    for (int b = 0; b < B; b++) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
+    const bf16* w = a->w + o * a->ldw;
+    long k = 0, n = a->n;
+    for (; k + 64 <= n; k += 64) {
+        __m512bh w0 = load32(w + k, 32), w1 = load32(w + k + 32, 32);
+        for (int b = 0; b < B; b++) {
+            const bf16* xb = a->x + b * a->ldx + k;
+            acc[b][0] = _mm512_dpbf16_ps(acc[b][0], w0, load32(xb, 32));
+            acc[b][1] = _mm512_dpbf16_ps(acc[b][1], w1, load32(xb + 32, 32));
+        }
+    }
+    for (; k < n; k += 32) {
+        __m512bh wv = load32(w + k, n - k);
+        for (int b = 0; b < B; b++)
+            acc[b][0] = _mm512_dpbf16_ps(acc[b][0], wv, load32(a->x + b * a->ldx + k, n - k));
+    }
+    for (int b = 0; b < B; b++)
+        put(a, b, o, _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1])));
+}
+
+/* One row of x: [o0, o1) as STREAMS contiguous parts, one row of each per pass: four long
+ * front-to-back streams, which a core reads faster than one (~26 against ~23 GB/s here). */
+#define STREAMS 4
+WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
+    if (B > 1) {
+        for (long o = o0; o < o1; o++) switch (B) {  /* a constant B in each call: unrolled */
+            case 2: row_wide(a, o, 2); break;
+            case 3: row_wide(a, o, 3); break;
+            default: row_wide(a, o, 4); break;
+        }
+        return;
+    }
+    long per = (o1 - o0) / STREAMS, o[STREAMS];
+    for (long i = 0; i < per; i++) {
+        for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
+        pass_wide(a, o, STREAMS, 1);
+    }
+    for (long r = o0 + STREAMS * per; r < o1; r++) pass_wide(a, &r, 1, 1);  /* the rest */
+}
+
+/* ---- AVX2 -------------------------------------------------------------------------------- */
+
+/* 16 bfloat16 at p as float32: the even-numbered ones and the odd-numbered ones. */
+INLINE void widen(const bf16* p, __m256* even, __m256* odd) {
+    __m256i v = _mm256_loadu_si256((const __m256i*)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* Row o of W against the B rows of x, 32 weights per step in two sums per row of x. */
+INLINE void row_narrow(const bf16_args* a, long o, int B) {
+    __m256 acc[4][2];
+    for (int b = 0; b < B; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+    const bf16* w = a->w + o * a->ldw;
+    long k = 0, n = a->n;
+    for (; k + 32 <= n; k += 32) {
+        __m256 we0, wo0, we1, wo1;
+        widen(w + k, &we0, &wo0);
+        widen(w + k + 16, &we1, &wo1);
+        for (int b = 0; b < B; b++) {
+            __m256 xe, xo;
+            widen(a->x + b * a->ldx + k, &xe, &xo);
+            acc[b][0] = _mm256_fmadd_ps(wo0, xo, _mm256_fmadd_ps(we0, xe, acc[b][0]));
+            widen(a->x + b * a->ldx + k + 16, &xe, &xo);
+            acc[b][1] = _mm256_fmadd_ps(wo1, xo, _mm256_fmadd_ps(we1, xe, acc[b][1]));
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        float s = sum8(_mm256_add_ps(acc[b][0], acc[b][1]));
+        const bf16* xb = a->x + b * a->ldx;
+        for (long kk = k; kk < n; kk++) s += from_bf16(w[kk]) * from_bf16(xb[kk]);
+        put(a, b, o, s);
+    }
+}
+
+static void rows_narrow(const bf16_args* a, int B, long o0, long o1) {
+    for (long o = o0; o < o1; o++) switch (B) {
+        case 1: row_narrow(a, o, 1); break;
+        case 2: row_narrow(a, o, 2); break;
+        case 3: row_narrow(a, o, 3); break;
+        default: row_narrow(a, o, 4); break;
+    }
+}
+
+/* Returns 0, or 1 when rows is not 1..4 (nothing written). */
+int headwise_rows_matmul_bf16(const bf16* x, long ldx, const bf16* w, long ldw, bf16* y,
+                              long ldy, const bf16* res, long ldr, const bf16* bias, int rows,
+                              long out, long in, int threads, int wide) {
+    if (rows < 1 || rows > 4) return 1;
+    bf16_args a = {x, w, res, bias, y, ldx, ldw, ldy, ldr, in};
+    if (wide)
+        OVER_OUTPUTS(out, rows_wide(&a, rows, o0, o1));
+    else
+        OVER_OUTPUTS(out, rows_narrow(&a, rows, o0, o1));
+    return 0;
+}

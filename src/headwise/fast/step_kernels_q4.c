@@ -1,0 +1,219 @@
+/* Products of float32 rows with a matrix held as 4-bit codes (headwise.fast.int4.Int4:
+ * a GGUF's Q4_0 / Q4_1 blocks): y (b, out) = x (b, in) @ W^T (+ bias) (+ res), where
+ *   W[o, 32 g + i] = d[o, g] * q[o, 32 g + i] + m[o, g],   q in [0, 15],
+ * codes (out, in / 2) bytes, per group of 32 weights 16 bytes whose low nibbles are weights
+ * 0-15 and high nibbles 16-31 (llama.cpp's block_q4_1 order), d and m (out, in / 32) float16.
+ *
+ * Why so: a decoding step's bytes are the weights, and these are 20 bytes per 32 weights where
+ * float32 takes 128. The codes are unpacked in registers, never into a float copy, and the
+ * group's d and m are applied once per group, not per weight:
+ *   sum_i W[o, i] x_i = sum_g (d_g * sum_{i in g} q_i x_i + m_g * xs_g),  xs_g = sum_{i in g} x_i.
+ * x is rounded to bfloat16 first (what torch's int4 kernel does, so both paths of
+ * headwise.fast.int4 compute the same thing), once per call, together with xs; every product
+ * q_i x_i is exact and the sums are float32.
+ *
+ * Two paths (step_kernels.h):
+ * - AVX512-BF16: 64 bytes of codes (4 groups, 128 weights) per load. A nibble n OR'd with 0x4300
+ *   is the bfloat16 128 + n, so unpacking the low and the high nibbles against the byte 0x43
+ *   (vpunpck{l,h}bw) gives four vectors of 32 bfloat16 weights + 128, in an order x is put in
+ *   when it is rounded (each 128-bit lane stays one group); vdpbf16ps then sums pairs of
+ *   products into 16 float32 lanes, four lanes per group, scaled by that group's d. The 128
+ *   per weight comes back out with the minima, sum_g (m_g - 128 d_g) xs_g, 16 groups at a
+ *   time after the codes. The last 1-3 groups of a row through masked loads (zeros, and zeros
+ *   of x past the end).
+ * Both read one row of codes at a time, so each thread reads its block front to back (the
+ * bfloat16 kernels' comment says why).
+ * - AVX2: 16 bytes (one group) per load, the nibbles widened to int32 and float32, four FMAs
+ *   against float32 x (rounded to bfloat16 values), then d and m as above. */
+#include <stdlib.h>
+
+#include "step_kernels.h"
+
+#define GROUP 32
+
+typedef struct {
+    const uint8_t* codes;
+    const uint16_t *d, *m;  /* float16 bits */
+    const bf16* xq;         /* AVX512: rows of x as bfloat16, in the order the codes unpack */
+    const float* xf;        /* AVX2: rows of x rounded to bfloat16, as float32 */
+    const float* xs;        /* per row of x: each group's sum, padded with zeros to 4 groups */
+    float* y;
+    const float *res, *bias;
+    long ldc, ldd, ldq, ldf, lds, ldy, ldr, groups;
+} q4_args;
+
+static inline void put(const q4_args* a, int b, long o, float s) {
+    if (a->bias) s += a->bias[o];
+    if (a->res) s += a->res[b * a->ldr + o];
+    a->y[b * a->ldy + o] = s;
+}
+
+/* sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time: the minima's part of the
+ * product, less the 128 the wide path's weights carry (below). */
+WIDE INLINE float offsets_wide(const q4_args* a, long o, const float* xs) {
+    const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
+    __m512 z = _mm512_setzero_ps();
+    for (long g = 0; g < a->groups; g += 16) {
+        __mmask16 k = a->groups - g >= 16 ? 0xffff : (__mmask16)((1u << (a->groups - g)) - 1);
+        __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g));
+        __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
+        __m512 e = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), dv, mv);
+        z = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, xs + g), z);
+    }
+    return _mm512_reduce_add_ps(z);
+}
+
+/* Row o of W against the B rows of x: 4 groups (64 bytes of codes) per step. */
+WIDE INLINE void row_wide(const q4_args* a, long o, int B) {
+    const __m512i low = _mm512_set1_epi8(0x0f), bias128 = _mm512_set1_epi8(0x43);
+    /* lane j of the 16 float32 sums belongs to group j / 4 of the four */
+    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[4];
+    for (int b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
+    const uint8_t* c = a->codes + o * a->ldc;
+    const uint16_t* d = a->d + o * a->ldd;
+    for (long g = 0; g < a->groups; g += 4) {
+        long ng = a->groups - g < 4 ? a->groups - g : 4;
+        __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
+        __m512i cv = _mm512_maskz_loadu_epi8(cm, c + g * 16);
+        __m512i lo = _mm512_and_si512(cv, low);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(cv, 4), low);
+        __m512bh q0 = (__m512bh)_mm512_unpacklo_epi8(lo, bias128);
+        __m512bh q1 = (__m512bh)_mm512_unpackhi_epi8(lo, bias128);
+        __m512bh q2 = (__m512bh)_mm512_unpacklo_epi8(hi, bias128);
+        __m512bh q3 = (__m512bh)_mm512_unpackhi_epi8(hi, bias128);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1), d + g));
+        __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+        for (int b = 0; b < B; b++) {
+            const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0,
+                                         (__m512bh)_mm512_loadu_si512(xb));
+            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
+                                         (__m512bh)_mm512_loadu_si512(xb + 64));
+            s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
+            s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
+            acc[b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[b]);
+        }
+    }
+    for (int b = 0; b < B; b++)
+        put(a, b, o, _mm512_reduce_add_ps(acc[b]) + offsets_wide(a, o, a->xs + b * a->lds));
+}
+
+WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
+    for (long o = o0; o < o1; o++) switch (B) {  /* a constant B in each call: unrolled */
+        case 1: row_wide(a, o, 1); break;
+        case 2: row_wide(a, o, 2); break;
+        case 3: row_wide(a, o, 3); break;
+        default: row_wide(a, o, 4); break;
+    }
+}
+
+/* ---- AVX2 -------------------------------------------------------------------------------- */
+
+/* the low 8 bytes of v as eight float32 */
+#define BYTES_AS_FLOATS(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+
+/* Row o of W against the B rows of x: one group (16 bytes of codes) per step. */
+NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m256 acc[4];
+    float z[4] = {0};
+    for (int b = 0; b < B; b++) acc[b] = _mm256_setzero_ps();
+    const uint8_t* c = a->codes + o * a->ldc;
+    const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
+    for (long g = 0; g < a->groups; g++) {
+        __m128i cv = _mm_loadu_si128((const __m128i*)(c + g * 16));
+        __m128i lo = _mm_and_si128(cv, low), hi = _mm_and_si128(_mm_srli_epi16(cv, 4), low);
+        __m256 f0 = BYTES_AS_FLOATS(lo), f1 = BYTES_AS_FLOATS(_mm_srli_si128(lo, 8));
+        __m256 f2 = BYTES_AS_FLOATS(hi), f3 = BYTES_AS_FLOATS(_mm_srli_si128(hi, 8));
+        __m256 dv = _mm256_set1_ps(_cvtsh_ss(d[g]));
+        float mg = _cvtsh_ss(m[g]);
+        for (int b = 0; b < B; b++) {
+            const float* xb = a->xf + b * a->ldf + g * GROUP;
+            __m256 t0 = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
+            __m256 t1 = _mm256_mul_ps(f1, _mm256_loadu_ps(xb + 8));
+            t0 = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t0);
+            t1 = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t1);
+            acc[b] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), dv, acc[b]);
+            z[b] += mg * a->xs[b * a->lds + g];
+        }
+    }
+    for (int b = 0; b < B; b++) put(a, b, o, sum8(acc[b]) + z[b]);
+}
+
+NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
+    for (long o = o0; o < o1; o++) switch (B) {
+        case 1: row_narrow(a, o, 1); break;
+        case 2: row_narrow(a, o, 2); break;
+        case 3: row_narrow(a, o, 3); break;
+        default: row_narrow(a, o, 4); break;
+    }
+}
+
+/* ---- entry ------------------------------------------------------------------------------- */
+
+/* x rounded to bfloat16 once per call, into the form the path reads, and each group's sum. */
+static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16* xq, float* xf,
+                    float* xs, long lds) {
+    long groups = in / GROUP, padded = lds * GROUP;
+    for (int b = 0; b < rows; b++) {
+        const float* xb = x + b * ldx;
+        for (long g = 0; g < lds; g++) {
+            float s = 0.0f;
+            for (long i = 0; i < GROUP; i++) {
+                bf16 v = g < groups ? to_bf16(xb[g * GROUP + i]) : 0;
+                s += from_bf16(v);
+                if (wide)  /* group g = lane g % 4 of block g / 4; weight i = u * 8 + j */
+                    xq[b * padded + (g / 4) * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] = v;
+                else if (g < groups)
+                    xf[b * in + g * GROUP + i] = from_bf16(v);
+            }
+            xs[b * lds + g] = s;
+        }
+    }
+}
+
+/* Rows of x in fours against blocks of TILE rows of W: a block's codes (TILE * in / 2 bytes)
+ * stay in L1 while every four rows of x pass over them, so W is read from memory once however
+ * many rows there are (a prompt: the module path multiplies by the same kernel as the step,
+ * so both compute the same values). */
+#define TILE 32
+static void tiles(const q4_args* a, int rows, long o0, long o1, int wide) {
+    for (long t = o0; t < o1; t += TILE) {
+        long t1 = t + TILE < o1 ? t + TILE : o1;
+        for (int c = 0; c < rows; c += 4) {
+            q4_args four = *a;
+            four.xq = a->xq + (wide ? c * a->ldq : 0);
+            four.xf = a->xf + (wide ? 0 : c * a->ldf);
+            four.xs = a->xs + c * a->lds;
+            four.y = a->y + c * a->ldy;
+            four.res = a->res ? a->res + c * a->ldr : 0;
+            int b = rows - c < 4 ? rows - c : 4;
+            if (wide)
+                rows_wide(&four, b, t, t1);
+            else
+                rows_narrow(&four, b, t, t1);
+        }
+    }
+}
+
+/* Returns 0; 1 when rows < 1 or in is not a multiple of 32; 2 when scratch memory could not be
+ * had (nothing written either way). */
+int headwise_q4_matmul(const float* x, long ldx, const uint8_t* codes, const uint16_t* d,
+                       const uint16_t* m, float* y, long ldy, const float* res, long ldr,
+                       const float* bias, int rows, long out, long in, int threads, int wide) {
+    if (rows < 1 || in % GROUP) return 1;
+    long groups = in / GROUP, lds = (groups + 3) / 4 * 4;
+    size_t nq = wide ? (size_t)(rows * lds * GROUP) : 0, nf = wide ? 0 : (size_t)(rows * in);
+    void* scratch = malloc(nq * sizeof(bf16) + nf * sizeof(float) + rows * lds * sizeof(float));
+    if (!scratch) return 2;
+    float* xs = scratch;
+    float* xf = xs + rows * lds;
+    bf16* xq = (bf16*)(xf + nf);
+    prepare(x, ldx, rows, in, wide, xq, xf, xs, lds);
+    q4_args a = {codes, d, m, xq, xf, xs, y, res, bias,
+                 in / 2, groups, lds * GROUP, in, lds, ldy, ldr, groups};
+    OVER_OUTPUTS(out, tiles(&a, rows, o0, o1, wide));
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,108 @@
+"""headwise.fast.native's bfloat16 kernels on each CPU path (AVX512-BF16 and AVX2, forced by
+HEADWISE_NATIVE_ISA): the products of 1-4 rows and the attention of one query over a bfloat16
+cache, against float64 on the same bfloat16 values; what they cannot take is declined, with
+the reason kept."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from headwise.fast import native as _native
+
+BF16 = torch.bfloat16
+ONE_PATH = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _bf16(*shape, gen, pad=0):
+    """A bfloat16 ``shape`` whose last axis is a view of ``pad`` more (row strides padded)."""
+    t = torch.randn(*shape[:-1], shape[-1] + pad, generator=gen).to(BF16)
+    return t[..., :shape[-1]]
+
+
+@settings(max_examples=60, **ONE_PATH)
+@given(rows=st.integers(1, 4), n_in=st.integers(1, 150), n_out=st.integers(1, 90),
+       bias=st.booleans(), res=st.booleans(), threads=st.sampled_from([1, 2]),
+       pad=st.integers(0, 9), seed=st.integers(0, 2**31 - 1))
+@example(rows=4, n_in=64, n_out=70, bias=True, res=True, threads=2, pad=3, seed=5)
+@example(rows=1, n_in=97, n_out=65, bias=False, res=True, threads=2, pad=0, seed=6)
+def test_bf16_rows_matmul_equals_float64(isa, rows, n_in, n_out, bias, res, threads, pad, seed):
+    """Every row count, input widths with every tail of the 32- and 64-wide loops, odd output
+    counts, padded row strides, bias and residual on or off, 1 or 2 threads. The products of
+    two bfloat16 are exact in float32, so the error is the float32 sum (n * 2^-24 of the sum of
+    |terms|) and the one rounding to bfloat16 (2^-8 of the result: half an ulp of 8 significant bits)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, w = _bf16(rows, n_in, gen=gen, pad=pad), _bf16(n_out, n_in, gen=gen, pad=pad)
+    b = _bf16(n_out, gen=gen) if bias else None
+    r = _bf16(rows, n_out, gen=gen, pad=pad) if res else None
+    extra = sum(t.double().abs() for t in (b, r) if t is not None)
+    want = x.double() @ w.double().t() + sum(t.double() for t in (b, r) if t is not None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.rows_matmul(x, w, b, r)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (rows, n_out) and got.dtype == BF16
+    bound = 2**-8 * want.abs() + (n_in + 2) * 2**-24 * (x.double().abs() @ w.double().abs().t()
+                                                         + extra)
+    assert ((got.double() - want).abs() <= bound * (1 + 2**-8)).all()
+
+
+@settings(max_examples=30, **ONE_PATH)
+@given(rows=st.integers(1, 3), g=st.integers(1, 3), per=st.integers(1, 3),
+       n=st.integers(1, 70), d=st.sampled_from([8, 17, 64, 80]),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
+def test_bf16_attend_rows_equals_float64(isa, rows, g, per, n, d, threads, seed):
+    """Over a bfloat16 cache (a view of a longer one): within float32 arithmetic of float64
+    attention on the same bfloat16 values plus the output's one bfloat16 rounding; torch's
+    bfloat16 attention is no closer."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, g * per, 1, d, generator=gen).to(BF16)
+    k, v = (torch.randn(rows, g, n + 5, d, generator=gen).to(BF16)[:, :, :n] for _ in "kv")
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                          enable_gqa=True).reshape(rows, -1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _native.attend_rows(q, k, v)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.dtype == BF16 and got.shape == (rows, g * per * d)
+    err = (got.double() - want).abs()
+    assert (err <= 2**-8 * want.abs() + 1e-5 * (d + n) * v.double().abs().amax()).all()
+    torch_err = (F.scaled_dot_product_attention(q, k, v, enable_gqa=True).reshape(rows, -1)
+                 .double() - want).abs()
+    assert err.mean() <= torch_err.mean() * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("case, why", [
+    ("mixed dtypes", "not all float32 or all bfloat16"),
+    ("five rows", "with b <= 4"),
+    ("bfloat16 W^T", "for float32 rows only"),
+    ("strided W", "contiguous rows"),
+])
+def test_what_the_bf16_product_cannot_take_is_declined_with_the_reason(isa, monkeypatch, case,
+                                                                        why):
+    monkeypatch.setattr(_native, "_declined", {})
+    x, w = torch.randn(2, 8).to(BF16), torch.randn(6, 8).to(BF16)
+    args = dict(x=x, w=w)
+    if case == "mixed dtypes":
+        args.update(w=w.float())
+    elif case == "five rows":
+        args.update(x=torch.randn(5, 8).to(BF16))
+    elif case == "bfloat16 W^T":
+        args.update(x=x[:1], w=w.t().contiguous(), wt=True)
+    else:
+        args.update(w=torch.randn(6, 16).to(BF16)[:, ::2])
+    assert _native.rows_matmul(**args) is None
+    assert why in _native.declined()["rows_matmul"], _native.declined()
+
+
+def test_an_unknown_isa_setting_keeps_the_torch_path_and_says_how_to_fix_it(monkeypatch):
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setenv(_native.ISA_ENV, "sse2")
+    assert "HEADWISE_NATIVE_ISA='sse2': expected one of auto, avx2" in _native.status()
+    assert _native.isa() is None
+    assert _native.rows_matmul(torch.randn(1, 8).to(BF16), torch.randn(4, 8).to(BF16)) is None

@@ -1,0 +1,37 @@
+"""headwise.fast.roof: the read bandwidth is a plausible reading of memory, the bytes a step
+reads are its weights' bytes (codes for 4-bit matrices), the CPU line names the features."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from headwise.fast import int4 as _int4
+from headwise.fast import roof
+
+
+def test_read_bandwidth_reads_the_buffer_and_refuses_nonsense():
+    bw = roof.read_bandwidth(repeats=2, nbytes=64 * 2**20)
+    assert 1e8 < bw < 1e13  # 0.1 GB/s .. 10 TB/s: a read of RAM or cache, not a missed loop
+    with pytest.raises(ValueError, match="repeats >= 1 and nbytes >= 1 MiB"):
+        roof.read_bandwidth(repeats=0)
+
+
+def test_step_bytes_counts_each_weight_once_and_codes_for_4bit_matrices():
+    tied = nn.Linear(8, 6, bias=False)
+    model = nn.Sequential(tied, nn.Linear(6, 8).to(torch.bfloat16))
+    model.append(model[0])  # tied: counted once
+    assert roof.step_bytes(model) == 8 * 6 * 4 + (6 * 8 + 8) * 2
+    codes = torch.randint(0, 16, (4, 64))
+    coded = nn.Sequential(_int4.Int4Linear(_int4.Int4(codes, torch.ones(4, 2), torch.zeros(4, 2)),
+                                           torch.zeros(4), torch.float32))
+    assert roof.step_bytes(coded) == 4 * 4 + coded[0].int4.nbytes() == 16 + 128 + 32
+
+
+def test_cpu_names_the_features_the_paths_need():
+    name, _, features = roof.cpu().partition("; ")
+    assert name and features
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    for feature in ("avx2", "avx512_bf16"):
+        assert (feature in features.split()) is (f" {feature}" in flags), (feature, features)
