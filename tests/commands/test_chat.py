@@ -84,7 +84,7 @@ def test_view_must_be_an_html_file(capsys):
     (["--threads", "0"], "--threads must be an int in [1, "),
     (["--device", "bogus"], "--device 'bogus' is not a torch device; use auto, cpu, cuda"),
     (["--device", "meta"], "--device meta: headwise runs on cpu or cuda, not 'meta'"),
-    (["--q4", "--device", "cuda"], "--q4 runs torch's CPU int4 kernel, not on --device cuda; "
+    (["--q4", "--device", "cuda"], "--q4 runs CPU 4-bit kernels, not on --device cuda; "
      "drop --q4" if torch.cuda.is_available() else "--device cuda: CUDA is not available here"),
 ])
 def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,

