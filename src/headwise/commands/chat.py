@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from headwise.commands._common import parse_device
     from headwise.decoding import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
-    from headwise.pretrained.gguf import check_q4_device
     from headwise.pretrained.chat import check_length
+    from headwise.pretrained.gguf import check_q4_device
 
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
     device = parse_device(args.device)
