@@ -84,9 +84,14 @@ def default_loss_with_mask(model, tokens, mask):
 
 def test_mean_attribution_is_the_derivative_towards_the_mean():
     """Mean attribution == d/dt loss(x + t (mean - x)) at t = 0 for each head, by a central
-    finite difference in float64 (error ~ t^2 ~ 1e-12 against scores ~ 1e-2)."""
+    finite difference in float64 (the loss too: the default casts logits to float32; error
+    ~ t^2 ~ 1e-10 and rounding ~ 1e-16 / t ~ 1e-11 against scores ~ 1e-4 and up)."""
     model, batches = lm(3).double(), lm_batches(3)
-    got = hw.importance(model, batches, method="attribution", ablation="mean")
+
+    def loss64(m, tokens):
+        return default_loss_with_mask(m, tokens, None)
+
+    got = hw.importance(model, batches, method="attribution", ablation="mean", loss=loss64)
     means = hw.head_means(model, batches)
     from headwise.analysis.ablation import edit_heads
     t = 1e-5
@@ -102,9 +107,9 @@ def test_mean_attribution_is_the_derivative_towards_the_mean():
         for step in (t, -t):
             with edit_heads([(layers[layer], lambda x, s=step: moved(x, layer, head, s))]), \
                     torch.no_grad():
-                loss.append(sum(float(default_loss(model, b)) for b in batches) / len(batches))
+                loss.append(sum(float(loss64(model, b)) for b in batches) / len(batches))
         assert float(got["decoder_self"][layer, head]) == pytest.approx(
-            (loss[0] - loss[1]) / (2 * t), rel=1e-5, abs=1e-9)
+            (loss[0] - loss[1]) / (2 * t), rel=1e-5, abs=1e-10)
 
 
 @settings(max_examples=2)
@@ -186,18 +191,18 @@ def trained():
         first = None
         for step in range(STEPS):
             loss = default_loss(model, task.batch(step, 32))
-            first = first if first is not None else float(loss)
+            first = first if first is not None else float(loss.detach())
             opt.zero_grad()
             loss.backward()
             opt.step()
     finally:
         torch.set_num_threads(threads)
     scored, measured = split(task.eval_set(768), 256)
-    assert float(default_loss(model, scored)) < first / 3  # it learned
+    assert float(default_loss(model, scored).detach()) < first / 3  # it learned
     return model.eval(), task, scored, measured
 
 
-STEPS = 400
+STEPS = 300
 
 
 def split(batch: Seq2SeqBatch, first: int) -> tuple[Seq2SeqBatch, Seq2SeqBatch]:
@@ -231,11 +236,13 @@ def keeps_exact_match(model, tok, scored, measured, method: str | None = None,
 
 def test_the_default_method_least_important_heads_keep_exact_match(trained):
     """Issue 30: the heads the default method calls least important are the ones the model can
-    lose; zeroing four of 24 keeps >= 95% of its held-out exact match."""
+    lose; zeroing four of 24 keeps >= 95% of its held-out exact match. (On this model
+    single-head ablation does not: four heads each harmless alone, 0.96 -> 0.80 together.)"""
     model, task, scored, measured = trained
     base, after = keeps_exact_match(model, task.tokenizer, scored, measured)
     assert base > 0.5, f"the model did not learn (exact match {base})"
     assert after >= 0.95 * base, (base, after)
+    assert hw.importance(model, scored).method == "greedy"
 
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "importance" / "reverse"
@@ -283,9 +290,11 @@ def test_bert_with_a_user_loss_and_lm_batches():
     restored afterwards."""
     model = bert(2).train()
     ids = lm_batches(2)
-    scores = hw.importance(model, ids, loss=lambda m, b: m(b)[0].pow(2).mean())
+    scores = hw.importance(model, ids, method="gradient", loss=lambda m, b: m(b)[0].pow(2).mean())
     assert set(scores.kinds) == {"encoder_self"} and model.training
     assert (scores["encoder_self"] > 0).all()
+    order = hw.importance(model, ids, loss=lambda m, b: m(b)[0].pow(2).mean())  # greedy
+    assert sorted(order["encoder_self"].flatten().tolist()) == list(range(8)) and model.training
     lm_model = lm(2)
     batch = LMBatch(inputs=ids[0][:, :-1], labels=ids[0][:, 1:], valid_lens=torch.full((3,), 6),
                     scored=torch.ones(3, 6, dtype=torch.bool))
