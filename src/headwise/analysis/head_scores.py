@@ -93,7 +93,7 @@ class HeadScores:
             trust = "measured: the loss change when each head alone is zeroed"
         elif self.method == "greedy" and mode == "zero":
             trust = ("measured: heads zeroed one by one, each time the one whose removal raises "
-                     "the loss least")
+                     "the loss least; score = the step it goes at (0 = first)")
         elif self.agreement is None:
             trust = "agreement with ablation not computed"
         else:

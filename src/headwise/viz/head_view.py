@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise.analysis.head_scores import as_tables
+from headwise.analysis.head_scores import HeadScores, as_tables
 from headwise.viz import _blocks
 from headwise.viz.display import HeadView, asset
 from headwise.viz.rollout import attention_rollout
@@ -73,8 +73,8 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             tensor's ``i``/``j`` (padding is trimmed), never longer.
         path: the ``.html`` file to write (atomically); ``None``: not written.
         importance: optional ``{kind: (layers, heads) array}`` of head-importance scores (or
-            the :class:`~headwise.HeadScores` of :func:`headwise.importance`), shown
-            on the grid (NaN = no score).
+            the :class:`~headwise.HeadScores` of :func:`headwise.importance`, whose method and
+            data the bars are then labelled with), shown on the grid (NaN = no score).
         title: page title (default "headwise head view").
         kind, layer, head: what the page opens on (default: the first kind, its first recorded
             layer, head 0), e.g. the cross-attention head that matters.
@@ -100,7 +100,8 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head),
-            "generatedStart": _check_generated(generated_start, sides, batch)}
+            "generatedStart": _check_generated(generated_start, sides, batch),
+            "importanceMethod": _importance_label(importance)}
     matrices = _add_kinds(meta, kinds, importance, kv_heads, thumbnail, rollout)
     view = HeadView(_fitted_page(meta, matrices, max_mb, compress_level))
     return view if path is None else view.save(path)
@@ -296,6 +297,11 @@ def _check_initial(kinds: dict, kind: str | None, layer: int | None, head: int |
         raise ValueError(f"head={head} is out of range: layer {layer} of {kind!r} has "
                          f"{n_heads} heads (0..{n_heads - 1})")
     return {"kind": kind, "layer": int(layer), "head": int(head)}
+
+
+def _importance_label(importance) -> str | None:
+    """How the bars were made (a :class:`~headwise.HeadScores` says; a bare table does not)."""
+    return importance.describe() if isinstance(importance, HeadScores) else None
 
 
 def _check_importance(importance, kinds: dict) -> dict:
