@@ -93,7 +93,9 @@ def test_method_examples_and_agreement_travel_with_the_scores(tmp_path):
     assert got.examples == 6 and got.agreement == pytest.approx(got.spearman(reference))
     back = HeadScores.from_json(got.to_json(tmp_path / "s.json"))
     assert (back.method, back.examples, back.agreement) == ("gradient", 6, got.agreement)
-    assert f"Spearman {got.agreement:.2f}" in got.describe() and "6 examples" in got.describe()
+    assert f"zero ablation: Spearman {got.agreement:.2f}" in got.describe()
+    assert "gradient on 6 examples" in got.describe()
+    assert "not computed" in hw.importance(model, batches, method="gradient").describe()
     assert "measured" in reference.describe()
     assert hw.importance(model, batches).describe().startswith("greedy (zero) on 6 examples")
 

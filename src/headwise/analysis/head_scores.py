@@ -86,19 +86,21 @@ class HeadScores:
     def describe(self) -> str:
         """One line: how the scores were made and how far they can be trusted."""
         mode = self.details.get("ablation")
-        made = f"{self.method} ({mode})" if mode and self.method in ("ablation", "greedy", "attribution") \
-            else self.method
+        removing = self.method in ("ablation", "greedy", "attribution")
+        made = f"{self.method} ({mode})" if mode and removing else self.method
         size = "examples unknown" if self.examples is None else f"{self.examples} examples"
+        parts = [f"{made} on {size}"]
         if self.method == "ablation" and mode == "zero":
-            trust = "measured: the loss change when each head alone is zeroed"
+            parts.append("measured: the loss change when each head alone is zeroed")
         elif self.method == "greedy" and mode == "zero":
-            trust = ("measured: heads zeroed one by one, each time the one whose removal raises "
-                     "the loss least; score = the step it goes at (0 = first)")
-        elif self.agreement is None:
-            trust = "agreement with ablation not computed"
-        else:
-            trust = f"agreement with zero ablation: Spearman {self.agreement:.2f}"
-        return f"{made} on {size}; {trust}"
+            parts.append("measured: heads zeroed one by one, each time the one whose removal "
+                         "raises the loss least; score = the step it goes at (0 = first)")
+        if self.agreement is not None:
+            parts.append(f"agreement with single-head zero ablation: Spearman "
+                         f"{self.agreement:.2f}")
+        elif len(parts) == 1:
+            parts.append("agreement with ablation not computed")
+        return "; ".join(parts)
 
     def ranked(self, *, descending: bool = True) -> list[tuple[str, int, int, float]]:
         """Every scored head as ``(kind, layer, head, score)``, highest first (ties: in kind,
