@@ -239,6 +239,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--quick", action="store_true", help="half the data, 3 random draws")
+    parser.add_argument("--draws", type=int, help="random draws per k (default 10; --quick 3)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
@@ -248,15 +249,16 @@ def main() -> None:
     if unknown:
         sys.exit(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
     makers = {"minilm": _minilm, "smollm2": _smollm2}
+    draws = args.draws or (3 if args.quick else 10)
     head = ["model", "metric", "unablated", "k removed", "Spearman(default, full)",
             "default (greedy)", "full ablation", "ablation (loss)", "gradient",
-            f"random (mean of {3 if args.quick else 10})", "goal met"]
+            f"random (mean of {draws})", "goal met"]
     table = [" | ".join(head), " | ".join("---" for _ in head)]
     spears, costs = [], []
     for name in names:
         case = makers[name](args) if name in makers else _task_case(name, args)
         print(f"{name}: {case.data}", flush=True)
-        rows, spear, cost = run_case(case, 3 if args.quick else 10)
+        rows, spear, cost = run_case(case, draws)
         table.append(rows)
         spears += spear
         costs += cost
