@@ -20,7 +20,8 @@ Models, scoring data / metric data:
 - ``minilm``: all-MiniLM-L6-v2; the loss is the mean squared change of the pairwise cosine
   similarities of 64 English Ding sentences; metric: Spearman of the pairwise similarities of
   256 other Ding sentences with the unablated model's.
-- ``smollm2``: SmolLM2-135M-Instruct; 2 / 4 other windows of 128 tokens of *Emma*; loss per token.
+- ``smollm2``: SmolLM2-135M-Instruct; 2 / 4 other windows of 128 tokens of *Emma* (``--quick``:
+  1 / 2; ``--smollm2-tokens``); loss per token.
 
 Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance-bench``);
 ``--checkpoint NAME=DIR`` uses a checkpoint folder instead.
@@ -156,7 +157,7 @@ def _smollm2(args) -> Case:
     from headwise.pretrained import load_smollm2
 
     chat = load_smollm2()
-    n, windows = 128, (1, 2) if args.quick else (2, 4)
+    n, windows = args.smollm2_tokens, (1, 2) if args.quick else (2, 4)
     ids = chat.tokenizer.encode(austen_text(("emma",))[:40000])
     total = windows[0] + windows[1]
     tokens = torch.tensor(ids[:n * total]).view(total, n)
@@ -240,6 +241,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--quick", action="store_true", help="half the data, 3 random draws")
     parser.add_argument("--draws", type=int, help="random draws per k (default 10; --quick 3)")
+    parser.add_argument("--smollm2-tokens", type=int, default=128,
+                        help="tokens per SmolLM2 window (default 128)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
