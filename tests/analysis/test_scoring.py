@@ -105,8 +105,8 @@ def test_mean_attribution_is_the_derivative_towards_the_mean():
     for layer, head in [(0, 1), (1, 3)]:
         loss = []
         for step in (t, -t):
-            with edit_heads([(layers[layer], lambda x, s=step: moved(x, layer, head, s))]), \
-                    torch.no_grad():
+            edit = partial(moved, layer=layer, head=head, step=step)
+            with edit_heads([(layers[layer], edit)]), torch.no_grad():
                 loss.append(sum(float(loss64(model, b)) for b in batches) / len(batches))
         assert float(got["decoder_self"][layer, head]) == pytest.approx(
             (loss[0] - loss[1]) / (2 * t), rel=1e-5, abs=1e-10)

@@ -100,8 +100,7 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
     meta = {"title": title or "headwise head view", "examples": batch, "tokens": sides,
             "kinds": {}, "thumbnail": int(thumbnail), "thumbnailScale": thumbnail_scale,
             "initial": _check_initial(kinds, kind, layer, head),
-            "generatedStart": _check_generated(generated_start, sides, batch),
-            "importanceMethod": _importance_label(importance)}
+            "generatedStart": _check_generated(generated_start, sides, batch)}
     matrices = _add_kinds(meta, kinds, importance, kv_heads, thumbnail, rollout)
     view = HeadView(_fitted_page(meta, matrices, max_mb, compress_level))
     return view if path is None else view.save(path)
@@ -111,6 +110,9 @@ def _add_kinds(meta: dict, kinds: dict, importance, kv_heads, thumbnail: int,
                rollout: bool) -> list[tuple[str, np.ndarray]]:
     """Each kind's page header (with its checked importance scores) into ``meta["kinds"]``;
     returns every ``(block key, (i, j) weights)`` matrix the page stores."""
+    # how the bars were made: a HeadScores says (method, data, agreement); a bare table does not
+    meta["importanceMethod"] = importance.describe() if isinstance(importance, HeadScores) \
+        else None
     importance = _check_importance(importance, kinds)
     matrices: list[tuple[str, np.ndarray]] = []
     for name, info in kinds.items():
@@ -297,11 +299,6 @@ def _check_initial(kinds: dict, kind: str | None, layer: int | None, head: int |
         raise ValueError(f"head={head} is out of range: layer {layer} of {kind!r} has "
                          f"{n_heads} heads (0..{n_heads - 1})")
     return {"kind": kind, "layer": int(layer), "head": int(head)}
-
-
-def _importance_label(importance) -> str | None:
-    """How the bars were made (a :class:`~headwise.HeadScores` says; a bare table does not)."""
-    return importance.describe() if isinstance(importance, HeadScores) else None
 
 
 def _check_importance(importance, kinds: dict) -> dict:
