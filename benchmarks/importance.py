@@ -265,7 +265,7 @@ def main() -> None:
         table.append(rows)
         spears += spear
         costs += cost
-        print(rows, flush=True)
+        print(rows, *spear, *cost, sep="\n", flush=True)  # as each model ends
     print("\n## Removing the least important heads (metric on data the scores never saw)\n")
     print("\n".join(table))
     print("\n" + "\n".join(spears))

@@ -39,6 +39,7 @@ BENCHMARKS = {
     "llama_decode": ([], ["--threads", "2", "--batches", "1", "--new", "16", "--layers", "4",
                           "--budget", "5"]),
     "prune": ([], ["--quick"]),
+    "importance": ([], ["--quick", "--models", "reverse,minilm"]),
 }
 
 
