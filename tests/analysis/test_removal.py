@@ -36,7 +36,7 @@ def test_compare_is_the_metric_under_ablate(seed, draws):
     batch = task.eval_set(16)
 
     def metric(m):
-        return float(default_loss(m, batch))
+        return float(default_loss(m, batch).detach())
 
     rankings = {"a": _random_scores(model, seed, "a"), "b": _random_scores(model, seed + 1, "b")}
     found = compare(model, rankings, metric, draws=draws, higher=False, seed=seed)
