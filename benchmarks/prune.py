@@ -12,8 +12,8 @@ Models, metrics and workloads (:mod:`headwise.commands._prune_targets`):
 - ``smollm2``: SmolLM2-135M-Instruct, cut by whole key/value groups; perplexity on held-out
   Austen text; a forward over 4 x 256 tokens.
 
-The head order: least important first by :func:`headwise.importance` (gradient importance for
-reverse and smollm2, ablation importance for minilm: see the targets), or with ``--order norm``
+The head order: least important first by :func:`headwise.importance`'s default (greedy zero
+ablation of each target's loss: see the targets), or with ``--order norm``
 the mean norm of each head's write to the residual stream.
 
     python benchmarks/prune.py [--quick] [--models reverse,minilm,smollm2] [--threads N]
@@ -76,7 +76,8 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         target = TARGETS[name](quick=args.quick)
         scores = head_order(target, args.order)
-        steps = sweep(target.model, scores, FRACTIONS, target.metric, target.runs,
+        print(f"head order: {scores.describe()}")
+        steps = sweep(target.model, scores.scores, FRACTIONS, target.metric, target.runs,
                       rounds=rounds, budget_s=10.0 if args.quick else 40.0)
         rows = rows_of(target, steps)
         print(f"## {name}: {target.workloads}\n")

@@ -9,10 +9,12 @@ import math
 import matplotlib.image
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import headwise as hw
 from headwise import HeadScores
+from headwise.analysis.head_scores import spearman
 
 
 @st.composite
@@ -79,3 +81,31 @@ def test_bad_tables_and_lookups():
         s["encoder_self"]
     with pytest.raises(ValueError, match="k must be an int >= 0"):
         s.least(-1)
+
+
+def test_method_examples_and_agreement_travel_with_the_scores(tmp_path):
+    """A table says how it was made: method, examples, agreement with ablation; JSON keeps
+    them; describe() says them in one line."""
+    from tests.analysis.test_scoring import lm, lm_batches
+    model, batches = lm(5), lm_batches(5)
+    reference = hw.importance(model, batches, method="ablation")
+    got = hw.importance(model, batches, method="gradient").with_agreement(reference)
+    assert got.examples == 6 and got.agreement == pytest.approx(got.spearman(reference))
+    back = HeadScores.from_json(got.to_json(tmp_path / "s.json"))
+    assert (back.method, back.examples, back.agreement) == ("gradient", 6, got.agreement)
+    assert f"zero ablation: Spearman {got.agreement:.2f}" in got.describe()
+    assert "gradient on 6 examples" in got.describe()
+    assert "not computed" in hw.importance(model, batches, method="gradient").describe()
+    assert "measured" in reference.describe()
+    assert hw.importance(model, batches).describe().startswith("greedy (zero) on 6 examples")
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 2**16), n=st.integers(2, 40))
+def test_spearman_is_pearson_of_ranks(seed, n):
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(n, generator=gen, dtype=torch.float64), \
+        torch.randn(n, generator=gen, dtype=torch.float64)
+    assert spearman(a, a.exp()) == pytest.approx(1, abs=1e-12)
+    ranks = torch.stack([a.argsort().argsort(), b.argsort().argsort()]).double()
+    assert spearman(a, b) == pytest.approx(float(torch.corrcoef(ranks)[0, 1]), abs=1e-9)

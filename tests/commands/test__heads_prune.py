@@ -36,7 +36,7 @@ def test_prune_writes_the_table_json_and_plot(reversal_checkpoint, tmp_path, cap
     png = (tmp_path / "report" / "prune.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
     grid = HeadScores.from_json((tmp_path / "report" / "importance.json").read_text())
-    assert grid.method == "importance"
+    assert grid.method == "greedy" and "head order: greedy (zero) on 256 examples" in out
     assert {k: tuple(t.shape) for k, t in grid.scores.items()} == {
         "encoder_self": (2, 4), "decoder_self": (2, 4), "cross": (2, 4)}
     assert all(bool(t.isfinite().all()) and float(t.abs().sum()) > 0 for t in grid.scores.values())

@@ -1,5 +1,7 @@
 """``headwise heads score`` end to end on a tiny saved reversal checkpoint: the grid it prints
-and saves equals headwise.importance on the same held-out examples; user errors are one line."""
+and saves equals headwise.importance on the same held-out examples, with how it was made and
+its agreement with ablation; ``--compare`` prints and writes the table of every method against
+random heads; user errors are one line."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def reverse_checkpoint(tmp_path_factory):
     return saved, bare
 
 
-@pytest.mark.parametrize("method", ["gradient", "ablation", "sink"])
+@pytest.mark.parametrize("method", ["greedy", "gradient", "ablation", "sink"])
 def test_score_prints_and_writes_the_grid(reverse_checkpoint, tmp_path, capsys, method):
     from headwise import checkpoint
     from headwise.commands._heads_score import held_out
@@ -50,7 +52,39 @@ def test_score_prints_and_writes_the_grid(reverse_checkpoint, tmp_path, capsys, 
     for kind in want.kinds:
         torch.testing.assert_close(written[kind], want[kind], atol=1e-9, rtol=1e-6)
     assert (out / "importance.png").stat().st_size > 5000
-    assert json.loads((out / "importance.json").read_text())["method"] == method
+    saved_json = json.loads((out / "importance.json").read_text())
+    assert saved_json["method"] == method and saved_json["examples"] == 32
+    if method in ("greedy", "gradient"):  # estimates: checked against zero ablation
+        reference = hw.importance(loaded.model, held_out(loaded, 32, str(saved)),
+                                  method="ablation")
+        assert saved_json["agreement"] == pytest.approx(want.spearman(reference), abs=1e-12)
+        assert f"zero ablation: Spearman {saved_json['agreement']:.2f}" in printed
+    assert f"importance: {written.describe()}" in printed
+
+
+def test_default_is_greedy_and_compare_writes_the_table(reverse_checkpoint, tmp_path, capsys):
+    """No --method: greedy ablation. --compare: every method's Spearman with the others and the
+    metric after removing its 10% and 25% least important heads (of 12: 1 and 3) against
+    random heads, equal to headwise.analysis.removal.compare on the same data."""
+    from headwise import checkpoint
+    from headwise.analysis.removal import compare
+    from headwise.commands._heads_score import COMPARED, held_out, task_metric
+
+    saved, _ = reverse_checkpoint
+    out = tmp_path / "report"
+    assert main(["heads", "score", "--checkpoint", str(saved), "--examples", "16", "--compare",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "importance: greedy (zero) on 16 examples" in printed
+    table = (out / "compare.md").read_text()
+    loaded = checkpoint.load(saved)
+    data, measured, task = held_out(loaded, 16, str(saved), measured=16)
+    metric, name, higher = task_metric(task, measured)
+    assert (name, higher) == ("exact match", True)
+    want = compare(loaded.model, {m: hw.importance(loaded.model, data, method=m)
+                                  for m in COMPARED}, metric, higher=higher)
+    assert want.table(name) in table and want.table(name) in printed
+    assert "random (mean of 10)" in table and "3 (25%)" in table
 
 
 def test_default_report_folder(reverse_checkpoint, tmp_path, monkeypatch, capsys):

@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headwise.analysis.head_scores import spearman
 from headwise.commands._heads_prune import MODELS
-from headwise.commands._prune_targets import TARGETS, spearman
+from headwise.commands._prune_targets import TARGETS
 
 
 @settings(max_examples=25, deadline=None)

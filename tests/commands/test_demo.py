@@ -7,7 +7,9 @@ import json
 
 import torch
 
+import headwise as hw
 from headwise import HeadScores
+from headwise.analysis.removal import seq2seq_metrics
 from headwise.cli import main
 from headwise.commands.demo import demo_config, mirror_scores
 from headwise.data import make_task
@@ -71,5 +73,18 @@ def test_demo_writes_its_report(tmp_path, capsys, monkeypatch):
     for kind in ("encoder_self", "decoder_self", "cross"):
         torch.testing.assert_close(grid[kind], want[kind], atol=1e-6, rtol=1e-4)
         assert meta["kinds"][kind]["importance"] == grid[kind].tolist()
+    # the bars are labelled with the default method; the demo names the top head and the
+    # exact match left without the four least important, measured on the other 744 strings
+    assert grid.method == "greedy" and meta["importanceMethod"] == grid.describe()
+    heads = demo["which_heads"]
+    kind, layer, head, _ = grid.ranked()[0]
+    assert heads["top"] == f"{kind} layer {layer} head {head}"
+    assert heads["measured_on"] == 744 and len(heads["least"]) == 4
+    measured = type(heldout)(*(getattr(heldout, f)[256:] for f in
+                               ("src", "src_lens", "tgt_in", "tgt_out")))
+    tok = make_task("reverse", min_len=4, max_len=16, num_symbols=20).tokenizer
+    with hw.ablate(model, grid.least(4)):
+        assert heads["exact_match_without"] == seq2seq_metrics(model, measured, tok)["exact_match"]
+    assert f"the most important is {heads['top']}" in " ".join(text.split())
     assert "rows = queries, columns = keys" in text
     assert "cross_attn" in (out / "trace.txt").read_text()

@@ -5,11 +5,13 @@ import base64
 import json
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import headwise.viz
 from headwise.viz import attention_rollout, head_view
 from headwise.viz.display import HeadView
 
@@ -203,3 +205,18 @@ def test_bad_grouping_or_generated_start(tmp_path, kwargs, error, match):
 def test_generated_start_needs_a_decoder_side():
     with pytest.raises(ValueError, match="no decoder side"):
         head_view({"encoder_self": [softmaxed(1, 2, 3, 3)]}, list("abc"), generated_start=1)
+
+
+def test_importance_bars_are_labelled_with_how_they_were_made(tmp_path):
+    """A HeadScores says its method and data on the page; a bare table is marked unrecorded."""
+    from headwise import HeadScores
+    att = {"encoder_self": [softmaxed(1, 2, 3, 3, seed=l) for l in range(2)]}
+    scores = HeadScores("greedy", {"encoder_self": torch.rand(2, 2)}, {"ablation": "zero"},
+                        examples=64)
+    meta = read_page(head_view(att, list("abc"), tmp_path / "a.html", importance=scores))[1]
+    assert meta["importanceMethod"] == scores.describe()
+    assert meta["importanceMethod"].startswith("greedy (zero) on 64 examples; measured")
+    bare = read_page(head_view(att, list("abc"), importance={"encoder_self": torch.rand(2, 2)}))[1]
+    assert bare["importanceMethod"] is None
+    js = (Path(headwise.viz.__file__).parent / "assets" / "head_view.js").read_text()
+    assert "META.importanceMethod" in js

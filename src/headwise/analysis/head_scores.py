@@ -3,6 +3,10 @@ plot. :func:`headwise.importance` returns one; anything that scores heads can bu
 
 Layers with fewer heads than the widest layer of their kind (pruned models) hold NaN in the
 missing places; NaN means "no score" everywhere and is left out of every ranking.
+
+Every table says how far it can be trusted: its method, how many examples it was computed on,
+and (when computed) ``agreement``, the Spearman correlation of its ranking with single-head
+zero ablation on the same data (:func:`spearman`), the reference of what removing a head does.
 """
 
 from __future__ import annotations
@@ -10,12 +14,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-__all__ = ["HeadScores", "as_tables"]
+__all__ = ["HeadScores", "as_tables", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -27,11 +31,16 @@ class HeadScores:
         scores: ``{kind: (layers, heads) float64 tensor}``; larger = more important (or, for a
             behavioural score, more of that behaviour).
         details: what else the method reports (baseline loss, ablation mode, batches, ...).
+        examples: how many examples (sequences) the scores were computed on (None: unknown).
+        agreement: Spearman correlation of this ranking with single-head zero ablation on the
+            same data (None: not computed; see :meth:`with_agreement`).
     """
 
     method: str
     scores: dict[str, torch.Tensor]
     details: dict = field(default_factory=dict)
+    examples: int | None = None
+    agreement: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.scores, Mapping) or not self.scores:
@@ -54,6 +63,45 @@ class HeadScores:
     def kinds(self) -> list[str]:
         return list(self.scores)
 
+    def flat(self) -> torch.Tensor:
+        """Every cell, kind after kind, layers then heads (NaN where a head has no score)."""
+        return torch.cat([t.flatten() for t in self.scores.values()])
+
+    def spearman(self, other: HeadScores) -> float:
+        """Spearman correlation of the two rankings over the heads both score."""
+        if {k: tuple(t.shape) for k, t in self.scores.items()} != \
+                {k: tuple(t.shape) for k, t in other.scores.items()}:
+            raise ValueError(f"HeadScores.spearman: the tables differ ({self.method}: "
+                             f"{_shapes(self)}, {other.method}: {_shapes(other)}); compare "
+                             "scores of the same model")
+        a, b = self.flat(), other.flat()
+        both = ~(a.isnan() | b.isnan())
+        return spearman(a[both], b[both])
+
+    def with_agreement(self, reference: HeadScores) -> HeadScores:
+        """A copy whose ``agreement`` is its Spearman correlation with ``reference`` (single-head
+        zero ablation on the same data)."""
+        return replace(self, agreement=self.spearman(reference))
+
+    def describe(self) -> str:
+        """One line: how the scores were made and how far they can be trusted."""
+        mode = self.details.get("ablation")
+        removing = self.method in ("ablation", "greedy", "attribution")
+        made = f"{self.method} ({mode})" if mode and removing else self.method
+        size = "examples unknown" if self.examples is None else f"{self.examples} examples"
+        parts = [f"{made} on {size}"]
+        if self.method == "ablation" and mode == "zero":
+            parts.append("measured: the loss change when each head alone is zeroed")
+        elif self.method == "greedy" and mode == "zero":
+            parts.append("measured: heads zeroed one by one, each time the one whose removal "
+                         "raises the loss least; score = the step it goes at (0 = first)")
+        if self.agreement is not None:
+            parts.append(f"agreement with single-head zero ablation: Spearman "
+                         f"{self.agreement:.2f}")
+        elif len(parts) == 1:
+            parts.append("agreement with ablation not computed")
+        return "; ".join(parts)
+
     def ranked(self, *, descending: bool = True) -> list[tuple[str, int, int, float]]:
         """Every scored head as ``(kind, layer, head, score)``, highest first (ties: in kind,
         layer, head order)."""
@@ -75,7 +123,8 @@ class HeadScores:
         return {"method": self.method,
                 "scores": {kind: [[None if math.isnan(v) else v for v in row]
                                   for row in t.tolist()] for kind, t in self.scores.items()},
-                "details": self.details}
+                "details": self.details, "examples": self.examples,
+                "agreement": self.agreement}
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The scores as JSON (NaN as null); written to ``path`` too when given."""
@@ -91,7 +140,8 @@ class HeadScores:
         nan = float("nan")
         return cls(d["method"], {kind: torch.tensor([[nan if v is None else v for v in row]
                                                      for row in rows], dtype=torch.float64)
-                                 for kind, rows in d["scores"].items()}, d.get("details", {}))
+                                 for kind, rows in d["scores"].items()}, d.get("details", {}),
+                   d.get("examples"), d.get("agreement"))
 
     def plot(self, path: str | Path, *, title: str | None = None) -> Path:
         """Write the tables as one heatmap per kind (layers down, heads across, each cell
@@ -108,7 +158,7 @@ class HeadScores:
                                           1.6 + 0.5 * max(t.shape[0] for t in self.scores.values())))
         for ax, kind in zip(axes[0], kinds, strict=True):
             _draw(ax, kind, self.scores[kind])
-        fig.suptitle(title or f"head importance ({self.method})")
+        fig.suptitle(title or f"head importance: {self.describe()}", fontsize=9)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
@@ -130,6 +180,22 @@ def _draw(ax, kind: str, t: torch.Tensor) -> None:
         if not math.isnan(v):
             ax.text(h, l, f"{v:.2g}", ha="center", va="center", fontsize=8,
                     color="black" if v > middle else "white")
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation of two 1-d tensors (Pearson of the ranks; ties are broken by
+    position)."""
+    if a.dim() != 1 or a.shape != b.shape or len(a) < 2:
+        raise ValueError(f"spearman: expected two 1-d tensors of one length >= 2, got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    ra = a.argsort().argsort().double()
+    rb = b.argsort().argsort().double()
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def _shapes(scores: HeadScores) -> dict:
+    return {k: tuple(t.shape) for k, t in scores.scores.items()}
 
 
 def _cells(t: torch.Tensor):

@@ -17,7 +17,7 @@ from torch import nn
 from headwise.data import LMBatch, Seq2SeqBatch
 from headwise.train.evaluate import labels_of, logits_of
 
-__all__ = ["as_batches", "default_loss", "run_batch"]
+__all__ = ["as_batches", "batch_size", "default_loss", "run_batch"]
 
 _ONE_BATCH = (torch.Tensor, LMBatch, Seq2SeqBatch, Mapping)
 
@@ -47,6 +47,19 @@ def _to(batch, device: torch.device):
         return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in batch)
     return batch
 
+
+def batch_size(batch) -> int | None:
+    """The examples in one batch: the leading size of its token ids (None when it has none)."""
+    if isinstance(batch, Seq2SeqBatch):
+        return batch.src.shape[0]
+    if isinstance(batch, LMBatch):
+        return batch.inputs.shape[0]
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else None
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    first = next((v for v in values if isinstance(v, torch.Tensor) and v.dim()), None) \
+        if isinstance(values, Iterable) else None
+    return None if first is None else first.shape[0]
 
 
 def run_batch(model: nn.Module, batch):

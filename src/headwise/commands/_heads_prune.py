@@ -1,5 +1,6 @@
-"""``headwise heads prune``: score the heads (:func:`headwise.importance` as each model's target
-says, or with ``--order norm`` the mean norm of each head's write to the residual stream,
+"""``headwise heads prune``: score the heads (:func:`headwise.importance`'s default, greedy zero
+ablation, on each model's calibration data; the line ``head order:`` says how), or with
+``--order norm`` the mean norm of each head's write to the residual stream,
 :func:`headwise.analysis.prune_sweep.output_norms`), prune the least important at growing
 fractions without retraining (:func:`headwise.prune_heads`: the matrices really shrink),
 evaluate and time every pruned copy against the unpruned model in the same process, print the
@@ -14,6 +15,7 @@ folder (``headwise-reports/heads-prune-<model>/`` or ``-o DIR``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,9 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
                    help="fractions of heads to prune, starting at 0 (default 0,0.1,...,0.5)")
     p.add_argument("--order", default="importance", choices=ORDERS,
-                   help="importance: headwise.importance (gradient; ablation for minilm); "
-                        "norm: the norm of each head's write to the residual stream (one "
-                        "forward pass)")
+                   help="importance: headwise.importance's default (greedy zero ablation: "
+                        "heads zeroed one by one, the least harmful first); norm: the norm of "
+                        "each head's write to the residual stream (one forward pass)")
     p.add_argument("--quick", action="store_true", help="smaller evaluation sets and workloads")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -79,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from headwise import limits
-    from headwise.analysis.head_scores import HeadScores
     from headwise.analysis.prune_sweep import sweep
     from headwise.commands._prune_targets import TARGETS
 
@@ -87,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(limits.threads(args.threads, "--threads"))
     kwargs = {"checkpoint": args.checkpoint} if args.model == "reverse" else {}
     target = TARGETS[args.model](quick=args.quick, **kwargs)
-    scores = head_order(target, args.order)
-    steps = sweep(target.model, scores, fractions, target.metric, target.runs,
+    grid = head_order(target, args.order)
+    print(f"head order: {grid.describe()}")
+    steps = sweep(target.model, grid.scores, fractions, target.metric, target.runs,
                   rounds=args.rounds, budget_s=10.0 if args.quick else 30.0)
     print(_table(target, steps))
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,27 +98,30 @@ def run(args: argparse.Namespace) -> int:
                  latency_ms=s.latency_ms, ratio=s.ratio) for s in steps]
     (folder / "prune.json").write_text(json.dumps(
         {"model": target.name, "metric": target.metric_name, "workloads": target.workloads,
-         "order": args.order,
+         "order": args.order, "order_method": grid.describe(),
          "rows": rows}, indent=2) + "\n", encoding="utf-8")
     _plot(target, steps, folder / "prune.png")
-    grid = HeadScores("output norm" if args.order == "norm" else "importance", scores,
-                      {"model": target.name, "used for": "the pruning order (lowest first)"})
+    grid = dataclasses.replace(grid, details={**grid.details, "model": target.name,
+                                              "used for": "the pruning order (lowest first)"})
     grid.to_json(folder / "importance.json")
-    grid.plot(folder / "importance.png", title=f"{target.name}: head scores ({args.order})")
+    grid.plot(folder / "importance.png", title=f"{target.name}: head order ({grid.method})")
     print(f"wrote {folder / 'prune.json'}, {folder / 'prune.png'} and the importance grid "
           f"{folder / 'importance.png'} (.json)")
     return 0
 
 
-def head_order(target, order: str) -> dict:
-    """``{kind: (layers, heads)}`` scores, larger = keep longer."""
+def head_order(target, order: str):
+    """The :class:`~headwise.HeadScores` the heads are pruned by, larger = keep longer."""
     if order == "importance":
         return target.importance(target.model)
     import torch
 
+    from headwise.analysis.head_scores import HeadScores
     from headwise.analysis.prune_sweep import output_norms
     with torch.inference_mode():
-        return output_norms(target.model, target.calibrate)
+        return HeadScores("output norm", output_norms(target.model, target.calibrate),
+                          {"criterion": "mean L2 norm of each head's write to the residual "
+                                        "stream (one forward pass)"})
 
 
 DISAGREE = 0.05  # a row whose two latency figures differ by more than this gets a mark

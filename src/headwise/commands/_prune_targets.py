@@ -2,18 +2,20 @@
 (:func:`headwise.importance` on calibration inputs), a metric, and the inference workloads timed
 (sizes stated in ``workloads``).
 
+Every order is :func:`headwise.importance`'s default, greedy zero ablation (heads zeroed one by
+one, each time the one whose removal raises the loss least), checked against full ablation and
+random heads by ``benchmarks/importance.py`` on each of these models.
+
 - ``reverse``: the demo's string-reversal Transformer (a ``headwise demo`` checkpoint, or a
-  small one trained on the spot); order: gradient importance (Michel et al. 2019) on 256
-  held-out strings; metric: held-out exact match by greedy decoding; workload: greedy decoding
+  small one trained on the spot); order: greedy ablation of the loss on 256 held-out strings; metric: held-out exact match by greedy decoding; workload: greedy decoding
   of those 256 strings (4-16 letters).
-- ``minilm``: all-MiniLM-L6-v2; order: ablation importance, the loss being the mean squared
-  change of the pairwise cosine similarities (the model has no training loss, and a gradient
-  at the unpruned optimum of that loss is 0); metric: Spearman correlation of the pairwise
+- ``minilm``: all-MiniLM-L6-v2; order: greedy ablation, the loss being the mean squared
+  change of the pairwise cosine similarities of 64 sentences (the model has no training loss); metric: Spearman correlation of the pairwise
   cosine similarities of sentence embeddings with those of the unpruned model, over English
   sentences of the Ding pairs; workloads: 64 of those sentences in one batch and 16 Austen
   passages of 256 tokens (the model's ``max_seq_length``).
 - ``smollm2``: SmolLM2-135M-Instruct (9 query heads sharing 3 key/value heads per layer: cut by
-  whole groups); order: gradient importance on 2 windows of *Emma*; metric: perplexity on
+  whole groups); order: greedy ablation of the next-token loss on 2 windows of *Emma*; metric: perplexity on
   held-out Austen text (the end of *Persuasion*); workload: a forward (prefill) over 4 windows
   of 256 tokens.
 """
@@ -30,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headwise.analysis.head_scores import HeadScores, spearman
+
 __all__ = ["TARGETS", "Target", "spearman"]
 
 
@@ -40,21 +44,12 @@ class Target:
     name: str
     model: nn.Module
     calibrate: Callable[[nn.Module], object]
-    importance: Callable[[nn.Module], dict[str, torch.Tensor]]
+    importance: Callable[[nn.Module], HeadScores]
     metric: Callable[[nn.Module], float]
     metric_name: str
     higher: bool
     runs: dict[str, Callable[[nn.Module], object]]
     workloads: str
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman rank correlation of two 1-d tensors (Pearson of the ranks; ties are rare in
-    float similarities and broken by position)."""
-    ra = a.argsort().argsort().double()
-    rb = b.argsort().argsort().double()
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 # ------------------------------------------------------------------------------------ reverse
@@ -90,7 +85,7 @@ def reverse(checkpoint: str | Path | None = None, *, quick: bool = False, steps:
 
     def scores(m):
         from headwise import importance
-        return importance(m, timed, method="gradient").scores
+        return importance(m, timed)
 
     return Target("reverse", model, calibrate, scores,
                   lambda m: evaluate(m, task, size=size)["exact_match"], "exact match", True,
@@ -137,7 +132,7 @@ def minilm(*, quick: bool = False) -> Target:
 
     def scores(m):
         from headwise import importance
-        return importance(m, short, method="ablation", loss=similarity_change).scores
+        return importance(m, short, loss=similarity_change)
 
     return Target("minilm", encoder.model, sentences_run, scores,
                   lambda m: spearman(similarities(m), reference),
@@ -171,7 +166,7 @@ def smollm2(*, quick: bool = False) -> Target:
 
     def scores(m):
         from headwise import importance
-        return importance(m, calib, method="gradient").scores
+        return importance(m, calib)
 
     return Target("smollm2", chat.model, lambda m: m(calib), scores, perplexity, "perplexity",
                   False,

@@ -8,7 +8,7 @@ cross-attention must discover), and write a report folder to look inside it.
   ``demo.json``         examples, per-head mirror scores, timings
   ``head_view.html``    the interactive head view (offline), a few held-out examples
   ``cross_attention.png`` / ``decoder_self_attention.png`` / ``encoder_self_attention.png``
-  ``importance.json`` / ``importance.png``  every head's gradient importance (also on the head view)
+  ``importance.json`` / ``importance.png``  every head's importance: greedy zero ablation (also on the head view)
   ``trace.txt`` / ``trace.md``  the named-axis shape trace of one forward pass
   ``README.md``         what is where, with the numbers
 """
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     examples = _examples(model, task, heldout, device)
     scores = mirror_scores(model, heldout.to(device))
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
-    artefacts = _artefacts(model, task, heldout, device, out, mirror=(layer, head))
+    artefacts, grid = _artefacts(model, task, heldout, device, out, mirror=(layer, head))
+    heads = which_heads(model, task, heldout, grid, device)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(_examples_table(examples))
     console.print(_learned_table(cfg, result, scores, n_params))
@@ -109,13 +110,18 @@ def run(args: argparse.Namespace) -> int:
                   f"cross-attention weight on the mirrored source position for "
                   f"{scores[layer, head]:.1%} of target positions.")
     console.print(_mirror_heatmap(model, task, heldout, device, layer, head))
+    console.print(f"Which heads matter ({heads['method']}): the most important is "
+                  f"{heads['top']}; zeroing the {len(heads['least'])} least important "
+                  f"({', '.join(heads['least'])}) leaves exact match "
+                  f"{heads['exact_match_without']:.4f} on {heads['measured_on']} other held-out "
+                  f"strings (all heads: {heads['exact_match_all']:.4f}).")
 
     summary = {"exact_match": m["exact_match"], "token_accuracy": m["token_accuracy"],
                "loss": m["loss"], "train_seconds": result.seconds, "total_seconds":
                time.perf_counter() - t0, "training_wall_seconds": train_s,
                "precision": result.precision, "steps": cfg.steps, "parameters": n_params,
                "mirror_scores": scores.tolist(), "best_mirror_head": [layer, head],
-               "examples": examples, "artefacts": artefacts}
+               "examples": examples, "artefacts": artefacts, "which_heads": heads}
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     _readme(out, cfg, summary)
     console.print(f"\nreport: {out.resolve()}/ (README.md; open head_view.html in a browser; "
@@ -253,21 +259,48 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
     (out / "trace.txt").write_text(tr.render() + "\n", encoding="utf-8")
     (out / "trace.md").write_text(tr.to_markdown(), encoding="utf-8")
     files["trace"] = str(out / "trace.txt")
-    return files
+    return files, grid
 
 
-def _importance(model, heldout, device, out: Path, examples: int = 256):
-    """Michel et al.'s gradient importance of every head on held-out strings, written as
-    ``importance.json`` and ``importance.png`` (one backward pass: a fraction of a second)."""
+SCORED = 256  # held-out strings the heads are scored on; the rest measure what removing does
+LEAST = 4  # the least important heads the demo removes
+
+
+def _importance(model, heldout, device, out: Path):
+    """Every head's importance by :func:`headwise.importance`'s default (greedy zero ablation)
+    on the first :data:`SCORED` held-out strings, written as ``importance.json`` and
+    ``importance.png`` (about a hundred forward passes of those strings: seconds)."""
     from headwise.analysis.scoring import importance
 
-    batch = type(heldout)(**{f: getattr(heldout, f)[:examples] for f in
-                             ("src", "src_lens", "tgt_in", "tgt_out")}).to(device)
-    grid = importance(model, batch, method="gradient")
+    grid = importance(model, _part(heldout, slice(0, SCORED)).to(device))
     grid.to_json(out / "importance.json")
-    grid.plot(out / "importance.png", title="demo: gradient head importance (Michel et al. "
-                                            "2019), normalised per layer")
+    grid.plot(out / "importance.png", title=f"demo: head importance, {grid.method} (lower: "
+                                            "zeroed earlier, matters less)")
     return grid
+
+
+def _part(batch, rows: slice):
+    return type(batch)(**{f: getattr(batch, f)[rows] for f in
+                          ("src", "src_lens", "tgt_in", "tgt_out")})
+
+
+def which_heads(model, task, heldout, grid, device) -> dict:
+    """The most important head, and held-out exact match on the strings the scores never saw
+    with all heads and with the :data:`LEAST` least important zeroed."""
+    from headwise.analysis.ablation import ablate
+    from headwise.analysis.removal import seq2seq_metrics
+
+    measured = _part(heldout, slice(SCORED, None)).to(device)
+    least = grid.least(LEAST)
+    kind, layer, head, _ = grid.ranked()[0]
+    exact = seq2seq_metrics(model, measured, task.tokenizer)["exact_match"]
+    with ablate(model, least):
+        without = seq2seq_metrics(model, measured, task.tokenizer)["exact_match"]
+    return {"method": grid.describe(), "top": f"{kind} layer {layer} head {head}",
+            "least": [f"{k} layer {l} head {h}" for k, per in least.items()
+                      for l, hs in per.items() for h in hs],
+            "exact_match_all": exact, "exact_match_without": without,
+            "measured_on": len(measured.src)}
 
 
 def _readme(out: Path, cfg, s: dict) -> None:
@@ -289,11 +322,17 @@ def _readme(out: Path, cfg, s: dict) -> None:
         "| `head_view.html` | interactive head view of 4 held-out examples (offline); opens on "
         f"cross-attention, layer {layer} head {head} |",
         "| `cross_attention.png` | cross-attention heads: the anti-diagonal |",
-        "| `importance.json`, `importance.png` | every head's gradient importance (Michel et al."
-        " 2019; `headwise heads score --checkpoint checkpoint` for other methods), also on "
-        "the head view's grid |",
+        "| `importance.json`, `importance.png` | every head's importance by greedy zero ablation "
+        "(`headwise heads score --checkpoint checkpoint --compare` checks every method against "
+        "random heads), also on the head view's grid |",
         "| `decoder_self_attention.png`, `encoder_self_attention.png` | self-attention heads |",
         "| `trace.txt`, `trace.md` | the named-axis shape trace of one forward pass |", "",
+        "## Which heads matter", "",
+        f"{s['which_heads']['method']}. Most important: {s['which_heads']['top']}. Zeroing the "
+        f"{len(s['which_heads']['least'])} least important ({', '.join(s['which_heads']['least'])}) "
+        f"leaves exact match {s['which_heads']['exact_match_without']:.4f} on "
+        f"{s['which_heads']['measured_on']} other held-out strings (all heads: "
+        f"{s['which_heads']['exact_match_all']:.4f}).", "",
         "## Greedy decoding of held-out strings", "",
         "| source | output | correct |", "|---|---|---|",
         *[f"| `{e['source']}` | `{e['output']}` | {'yes' if e['correct'] else 'no'} |"

@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "heads",
         description="Look at every head of a model over a dataset: `score` ranks the heads by "
-                    "importance (gradient, ablation) or behaviour and writes the grid; `prune` cuts the "
+                    "importance (greedy ablation by default; --compare checks every method) or "
+                    "behaviour and writes the grid; `prune` cuts the "
                     "least important heads step by step and times the smaller models; "
                     "`catalogue` writes a page and JSON of each head's scores, typical pattern "
                     "and top tokens.")

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise.analysis.head_scores import as_tables
+from headwise.analysis.head_scores import HeadScores, as_tables
 from headwise.viz import _blocks
 from headwise.viz.display import HeadView, asset
 from headwise.viz.rollout import attention_rollout
@@ -73,8 +73,8 @@ def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLik
             tensor's ``i``/``j`` (padding is trimmed), never longer.
         path: the ``.html`` file to write (atomically); ``None``: not written.
         importance: optional ``{kind: (layers, heads) array}`` of head-importance scores (or
-            the :class:`~headwise.HeadScores` of :func:`headwise.importance`), shown
-            on the grid (NaN = no score).
+            the :class:`~headwise.HeadScores` of :func:`headwise.importance`, whose method and
+            data the bars are then labelled with), shown on the grid (NaN = no score).
         title: page title (default "headwise head view").
         kind, layer, head: what the page opens on (default: the first kind, its first recorded
             layer, head 0), e.g. the cross-attention head that matters.
@@ -110,6 +110,9 @@ def _add_kinds(meta: dict, kinds: dict, importance, kv_heads, thumbnail: int,
                rollout: bool) -> list[tuple[str, np.ndarray]]:
     """Each kind's page header (with its checked importance scores) into ``meta["kinds"]``;
     returns every ``(block key, (i, j) weights)`` matrix the page stores."""
+    # how the bars were made: a HeadScores says (method, data, agreement); a bare table does not
+    meta["importanceMethod"] = importance.describe() if isinstance(importance, HeadScores) \
+        else None
     importance = _check_importance(importance, kinds)
     matrices: list[tuple[str, np.ndarray]] = []
     for name, info in kinds.items():

@@ -417,7 +417,8 @@
       }
     }
     ui.gridNote.textContent = imp
-      ? "Bars under each head: importance score ÷ the largest score of this attention kind (value shown)."
+      ? "Bars under each head: importance score ÷ the largest score of this attention kind (value shown)." +
+        (META.importanceMethod ? ` Importance: ${META.importanceMethod}.` : " How these scores were made is not recorded.")
       : "";
     if (observer) observer.disconnect();
     if (cells.length <= 256 || !("IntersectionObserver" in window)) {

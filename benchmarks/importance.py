@@ -1,0 +1,280 @@
+"""Is the default head importance right? Issue 30's check, on every model headwise ships or
+trains: rank the heads with the default method (``greedy``: iterative zero ablation of the loss)
+on scoring data, then zero the k = 10% and 25% least important heads and measure the model's
+own metric on *other* held-out data, against the ranking of full ablation (each head alone
+zeroed, scored by that metric on that data: the expensive reference), single-head ablation of
+the loss, Michel et al.'s gradient (the old default), and k heads drawn at random (mean of 10
+draws). Then the cost of each method against one forward + backward pass of the loss on the
+scoring data (process CPU time, 1 thread: other jobs on a shared machine do not inflate it).
+
+Goal per row (issue 30): the default's removal hurts the metric no more than full ablation's
++ 2% of the unablated metric, and less than random.
+
+Models, scoring data / metric data:
+
+- ``reverse``: the demo's reversal Transformer (``headwise demo``'s recipe, trained here with 1
+  thread and cached); 256 / 512 other held-out strings; greedy-decoding exact match.
+- ``de-en``: ``headwise train de-en`` (small preset: 600 steps, BLEU ~0.06 there, so the
+  metric is the held-out teacher-forced loss per token); 128 / 256 other held-out pairs.
+- ``austen``: ``headwise train austen`` (small preset); 32 / 64 held-out windows; loss per token.
+- ``minilm``: all-MiniLM-L6-v2; the loss is the mean squared change of the pairwise cosine
+  similarities of 64 English Ding sentences; metric: Spearman of the pairwise similarities of
+  256 other Ding sentences with the unablated model's.
+- ``smollm2``: SmolLM2-135M-Instruct; 2 / 4 other windows of 128 tokens of *Emma* (``--quick``:
+  1 / 2; ``--smollm2-tokens``); loss per token.
+
+Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance-bench``);
+``--checkpoint NAME=DIR`` uses a checkpoint folder instead.
+
+    python benchmarks/importance.py [--models reverse,de-en,austen,minilm,smollm2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import headwise as hw  # noqa: E402
+from headwise.analysis.head_scores import HeadScores, spearman  # noqa: E402
+from headwise.analysis.removal import compare, removed_metric, seq2seq_metrics  # noqa: E402
+from headwise.analysis.run import default_loss  # noqa: E402
+from headwise.models import head_counts  # noqa: E402
+
+MODELS = ("reverse", "de-en", "austen", "minilm", "smollm2")
+TRAIN_STEPS = {"reverse": None, "de-en": None, "austen": None}  # None: the preset's
+
+
+@dataclass
+class Case:
+    """A model, what its heads are scored on, and how removing them is judged."""
+
+    name: str
+    model: torch.nn.Module
+    scoring: object  # batches for headwise.importance
+    loss: object  # loss(model, batch) or None: the model's own
+    metric: object  # metric(model) -> float on the metric data
+    metric_name: str
+    higher: bool
+    data: str
+
+
+def _split(batch, first: int):
+    names = [f.name for f in fields(batch)]
+    return tuple(type(batch)(**{n: getattr(batch, n)[part] for n in names})
+                 for part in (slice(0, first), slice(first, None)))
+
+
+def _trained(name: str, args) -> Path:
+    """A checkpoint folder of ``name`` (given, cached, or trained now with 1 thread)."""
+    given = dict(x.split("=", 1) for x in args.checkpoint)
+    if name in given:
+        return Path(given[name])
+    folder = Path(args.cache) / name
+    if (folder / "checkpoint" / "config.json").is_file():
+        return folder / "checkpoint"
+    from headwise.train import TrainConfig, train
+    if name == "reverse":
+        from headwise.commands.demo import demo_config
+        cfg = demo_config(threads=1, precision="fp32", device="cpu")
+    else:
+        cfg = TrainConfig(task=name, threads=1, device="cpu")
+    print(f"training {name} into {folder} (1 thread; cached for the next run)", flush=True)
+    train(cfg, out=folder, progress=False, verbose=False)
+    return folder / "checkpoint"
+
+
+def _task_case(name: str, args) -> Case:
+    from headwise import checkpoint
+    from headwise.train.config import TrainConfig
+    from headwise.train.recipe import task_for
+
+    loaded = checkpoint.load(_trained(name, args))
+    task = task_for(TrainConfig.from_dict(loaded.metadata["train_config"]).resolved())
+    model = loaded.model.eval()
+    if name == "reverse":
+        n, m = (128, 256) if args.quick else (256, 512)
+        scoring, measured = _split(task.eval_set(n + m), n)
+        return Case(name, model, scoring, None,
+                    lambda mod: seq2seq_metrics(mod, measured, task.tokenizer)["exact_match"],
+                    "exact match", True, f"{n} / {m} other held-out strings")
+    n, m = ((32, 64) if name == "austen" else (128, 256))
+    if args.quick:
+        n, m = n // 2, m // 2
+    scoring, measured = _split(task.eval_set(n + m), n)
+    what = "windows" if name == "austen" else "pairs"
+    return Case(name, model, scoring, None, lambda mod: float(default_loss(mod, measured)),
+                "loss/token", False, f"{len(scoring)} / {len(measured)} held-out {what}")
+
+
+def _minilm(args) -> Case:
+    from headwise.data.corpora import ding_pairs
+    from headwise.pretrained import load_minilm
+    from headwise.pretrained.sentence import mean_pool
+
+    encoder = load_minilm()
+    pairs = ding_pairs()
+    n, m = (32, 128) if args.quick else (64, 256)
+    step = max(1, len(pairs) // (n + m))
+    sentences = [en for _, en in pairs[::step][:n + m]]
+    scoring = encoder.tokenizer.batch(sentences[:n])
+    measured = encoder.tokenizer.batch(sentences[n:])
+    upper = torch.triu_indices(m, m, offset=1)
+
+    def pooled(mod, batch):
+        hidden, _ = mod(batch["input_ids"], batch["attention_mask"])
+        return F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1)
+
+    with torch.no_grad():
+        base_scoring = pooled(encoder.model, scoring)
+        base = pooled(encoder.model, measured)
+    reference = (base @ base.T)[upper[0], upper[1]]
+
+    def similarity_change(mod, batch):
+        v = pooled(mod, batch)
+        return ((v @ v.T - base_scoring @ base_scoring.T) ** 2).mean()
+
+    def metric(mod):
+        v = pooled(mod, measured)
+        return spearman((v @ v.T)[upper[0], upper[1]], reference)
+
+    return Case("minilm", encoder.model.eval(), scoring, similarity_change, metric,
+                "similarity Spearman", True, f"{n} / {m} other Ding sentences")
+
+
+def _smollm2(args) -> Case:
+    from headwise.data.corpora import austen_text
+    from headwise.pretrained import load_smollm2
+
+    chat = load_smollm2()
+    n, windows = args.smollm2_tokens, (1, 2) if args.quick else (2, 4)
+    ids = chat.tokenizer.encode(austen_text(("emma",))[:40000])
+    total = windows[0] + windows[1]
+    tokens = torch.tensor(ids[:n * total]).view(total, n)
+    scoring, measured = tokens[:windows[0]], tokens[windows[0]:]
+
+    def metric(mod):
+        return float(default_loss(mod, measured))
+
+    return Case("smollm2", chat.model.eval(), scoring, None, metric, "loss/token", False,
+                f"{windows[0]} / {windows[1]} other Emma windows of {n} tokens")
+
+
+def _full_ablation(case: Case) -> HeadScores:
+    """Each head alone zeroed, scored by the case's metric on its metric data (the reference)."""
+    layers = head_counts(case.model)
+    base = removed_metric(case.model, {}, case.metric)
+    scores = {}
+    for kind, counts in layers.items():
+        t = torch.full((len(counts), max(counts)), float("nan"), dtype=torch.float64)
+        for layer, heads in enumerate(counts):
+            for head in range(heads):
+                after = removed_metric(case.model, {kind: {layer: [head]}}, case.metric)
+                t[layer, head] = (base - after) if case.higher else (after - base)
+        scores[kind] = t
+    return HeadScores("full ablation", scores, {"metric": case.metric_name})
+
+
+def _cpu(fn):
+    t0 = time.process_time()
+    out = fn()
+    return out, time.process_time() - t0
+
+
+def _backward(case: Case) -> float:
+    """CPU seconds of one forward + backward of the loss on the scoring data (median of 3)."""
+    loss = case.loss or default_loss
+    batches = case.scoring if isinstance(case.scoring, list) else [case.scoring]
+
+    def once():
+        for b in batches:
+            loss(case.model, b).backward()
+        case.model.zero_grad(set_to_none=True)
+
+    once()
+    return sorted(_cpu(once)[1] for _ in range(3))[1]
+
+
+def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
+    """The case's removal rows, Spearman line and cost line."""
+    timed, cost = {}, {}
+    for method in ("greedy", "ablation", "gradient", "attribution"):
+        timed[method], cost[method] = _cpu(lambda m=method: hw.importance(
+            case.model, case.scoring, method=m, loss=case.loss))
+    full, cost["full ablation"] = _cpu(lambda: _full_ablation(case))
+    backward = _backward(case)
+    ranked = {"default (greedy)": timed["greedy"], "full ablation": full,
+              "ablation (loss)": timed["ablation"], "gradient": timed["gradient"]}
+    found = compare(case.model, ranked, case.metric, draws=draws, higher=case.higher)
+    rows = []
+    for k, by, random in found.rows:
+        harm = {m: found.harm(v) for m, v in by.items()}
+        ok = harm["default (greedy)"] <= harm["full ablation"] + 0.02 * abs(found.base) and \
+            harm["default (greedy)"] < found.harm(random)
+        rows.append(" | ".join([
+            case.name, case.metric_name, f"{found.base:.4g}", f"{k}/{found.heads}",
+            f"{found.spearman[('default (greedy)', 'full ablation')]:.2f}",
+            *(f"{by[m]:.4g}" for m in ranked), f"{random:.4g}", "yes" if ok else "**no**"]))
+    spear = (f"{case.name}: Spearman with full ablation: " + ", ".join(
+        f"{m} {found.spearman[(m, 'full ablation')]:.2f}" for m in ranked if m != "full ablation")
+        + f"; attribution {timed['attribution'].spearman(full):.2f}")
+    costs = " | ".join([case.name, f"{1000 * backward:.0f}",
+                        *(f"{cost[m]:.2f} ({cost[m] / backward:.0f}x)"
+                          for m in ("greedy", "ablation", "gradient", "attribution",
+                                    "full ablation")),
+                        str(timed["greedy"].details["passes"])])
+    return "\n".join(rows), [spear], [costs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--quick", action="store_true", help="half the data, 3 random draws")
+    parser.add_argument("--draws", type=int, help="random draws per k (default 10; --quick 3)")
+    parser.add_argument("--smollm2-tokens", type=int, default=128,
+                        help="tokens per SmolLM2 window (default 128)")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    names = [x for x in args.models.split(",") if x]
+    unknown = [x for x in names if x not in MODELS]
+    if unknown:
+        sys.exit(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
+    makers = {"minilm": _minilm, "smollm2": _smollm2}
+    draws = args.draws or (3 if args.quick else 10)
+    head = ["model", "metric", "unablated", "k removed", "Spearman(default, full)",
+            "default (greedy)", "full ablation", "ablation (loss)", "gradient",
+            f"random (mean of {draws})", "goal met"]
+    table = [" | ".join(head), " | ".join("---" for _ in head)]
+    spears, costs = [], []
+    for name in names:
+        case = makers[name](args) if name in makers else _task_case(name, args)
+        print(f"{name}: {case.data}", flush=True)
+        rows, spear, cost = run_case(case, draws)
+        table.append(rows)
+        spears += spear
+        costs += cost
+        print(rows, *spear, *cost, sep="\n", flush=True)  # as each model ends
+    print("\n## Removing the least important heads (metric on data the scores never saw)\n")
+    print("\n".join(table))
+    print("\n" + "\n".join(spears))
+    print("\n## Cost (process CPU seconds, 1 thread; ratio to one forward + backward)\n")
+    print("model | forward+backward ms | greedy (default) | ablation | gradient | attribution"
+          " | full ablation (metric) | greedy passes")
+    print("--- | --- | --- | --- | --- | --- | --- | ---")
+    print("\n".join(costs))
+
+
+if __name__ == "__main__":
+    main()
