@@ -1,6 +1,9 @@
 """Fixtures of the speed layer's tests: each C-kernel path (step_kernels.h) in turn."""
 
+import contextlib
+
 import pytest
+import torch
 
 from headwise.fast import native as _native
 
@@ -28,3 +31,14 @@ def isa(request, monkeypatch):
     wide = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= _cpu_flags()
     assert got == ("avx512-bf16" if request.param == "auto" and wide else "avx2"), got
     return got
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch (and the kernels' OpenMP loops) on ``n`` threads inside the block, then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

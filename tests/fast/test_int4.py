@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from headwise.fast import int4 as _int4
 from headwise.fast import native as _native
+from tests.fast.conftest import torch_threads
 
 
 def random_int4(out, groups, seed):
@@ -50,12 +51,8 @@ def test_the_kernel_multiplies_by_the_codes_on_each_path(isa, out, groups, rows,
         0 if r is None else r.double())
     terms = xb.abs() @ (143 * w.scales.double().abs().repeat_interleave(32, 1)
                         + w.mins.double().abs().repeat_interleave(32, 1)).t()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = _native.q4_matmul(x, w.codes, w.scales, w.mins, b, r)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (rows, out) and got.dtype == torch.float32
     bound = (n + 8) * 2**-24 * (terms + (0 if b is None else b.double().abs())
                                 + (0 if r is None else r.double().abs()))

@@ -15,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from headwise.fast import native as _native
+from tests.fast.conftest import torch_threads
 
 
 def _builds_here() -> bool:
@@ -54,12 +55,8 @@ def test_rows_matmul_equals_float64(rows, n_in, n_out, bias, res, threads, pad, 
     r = torch.randn(rows, n_out + pad, generator=gen)[:, :n_out] if res else None
     want = x.double() @ w.double().t()
     want = want + (0 if b is None else b.double()) + (0 if r is None else r.double())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = _native.rows_matmul(x, w.t() if wt else w, b, r, wt=wt)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (rows, n_out) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=1e-5 * (n_in ** 0.5 + 1), rtol=1e-6)
 
@@ -205,12 +202,8 @@ def test_attend_rows_equals_float64_attention(rows, g, per, n, d, start, spread,
     q = row[:, :h * d].view(rows, h, 1, d)
     kc, vc = (torch.randn(rows, g + 1, length, d, generator=gen) for _ in range(2))
     k, v = kc[:, :g, start:start + n], vc[:, :g, start:start + n]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = _native.attend_rows(q, k, v)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (rows, h * d)
     # float32 scores carry ~2^-24 of their size into the exponent: the tolerance scales with the
     # largest score (over 3000 draws the kernel's error reached 2.1e-7 of 1 + max |score|,

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from headwise.fast import native as _native
+from tests.fast.conftest import torch_threads
 
 BF16 = torch.bfloat16
 ONE_PATH = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -38,12 +39,8 @@ def test_bf16_rows_matmul_equals_float64(isa, rows, n_in, n_out, bias, res, thre
     r = _bf16(rows, n_out, gen=gen, pad=pad) if res else None
     extra = sum(t.double().abs() for t in (b, r) if t is not None)
     want = x.double() @ w.double().t() + sum(t.double() for t in (b, r) if t is not None)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = _native.rows_matmul(x, w, b, r)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (rows, n_out) and got.dtype == BF16
     bound = 2**-8 * want.abs() + (n_in + 2) * 2**-24 * (x.double().abs() @ w.double().abs().t()
                                                          + extra)
@@ -63,12 +60,8 @@ def test_bf16_attend_rows_equals_float64(isa, rows, g, per, n, d, threads, seed)
     k, v = (torch.randn(rows, g, n + 5, d, generator=gen).to(BF16)[:, :, :n] for _ in "kv")
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                           enable_gqa=True).reshape(rows, -1)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = _native.attend_rows(q, k, v)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.dtype == BF16 and got.shape == (rows, g * per * d)
     err = (got.double() - want).abs()
     assert (err <= 2**-8 * want.abs() + 1e-5 * (d + n) * v.double().abs().amax()).all()

@@ -138,10 +138,27 @@ def _scalar(value, where: str) -> torch.Tensor:
     return value.reshape(())
 
 
-def _gate(x: torch.Tensor, *, gates: list, kind: str, layer: int) -> torch.Tensor:
-    """``x (b, h, i, d)`` times a fresh gate ``xi (b, h)`` of ones (kept in ``gates``)."""
+def _head_grads(model, layers, batch, loss, probe, method: str) -> list:
+    """One forward and backward of ``loss`` with ``probe`` at every head's output:
+    ``[(kind, layer, kept, dL/d(probe's leaf))]`` (``kept``: what the probe kept of the heads'
+    output; the gradient ``None`` where the loss does not reach that layer)."""
+    found: list = []
+    edits = [(mha, partial(probe, found=found, kind=kind, layer=layer))
+             for kind, mods in layers.items() for layer, mha in enumerate(mods)]
+    with edit_heads(edits):
+        value = _scalar(loss(model, batch), f"method '{method}'")
+    if not value.requires_grad:
+        raise ValueError("importance: the loss does not depend on any head (no gradient); "
+                         "compute it from the model's output, not under torch.no_grad()")
+    grads = torch.autograd.grad(value, [leaf for *_, leaf in found], allow_unused=True)
+    return [(kind, layer, kept, grad) for (kind, layer, kept, _), grad in zip(found, grads,
+                                                                            strict=True)]
+
+
+def _gate(x: torch.Tensor, *, found: list, kind: str, layer: int) -> torch.Tensor:
+    """``x (b, h, i, d)`` times a fresh gate ``xi (b, h)`` of ones (kept in ``found``)."""
     g = torch.ones(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device, requires_grad=True)
-    gates.append((kind, layer, g))
+    found.append((kind, layer, g, g))
     return x * g[:, :, None, None]
 
 
@@ -151,16 +168,8 @@ def _gradient(model, layers, batches, loss, normalize: bool) -> HeadScores:
               for kind, mods in layers.items()}
     examples = 0
     for batch in batches:
-        gates: list[tuple[str, int, torch.Tensor]] = []
-        edits = [(mha, partial(_gate, gates=gates, kind=kind, layer=layer))
-                 for kind, mods in layers.items() for layer, mha in enumerate(mods)]
-        with edit_heads(edits):
-            value = _scalar(loss(model, batch), "method 'gradient'")
-        if not value.requires_grad:
-            raise ValueError("importance: the loss does not depend on any head (no gradient); "
-                             "compute it from the model's output, not under torch.no_grad()")
-        grads = torch.autograd.grad(value, [g for *_, g in gates], allow_unused=True)
-        for (kind, layer, _), grad in zip(gates, grads, strict=True):
+        gates = _head_grads(model, layers, batch, loss, _gate, "gradient")
+        for kind, layer, _, grad in gates:
             if grad is not None:
                 totals[kind][layer] += grad.abs().sum(0).double().cpu()
         examples += gates[0][2].shape[0]
@@ -189,16 +198,8 @@ def _attribution(model, layers, batches, loss, mode: str) -> HeadScores:
     totals = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
               for kind, mods in layers.items()}
     for batch in batches:
-        found: list[tuple[str, int, torch.Tensor, torch.Tensor]] = []
-        edits = [(mha, partial(_probe, found=found, kind=kind, layer=layer))
-                 for kind, mods in layers.items() for layer, mha in enumerate(mods)]
-        with edit_heads(edits):
-            value = _scalar(loss(model, batch), "method 'attribution'")
-        if not value.requires_grad:
-            raise ValueError("importance: the loss does not depend on any head (no gradient); "
-                             "compute it from the model's output, not under torch.no_grad()")
-        grads = torch.autograd.grad(value, [z for *_, z in found], allow_unused=True)
-        for (kind, layer, x, _), grad in zip(found, grads, strict=True):
+        for kind, layer, x, grad in _head_grads(model, layers, batch, loss, _probe,
+                                                "attribution"):
             if grad is None:
                 continue
             removed = torch.zeros_like(x) if means is None else \
