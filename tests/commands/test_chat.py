@@ -29,12 +29,14 @@ def test_bf16_and_q4_print_their_speed_beside_the_roof(smollm2_path, capsys, fla
                  "--threads", "1", flag]) == 0
     err = capsys.readouterr().err
     found = re.search(r"\[roof: ([\d.]+) tok/s \((\d+) MiB read per token at ([\d.]+) GB/s, 1 "
-                      r"threads\); decoding ran at (\d+)% of it on headwise's (\S+) kernels\]",
-                      err)
+                      r"threads\); decoding ran at (\d+)% of it on (.+)\]", err)
     assert found, err
-    roof, mib, gbs, percent, path = found.groups()
+    roof, mib, gbs, percent, kernels = found.groups()
     assert float(roof) == pytest.approx(float(gbs) * 1e9 / (int(mib) * 2**20), rel=0.01)
-    assert 0 < int(percent) and path == native.isa()
+    # where the kernels decline (no AVX2 on the CPU or in torch's build), say whose ran and why
+    want = (f"headwise's {native.isa()} kernels" if native.isa() else
+            f"torch's kernels ({native.status()})")
+    assert 0 < int(percent) and kernels == want
 
 
 @pytest.mark.parametrize("argv, message", [

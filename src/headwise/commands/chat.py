@@ -65,9 +65,11 @@ def _beside_the_roof(model, rate: float) -> str:
 
     bw, read = read_bandwidth(), step_bytes(model)
     roof = bw / read
+    path = native.isa()
+    kernels = f"headwise's {path} kernels" if path else f"torch's kernels ({native.status()})"
     return (f"[roof: {roof:.1f} tok/s ({read / 2**20:.0f} MiB read per token at {bw / 1e9:.1f} "
             f"GB/s, {torch.get_num_threads()} threads); decoding ran at {rate / roof:.0%} of it "
-            f"on headwise's {native.isa() or 'torch (' + native.status() + ')'} kernels]")
+            f"on {kernels}]")
 
 
 def run(args: argparse.Namespace) -> int:
