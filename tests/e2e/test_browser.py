@@ -434,7 +434,7 @@ def test_the_demo_page_opens_on_cross_attention(browser_context, tmp_path):
                      num_symbols=cfg.num_symbols)
     torch.manual_seed(0)
     model = build(build_model_config(cfg, task)).eval()
-    files = _artefacts(model, task, task.eval_set(64), torch.device("cpu"), tmp_path,
+    files, _ = _artefacts(model, task, task.eval_set(64), torch.device("cpu"), tmp_path,
                        mirror=(1, 3))
     p = Page(browser_context, __import__("pathlib").Path(files["head_view"]))
     p.settle()

@@ -313,11 +313,7 @@ def test_the_keywords_the_readme_passes_exist():
             keywords = set(re.findall(r"(?<![\w.])([a-z_]+)=", call))
             assert keywords <= params, (name, keywords - params)
             seen += bool(keywords)
-    assert seen >= 5
-
-
-# The README's importance claims are #30's to rewrite; until then this path stays as it is.
-KNOWN_WRONG = {"tests/test_scoring.py": "tests/analysis/test_scoring.py (issue #30)"}
+    assert seen >= 4  # the calls above that pass keywords (hw.importance's default takes none)
 
 
 def test_every_file_the_readme_names_exists():
@@ -325,9 +321,7 @@ def test_every_file_the_readme_names_exists():
     names = {n.rstrip("/.") for n in names if "*" not in n}
     assert len(names) >= 15, names
     missing = sorted(n for n in names if not (ROOT / n).exists())
-    assert missing == sorted(KNOWN_WRONG), missing  # an entry fixed: drop it from KNOWN_WRONG
-    for right in KNOWN_WRONG.values():  # and the right path is there
-        assert (ROOT / right.split()[0]).exists(), right
+    assert not missing, missing
 
 
 def test_make_test_installs_what_the_readme_says():

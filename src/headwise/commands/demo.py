@@ -218,9 +218,9 @@ def _mirror_heatmap(model, task, heldout, device, layer: int, head: int):
                                   f"(the anti-diagonal: target t looks at source n-1-t)")
 
 
-def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int]) -> dict:
+def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int]) -> tuple:
     """Head view (opening on the mirror head's cross-attention), heatmaps and shape trace of a
-    few held-out examples."""
+    few held-out examples: ``(files written by name, the head scores the view shows)``."""
     import torch
 
     from headwise.tracing import trace
