@@ -97,16 +97,35 @@ def test_a_thread_count_is_an_int_between_one_and_the_cpus(value):
                                              "PATH"]),
                             st.sampled_from(["ACTIVE", "passive", "300000", "0", "/usr/bin"]),
                             max_size=3),
-       torch_loaded=st.booleans())
-def test_the_wait_policy_is_passive_unless_the_user_chose_or_torch_is_loaded(user, torch_loaded):
+       torch_loaded=st.booleans(), others=st.one_of(st.none(), st.integers(0, 64)))
+def test_the_wait_policy_is_passive_unless_the_user_chose_or_torch_is_loaded(user, torch_loaded,
+                                                                               others):
     env = dict(user)
-    got = limits.wait_policy(env, torch_loaded=torch_loaded)
+    got = limits.wait_policy(env, torch_loaded=torch_loaded, others=others)
     if "OMP_WAIT_POLICY" in user or "GOMP_SPINCOUNT" in user:
         assert (got, env) == ("user", user)  # their choice stands, untouched
     elif torch_loaded:
         assert (got, env) == ("late", user)  # libgomp read its settings already: claim nothing
-    else:
+    elif others == 0:
+        assert (got, env) == ("quiet", user)  # nothing else running: the spin is the fast choice
+    else:  # another process runs, or we cannot tell: sleep, don't spin
         assert (got, env) == ("set", dict(user, OMP_WAIT_POLICY="PASSIVE"))
+
+
+def test_others_running_counts_a_busy_loop():
+    import subprocess
+    import sys
+    import time
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        seen = max(limits.others_running() or 0 for _ in range(20))
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    if limits.others_running() is not None:  # Linux
+        assert seen >= 1
 
 
 @pytest.mark.parametrize(("first", "user", "policy"), [
@@ -117,13 +136,21 @@ def test_the_wait_policy_is_passive_unless_the_user_chose_or_torch_is_loaded(use
     ("import torch; import headwise", {}, None),
 ])
 def test_importing_headwise_before_torch_sets_the_policy_libgomp_reads(first, user, policy):
-    """In a fresh interpreter: what OMP_WAIT_POLICY is when torch (and so libgomp) loads."""
+    """In a fresh interpreter beside a busy loop on each CPU: what OMP_WAIT_POLICY is when
+    torch (and so libgomp) loads."""
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k not in limits.WAIT_SETTINGS}
     code = f"{first}; import os; print(os.environ.get('OMP_WAIT_POLICY'))"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env, **user), text=True,
-                         capture_output=True, timeout=120, check=True).stdout.split()[-1]
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(limits.cpu_count())]
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env, **user), text=True,
+                             capture_output=True, timeout=120, check=True).stdout.split()[-1]
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
     assert out == str(policy)
 
 
