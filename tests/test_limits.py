@@ -165,3 +165,12 @@ def test_cpu_model_names_this_cpu():
         listed = []
     if listed:
         assert name == listed[0]
+
+
+@given(cpus=st.integers(1, 256), others=st.one_of(st.none(), st.integers(0, 512)))
+def test_free_threads_leaves_the_cpus_others_use(cpus, others):
+    from unittest import mock
+    with mock.patch.object(limits, "others_running", return_value=others), \
+            mock.patch.object(limits, "cpu_count", return_value=cpus):
+        got = limits.free_threads()
+    assert got == (None if not others else max(1, cpus - others))

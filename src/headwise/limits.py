@@ -119,6 +119,16 @@ def others_running() -> int | None:
         return None
 
 
+def free_threads() -> int | None:
+    """Threads for a decoding loop when other processes are running (the CPUs they leave, at
+    least 1), or None on a quiet machine (torch's default). A step is hundreds of short parallel
+    regions; a thread that shares its core with a busy process makes every region wait for it:
+    beside a busy loop on each of 2 cores, ``chat`` at 2 threads ran 16-33 tokens/s from run to
+    run, at 1 thread 24-26 (``benchmarks/busy.py``)."""
+    others = others_running()
+    return None if not others else max(1, cpu_count() - others)
+
+
 def wait_policy(environ: MutableMapping[str, str] | None = None, *,
                 torch_loaded: bool | None = None, others: int | None = -1) -> str:
     """Ask torch's OpenMP runtime to put a waiting thread to sleep at once
