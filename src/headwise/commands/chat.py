@@ -47,7 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--q4", action="store_true",
                    help="decode on the file's own 4-bit blocks (Q4_0/Q4_1, CPU): ~1/3 of the "
                         "bytes read per token; logits move by ~1%% of their range")
-    p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's, or the CPUs other running processes leave)")
+    p.add_argument("--threads", type=int, metavar="T",
+                   help="torch threads (default: torch's, or the CPUs other running processes "
+                        "leave)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (--q4: cpu only)")
     p.add_argument("--view", metavar="FILE.html",
                    help="also write the head view of prompt + answer (the answer marked, query "
@@ -95,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads is not None:
         torch.set_num_threads(limits.threads(args.threads, "--threads"))
-    elif limits.free_threads() is not None:  # other processes run: only the CPUs they leave
-        torch.set_num_threads(limits.free_threads())
+    elif (free := limits.free_threads()) is not None:  # others run: only the CPUs they leave
+        torch.set_num_threads(free)
     file = read_gguf(args.gguf or find_smollm2())
     prompt = ChatTokenizer.from_metadata(file.metadata).chat(args.prompt, system=args.system)
     check_length(len(prompt), args.max_new_tokens, file.config.context_length, file.config.name)

@@ -14,11 +14,12 @@ speed as a fraction of it.
 
 from __future__ import annotations
 
-import platform
 import time
 
 import torch
 from torch import nn
+
+from headwise.limits import cpu_model
 
 __all__ = ["BUFFER_BYTES", "cpu", "read_bandwidth", "step_bytes"]
 
@@ -50,18 +51,13 @@ def step_bytes(model: nn.Module) -> int:
 
 
 def cpu() -> str:
-    """``"<model name>; avx2 fma ... avx512_bf16"``: the CPU and which of the features the
-    kernels' paths depend on it has (from ``/proc/cpuinfo`` where there is one)."""
-    name, flags = platform.processor() or platform.machine(), set()
+    """``"<model name>; avx2 fma ... avx512_bf16"``: the CPU (:func:`headwise.limits.cpu_model`)
+    and which of the features the kernels' paths depend on it has (``/proc/cpuinfo``'s flags)."""
+    flags: set[str] = set()
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name in ("", platform.machine()):
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
+            flags = next((set(line.partition(":")[2].split()) for line in f
+                          if line.startswith("flags")), set())
     except OSError:
         pass
-    return f"{name}; {' '.join(f for f in _FEATURES if f in flags) or 'features unknown'}"
+    return f"{cpu_model()}; {' '.join(f for f in _FEATURES if f in flags) or 'features unknown'}"
