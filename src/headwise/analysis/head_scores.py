@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HeadScores", "as_tables", "spearman"]
+__all__ = ["HeadScores", "as_heads", "as_tables", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,12 @@ class HeadScores:
 
     def most(self, k: int) -> dict[str, dict[int, list[int]]]:
         """The ``k`` highest-scoring heads as ``{kind: {layer: [heads]}}``."""
-        return _as_heads(self.ranked()[:_count(k, "most")])
+        return as_heads(self.ranked()[:_count(k, "most")])
 
     def least(self, k: int) -> dict[str, dict[int, list[int]]]:
         """The ``k`` lowest-scoring heads as ``{kind: {layer: [heads]}}`` (the selection form of
         :func:`headwise.ablate` and of pruning)."""
-        return _as_heads(self.ranked(descending=False)[:_count(k, "least")])
+        return as_heads(self.ranked(descending=False)[:_count(k, "least")])
 
     def to_dict(self) -> dict:
         return {"method": self.method,
@@ -208,9 +208,10 @@ def _count(k, name: str) -> int:
     return k
 
 
-def _as_heads(rows) -> dict[str, dict[int, list[int]]]:
+def as_heads(rows) -> dict[str, dict[int, list[int]]]:
+    """``(kind, layer, head, ...)`` rows as the selection ``{kind: {layer: [heads]}}``."""
     out: dict[str, dict[int, list[int]]] = {}
-    for kind, layer, head, _ in rows:
+    for kind, layer, head, *_ in rows:
         out.setdefault(kind, {}).setdefault(layer, []).append(head)
     return {kind: {l: sorted(hs) for l, hs in sorted(per.items())} for kind, per in out.items()}
 

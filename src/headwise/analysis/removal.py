@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from headwise.analysis.ablation import ablate
-from headwise.analysis.head_scores import HeadScores
+from headwise.analysis.head_scores import HeadScores, as_heads
 from headwise.data import Seq2SeqBatch
 from headwise.train.evaluate import greedy_decode, strip_special
 
@@ -100,7 +100,7 @@ def compare(model: nn.Module, scores: Mapping[str, HeadScores], metric: Metric, 
                 raise ValueError(f"compare: fractions must lie in (0, 1), got {fraction!r}")
             k = max(1, round(fraction * len(cells)))
             by_method = {m: removed_metric(model, scores[m].least(k), metric) for m in names}
-            random = [removed_metric(model, _as_heads([cells[x] for x in
+            random = [removed_metric(model, as_heads([cells[x] for x in
                                                        torch.randperm(len(cells), generator=gen)
                                                        [:k].tolist()]), metric)
                       for _ in range(draws)]
@@ -108,13 +108,6 @@ def compare(model: nn.Module, scores: Mapping[str, HeadScores], metric: Metric, 
     finally:
         model.train(was_training)
     return Comparison(names, spearman, base, rows, higher, draws, len(cells))
-
-
-def _as_heads(cells) -> dict[str, dict[int, list[int]]]:
-    out: dict[str, dict[int, list[int]]] = {}
-    for kind, layer, head in cells:
-        out.setdefault(kind, {}).setdefault(layer, []).append(head)
-    return out
 
 
 @torch.no_grad()
