@@ -6,15 +6,7 @@ import pytest
 import torch
 
 from headwise.fast import native as _native
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f
-                         if line.startswith("flags")), set())
-    except OSError:
-        return set()
+from headwise.fast.roof import cpu_flags
 
 
 @pytest.fixture(params=["auto", "avx2"])
@@ -28,7 +20,7 @@ def isa(request, monkeypatch):
     if _native.status() != "ready":
         pytest.skip(f"no C kernels here: {_native.status()}")
     got = _native.isa()
-    wide = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= _cpu_flags()
+    wide = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= cpu_flags()
     assert got == ("avx512-bf16" if request.param == "auto" and wide else "avx2"), got
     return got
 

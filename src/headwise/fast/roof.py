@@ -21,7 +21,7 @@ from torch import nn
 
 from headwise.limits import cpu_model
 
-__all__ = ["BUFFER_BYTES", "cpu", "read_bandwidth", "step_bytes"]
+__all__ = ["BUFFER_BYTES", "cpu", "cpu_flags", "read_bandwidth", "step_bytes"]
 
 BUFFER_BYTES = 512 * 2**20  # 16x this project's largest cache (a 32 MiB L3)
 _FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16")
@@ -50,14 +50,18 @@ def step_bytes(model: nn.Module) -> int:
                   if getattr(m, "int4", None) is not None))
 
 
-def cpu() -> str:
-    """``"<model name>; avx2 fma ... avx512_bf16"``: the CPU (:func:`headwise.limits.cpu_model`)
-    and which of the features the kernels' paths depend on it has (``/proc/cpuinfo``'s flags)."""
-    flags: set[str] = set()
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags``; empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((set(line.partition(":")[2].split()) for line in f
-                          if line.startswith("flags")), set())
+            return next((set(line.partition(":")[2].split()) for line in f
+                         if line.startswith("flags")), set())
     except OSError:
-        pass
+        return set()
+
+
+def cpu() -> str:
+    """``"<model name>; avx2 fma ... avx512_bf16"``: the CPU (:func:`headwise.limits.cpu_model`)
+    and which of the features the kernels' paths depend on it has (:func:`cpu_flags`)."""
+    flags = cpu_flags()
     return f"{cpu_model()}; {' '.join(f for f in _FEATURES if f in flags) or 'features unknown'}"
