@@ -1,0 +1,193 @@
+"""Count what a piece of headwise would launch on a GPU, on a CPU-only machine.
+
+CI has no GPU, yet the GPU path's budget (kernels per call, host synchronisations) must not
+regress. Fake tensors on device ``"cuda:0"`` (``FakeTensorMode``) run every aten op's shape
+logic with no data and no driver; a counting dispatch mode under it records each op, so:
+
+- ``ops``: the aten ops a call issues, views excluded (each other op is at least one CUDA kernel
+  in eager mode);
+- ``syncs``: host reads of a device value (``aten._local_scalar_dense``: ``.item()``, ``bool()``,
+  ``int()``, ``.tolist()``) and data-dependent shapes (``nonzero``, boolean-mask indexing,
+  ``unique``), which on a GPU wait for the device. Fake tensors cannot answer either, so the
+  call raises there: the run records the sync, the error, and stops that block;
+- ``h2d``: copies from the CPU to the device inside the block.
+
+Some ops abort the *process* on the CPU wheel when they meet a fake CUDA tensor (``torch.cat``
+asks for a CUDA device guard, which this build lacks: "PyTorch is not linked with support for
+cuda devices", then ``terminate``). So every script runs in a child process; an abort is a
+failed run with its stderr, never a dead test session.
+
+Usage (a test)::
+
+    from tests.fake_cuda import run
+    counts = run('''
+        m = headwise.MultiHeadAttention(64, 4)
+        m = fake_module(m)                      # parameters -> fake cuda:0, same shapes/dtypes
+        x = cuda(2, 16, 64)                     # a fake cuda:0 tensor (float32 by default)
+        with counted("forward"):
+            m(x, causal=True)
+    ''')
+    assert counts["forward"].syncs == 0 and counts["forward"].kernels <= 12
+
+The script sees ``torch``, ``headwise``, ``nn``, ``F``, ``cuda``, ``fake_module`` and
+``counted``; it runs under the fake mode, so every tensor it makes is fake (make CPU tensors
+with ``device="cpu"``: they are fake CPU tensors, and copying one to ``cuda:0`` counts as h2d).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Counts", "run", "VIEWS"]
+
+# ops that make views or read metadata: no kernel on a GPU
+VIEWS = frozenset({
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.permute",
+    "aten.transpose", "aten.t", "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select",
+    "aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind", "aten.as_strided",
+    "aten.alias", "aten.detach", "aten.narrow", "aten.unflatten", "aten.flatten",
+    "aten.diagonal", "aten.lift_fresh", "aten.view_as", "aten.expand_as", "aten.movedim",
+    "aten.sym_size", "aten.sym_stride", "aten.sym_numel", "aten.sym_storage_offset",
+    "aten.is_same_size", "aten._reshape_alias", "aten.empty_like", "aten.empty",
+    "aten.empty_strided", "prim.device", "prim.layout", "aten._has_compatible_shallow_copy_type",
+    "aten.is_contiguous", "aten.stride", "aten.size", "aten.dim", "aten.numel",
+})
+SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.unique", "aten._unique",
+            "aten._unique2", "aten.masked_select", "aten.item", "aten.equal",
+            "aten.is_nonzero")
+
+_RUNNER = r'''
+import json, sys, contextlib, traceback
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+import headwise
+
+VIEWS = set(json.loads(sys.argv[1]))
+SYNC_OPS = tuple(json.loads(sys.argv[2]))
+RESULTS = {}
+
+
+def _name(func):
+    return str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self, row):
+        super().__init__()
+        self.row = row
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _name(func)
+        if name.startswith(SYNC_OPS):
+            self.row["syncs"].append(name)
+        elif name in ("aten._to_copy", "aten.copy_", "aten.to"):
+            src = args[1] if name == "aten.copy_" else args[0]
+            dst = (args[0].device if name == "aten.copy_"
+                   else kwargs.get("device", getattr(src, "device", None)))
+            if getattr(src, "device", None) is not None and src.device.type == "cpu" \
+                    and dst is not None and torch.device(dst).type == "cuda":
+                self.row["h2d"].append(name)
+        if name not in VIEWS:
+            self.row["ops"].append(name)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def counted(label):
+    row = RESULTS.setdefault(label, {"ops": [], "syncs": [], "h2d": [], "error": None})
+    try:
+        with _Count(row):
+            yield row
+    except Exception as e:  # a sync (data-dependent output) or any other failure: recorded
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        if not any(s in type(e).__name__ for s in ("DataDependent", "DynamicOutputShape")):
+            row["traceback"] = traceback.format_exc()[-4000:]
+
+
+def cuda(*shape, dtype=torch.float32, requires_grad=False):
+    return torch.empty(*shape, dtype=dtype, device="cuda:0", requires_grad=requires_grad)
+
+
+def fake_module(module, dtype=None):
+    """The module with every parameter and buffer replaced by a fake cuda:0 tensor of the same
+    shape (and dtype, or ``dtype`` for floating ones), keeping requires_grad."""
+    for mod in module.modules():
+        for n, p in list(mod._parameters.items()):
+            if p is not None:
+                dt = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+                mod._parameters[n] = nn.Parameter(
+                    torch.empty(p.shape, dtype=dt, device="cuda:0"), requires_grad=p.requires_grad)
+        for n, b in list(mod._buffers.items()):
+            if b is not None:
+                dt = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
+                mod._buffers[n] = torch.empty(b.shape, dtype=dt, device="cuda:0")
+    return module
+
+
+_SCRIPT = open(sys.argv[3]).read()
+with FakeTensorMode(allow_non_fake_inputs=True):
+    exec(compile(_SCRIPT, "<fake-cuda script>", "exec"),
+         {"torch": torch, "nn": nn, "F": F, "headwise": headwise, "cuda": cuda,
+          "fake_module": fake_module, "counted": counted})
+print("@@COUNTS@@" + json.dumps(RESULTS))
+'''
+
+
+@dataclass
+class Counts:
+    """What one ``counted(label)`` block issued."""
+    ops: list[str] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)
+    h2d: list[str] = field(default_factory=list)
+    error: str | None = None
+    traceback: str | None = None
+
+    @property
+    def kernels(self) -> int:
+        """Non-view aten ops: a lower bound on the CUDA kernels launched in eager mode."""
+        return len(self.ops)
+
+    def histogram(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in self.ops:
+            out[name] = out.get(name, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def __str__(self) -> str:
+        return (f"{self.kernels} ops, syncs {self.syncs}, h2d {self.h2d}, error {self.error}; "
+                f"{self.histogram()}")
+
+
+def run(script: str, *, timeout: float = 240.0, env: dict | None = None) -> dict[str, Counts]:
+    """Run ``script`` (see the module docstring) in a child process under fake CUDA; return its
+    ``counted`` blocks by label. A crash of the child (an abort, a timeout, an exception outside
+    every ``counted`` block) is an AssertionError with its output."""
+    import tempfile
+    src = Path(__file__).resolve().parents[1] / "src"
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(script))
+        path = f.name
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), **(env or {})}
+    try:
+        done = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(sorted(VIEWS)),
+                               json.dumps(SYNC_OPS), path], capture_output=True, text=True,
+                              timeout=timeout, env=child_env)
+    finally:
+        os.unlink(path)
+    marker = "@@COUNTS@@"
+    if done.returncode != 0 or marker not in done.stdout:
+        raise AssertionError(f"the fake-CUDA run failed (exit {done.returncode}):\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    raw = json.loads(done.stdout.split(marker, 1)[1])
+    return {label: Counts(**row) for label, row in raw.items()}
