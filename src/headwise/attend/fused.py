@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
-from headwise.fast import finite
+from headwise.fast import cuda_lse as _cuda_lse
+from headwise.fast import finite, gpu, has_triton
 from headwise.fast import flash_cpu as _flash_cpu
 from headwise.heads import expand_kv
 from headwise.observe import (
@@ -51,18 +52,18 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         if selection is not None and selection.everything:
             _check_budget(strict, q, k)
     plan = _weights_plan(selection, q, k, v, dropout_p, strict_on)
-    weights = lse = None
+    weights = lse = lse_kernel = None
     if plan == WEIGHTS_AT_V:
         weights, out = _weights.softmax_rows(q, k, v, mask=mask, causal=is_causal, scale=scale)
     elif plan == "lse":
-        out, lse = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
+        out, lse, lse_kernel = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
     else:
         out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
     # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
     # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
     out = nan_policy(out, q, k, v)
     if active():
-        _record_sdpa(out, q, k, selection, plan, lse is not None, kernel, reason, mask,
+        _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask,
                      is_causal, causal_in_mask)
     if plan == "rows":
         heads, rows, _ = selection.resolve(h, q.shape[2], k.shape[2], q.device)
@@ -71,9 +72,34 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
     elif plan == "lse":
         if lse is None:
             lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
-        weights = _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
-                                    selection=selection)
+        weights = _from_lse(q, k, lse, mask, is_causal, scale, selection)
     return out, weights
+
+
+# Weights recomputed at a time on a GPU when triton is missing (torch ops, float32 blocks):
+# 64M elements = 256 MiB, enough for the whole of most selections in one block.
+GPU_BLOCK_ELEMENTS = 1 << 26
+
+
+def _from_lse(q, k, lse, mask, is_causal, scale, selection):
+    """The selected weights from the row ``lse (b, h, i)``: on a GPU with triton one kernel
+    writes them (:mod:`headwise.fast.triton_weights`), elsewhere
+    :func:`headwise.weights.from_lse` computes them in blocks sized for the device."""
+    if not gpu(q):
+        return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                                 selection=selection)
+    if not has_triton() or q.dtype == torch.float64:  # (the kernel: half and float32)
+        return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                                 selection=selection, budget=GPU_BLOCK_ELEMENTS)
+    from headwise.fast import triton_weights  # imports triton: only here, on a GPU
+
+    heads, rows, keys = (selection or _weights.Selection()).resolve(
+        q.shape[1], q.shape[2], k.shape[2], q.device)
+    with torch.no_grad():
+        return triton_weights.select_and_launch(
+            q, k, lse, mask=mask, causal=is_causal,
+            scale=q.shape[-1] ** -0.5 if scale is None else scale,
+            heads=heads, rows=rows, keys=keys)
 
 
 def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
@@ -85,12 +111,13 @@ def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
       times v, block by block while the block is in cache — one ``q k^T`` instead of two (the
       fused kernel's and the recompute's). Strict mode keeps the fused kernel for the output.
     - ``"rows"``: the fused kernel's output; the selected whole rows recomputed as a softmax.
-    - ``"lse"``: a key range: the fused kernel's output and its log-sum-exp, which a part of
-      a row needs (:func:`headwise.weights.from_lse`).
+    - ``"lse"``: a key range (a part of a row needs the row's log-sum-exp), or any selection
+      on a GPU: the fused kernel's output and its log-sum-exp from one call, then the weights
+      from the LSE (one Triton kernel, :func:`_from_lse`); no scores are computed twice.
     """
     if selection is None:
         return None
-    if selection.keys is not None:
+    if selection.keys is not None or gpu(q):  # a GPU kernel hands its LSE out with the output
         return "lse"
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if selection.everything and not grad and dropout_p == 0.0 and not strict_on:
@@ -98,13 +125,13 @@ def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
     return "rows"
 
 
-def _record_sdpa(out, q, k, selection, plan, flash_lse, kernel, reason, mask, is_causal,
+def _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask, is_causal,
                  causal_in_mask) -> None:
     source = None
     if selection is not None:
         rows = _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
                                    _weights.BLOCK_ELEMENTS)
-        source = (WeightsSource("lse", "flash" if flash_lse else "chunked pass",
+        source = (WeightsSource("lse", lse_kernel or "chunked pass",
                                 min(rows, q.shape[2])) if plan == "lse"
                   else WeightsSource("rows", "", min(rows, q.shape[2])))
     quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V
@@ -158,17 +185,25 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale):
 
 
 def _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale):
-    """``(out, lse or None)``: the CPU flash op returns its log-sum-exp with the output (the
-    same op ``F.sdpa`` runs, so output and gradients are unchanged); other kernels give None."""
+    """``(out, lse (b, h, i) or None, which kernel gave the LSE)``: the CPU flash op and the
+    CUDA flash / efficient / cuDNN ops return their log-sum-exp with the output (the same ops
+    ``F.sdpa`` runs, so output and gradients are unchanged); other kernels give None."""
     h, g = q.shape[1], k.shape[1]
-    if not _flash_cpu.takes(q, k, v, dropout_p,
-                            lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)):
-        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None
+    choice = lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)  # noqa: E731
+    if gpu(q):
+        kernel = _cuda_lse.choose(q.dtype, mask, dropout_p, choice())
+        got = _cuda_lse.with_lse(q, k, v, mask, is_causal, scale, kernel)
+        if got is not None:
+            return (*got, kernel.removesuffix("_ATTENTION").lower())
+        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None, None
+    if not _flash_cpu.takes(q, k, v, dropout_p, choice):
+        return _fused(q, k, v, mask, is_causal, dropout_p, scale), None, None
     bias = None if mask is None else _masks.as_bias(mask, q.dtype)
     if _flash_cpu.applies(q, k, v, dropout_p, lambda: "FLASH_ATTENTION"):
-        return _flash_cpu.FlashUpcastBackward.apply(q, expand_kv(k, h), expand_kv(v, h),
-                                                    bias, is_causal, scale)
-    return _flash_cpu.with_lse(q, expand_kv(k, h), expand_kv(v, h), bias, is_causal, scale)
+        return (*_flash_cpu.FlashUpcastBackward.apply(q, expand_kv(k, h), expand_kv(v, h),
+                                                      bias, is_causal, scale), "flash")
+    return (*_flash_cpu.with_lse(q, expand_kv(k, h), expand_kv(v, h), bias, is_causal, scale),
+            "flash")
 
 
 def _check_budget(strict, q, k) -> None:

@@ -3,15 +3,17 @@
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
 their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
 memory roof a step is measured against (``roof``), huge-page
-and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), and the
-CPU flash kernel that returns its log-sum-exp (``flash_cpu``). Everything here is an
+and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), the
+CPU flash kernel that returns its log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp
+(``cuda_lse``) and the Triton kernel that writes per-head weights from it
+(``triton_weights``, imported only on a GPU: it needs the ``gpu`` extra's triton). Everything here is an
 optimisation of a computation the plain torch path (:mod:`headwise.layers`,
 :mod:`headwise.attend`, :mod:`headwise.step`) also does: switching it off
 (``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
 
 This file is the one place that decides where the layer applies (as Hugging Face's
-``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule,
-:func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
+``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule
+(:func:`gpu` its CUDA side, with :func:`has_triton`), :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
 question about torch.compile. No other module tests a tensor's device for speed.
@@ -22,11 +24,13 @@ May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwis
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "host"]
+__all__ = ["applies", "compiling", "finite", "gpu", "has_triton", "host"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -46,6 +50,24 @@ def host(*tensors: torch.Tensor) -> bool:
         if not t.is_cpu:
             return False
     return not _compiling()
+
+
+def gpu(*tensors: torch.Tensor) -> bool:
+    """The GPU rule: every tensor on a CUDA device, outside torch.compile. There weights come
+    from the row log-sum-exp the fused CUDA kernel returns with the output
+    (:mod:`headwise.fast.cuda_lse`), written by one Triton kernel where triton is installed
+    (:func:`has_triton`; :mod:`headwise.fast.triton_weights`), with no host read in between.
+    Attribute reads only."""
+    for t in tensors:
+        if t.device.type != "cuda":
+            return False
+    return bool(tensors) and not _compiling()
+
+
+@functools.cache
+def has_triton() -> bool:
+    """Whether the ``triton`` package is installed (the ``gpu`` extra); asked once."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) -> bool:
