@@ -79,7 +79,7 @@ def _bias(mask: torch.Tensor | None, q: torch.Tensor, nk: int) -> torch.Tensor |
         return None
     bias = _masks.as_bias(mask, q.dtype)
     if nk % _BIAS_ALIGN:
-        bias = F.pad(bias, (0, _BIAS_ALIGN - nk % _BIAS_ALIGN))[..., :nk]
+        bias = F.pad(bias, (0, _BIAS_ALIGN - nk % _BIAS_ALIGN)).narrow(-1, 0, nk)
     b, h, nq = q.shape[:3]
     return bias.expand(b, h, nq, nk)
 
