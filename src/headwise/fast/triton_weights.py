@@ -48,10 +48,11 @@ def _weights_kernel(Q, K, LSE, KSUM, M, W, RP, KP,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, ROW_IDX: tl.constexpr,
                     KEY_IDX: tl.constexpr, IEEE: tl.constexpr):
     pid_m, pid_n, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, h = pid_bh // HS, pid_bh % HS
+    # 64-bit offsets: a weights tensor may pass 2^31 elements (b=8, h=16, n=4096)
+    b, h = (pid_bh // HS).to(tl.int64), (pid_bh % HS).to(tl.int64)
     kvh = (HEAD0 + h) // GROUP  # grouped-query attention: the key head this query head reads
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     in_m, in_n, in_d = offs_m < NI, offs_n < NJ, offs_d < D
     q = tl.load(Q + b * sq0 + h * sq1 + offs_m[:, None] * sq2 + offs_d[None, :] * sq3,
