@@ -79,3 +79,72 @@ triton_weights.select_and_launch = planted
     counts = run(_SCRIPT.format(plant=plant.replace("bool(torch.isnan(lse).any())", "False")))
     c = counts["one head torch.bfloat16"]
     assert c.syncs == [] and _kernels(c) > BUDGET["one head"], c.histogram()
+
+
+_WIRING = r'''
+import json, math, sys
+import torch
+import headwise as hw
+import headwise.attend.fused as fused
+from headwise import masks
+from headwise.heads import expand_kv
+
+# The GPU branch on real CPU values: the device rule says "GPU", and the CUDA op is stood in
+# for by the CPU flash op, which returns the same (out, lse (b, h, i)) pair; the weights then
+# come from the Triton kernel under the interpreter.
+fused.gpu = lambda *tensors: True
+def cpu_with_lse(q, k, v, mask, is_causal, scale, kernel):
+    h = q.shape[1]
+    bias = None if mask is None else masks.as_bias(mask, q.dtype)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, expand_kv(k, h), expand_kv(v, h), 0.0, is_causal, attn_mask=bias, scale=scale)
+fused._cuda_lse.with_lse = cpu_with_lse
+
+torch.manual_seed(int(sys.argv[1]))
+out = {}
+for b, h, g, nq, nk in ((2, 4, 2, 33, 33), (1, 6, 3, 20, 45), (2, 2, 1, 1, 17)):
+    q, k, v = torch.randn(b, h, nq, 16), torch.randn(b, g, nk, 16), torch.randn(b, g, nk, 16)
+    pad = torch.ones(b, 1, 1, nk, dtype=torch.bool)
+    pad[0, ..., nk // 2:] = False
+    for mname, mask in (("none", None), ("padding", pad), ("additive", torch.randn(nq, nk))):
+        for causal in (False, True):
+            for sname, sel in (("all", True), ("head", hw.Selection(heads=1)),
+                               ("rows", hw.Selection(rows=slice(-3, None))),
+                               ("keys", hw.Selection(keys=slice(2, 9))),
+                               ("scattered", hw.Selection(heads=[1, 0], rows=[0, nq - 1],
+                                                          keys=[nk - 1, 0, 3]))):
+                o, w = hw.attention(q, k, v, mask=mask, causal=causal, return_weights=sel,
+                                    scale=0.3)
+                o64, w64 = hw.attention(q.double(), k.double(), v.double(), mask=mask if mask
+                                        is None or mask.dtype == torch.bool else mask.double(),
+                                        causal=causal, return_weights=sel, scale=0.3,
+                                        backend="eager")
+                out[f"{b},{h},{g},{nq},{nk} {mname} causal={causal} {sname}"] = [
+                    (w.double() - w64).abs().max().item(), (o.double() - o64).abs().max().item(),
+                    list(w.shape) == list(w64.shape)]
+print("@@" + json.dumps(out))
+'''
+
+
+def test_the_gpu_branch_wired_through_attention_matches_the_eager_reference():
+    """``hw.attention`` on the GPU branch (device rule forced, the CUDA op stood in for by the
+    CPU flash op, the Triton kernel interpreted): masks as ``_sdpa_inputs`` hands them over,
+    causal with nq != nk, the default of every selection, GQA, all equal float64 eager."""
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    seed = random.randrange(2**31)
+    done = subprocess.run([sys.executable, "-c", _WIRING, str(seed)], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0 and "@@" in done.stdout, done.stderr[-4000:]
+    res = json.loads(done.stdout.split("@@", 1)[1])
+    assert len(res) == 3 * 3 * 2 * 5
+    for name, (w_err, out_err, same_shape) in res.items():
+        # float32 kernels vs float64 over d = 16 terms and <= 45 keys
+        assert same_shape and w_err <= 2e-6 and out_err <= 2e-6, (seed, name, w_err, out_err)

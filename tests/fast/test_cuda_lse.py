@@ -37,6 +37,12 @@ def test_the_chosen_kernel_returns_an_lse_for_these_inputs(dtype, masked, dropou
     assert cuda_lse.choose(dtype, mask, dropout, sdpa) == want
 
 
+def test_values_of_another_head_dim_go_to_the_efficient_kernel():
+    # flash needs q, k and v of one head dim; SDPA itself would not pick it either
+    assert cuda_lse.choose(BF16, None, 0.0, "unknown", same_head_dims=False) == \
+        "EFFICIENT_ATTENTION"
+
+
 @pytest.mark.parametrize("n", [1, 31, 32, 1000])
 def test_every_documented_layout_reads_as_b_h_i(n):
     lse = torch.randn(2, 3, n, dtype=F64).float()

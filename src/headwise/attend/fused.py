@@ -191,7 +191,8 @@ def _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale):
     h, g = q.shape[1], k.shape[1]
     choice = lambda: sdpa_kernel_name(q, k, v, mask, dropout_p, is_causal, h != g)  # noqa: E731
     if gpu(q):
-        kernel = _cuda_lse.choose(q.dtype, mask, dropout_p, choice())
+        kernel = _cuda_lse.choose(q.dtype, mask, dropout_p, choice(),
+                                  same_head_dims=v.shape[-1] == q.shape[-1])
         got = _cuda_lse.with_lse(q, k, v, mask, is_causal, scale, kernel)
         if got is not None:
             return (*got, kernel.removesuffix("_ATTENTION").lower())

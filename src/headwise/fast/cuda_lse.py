@@ -47,17 +47,19 @@ _BIAS_ALIGN = 16
 
 
 def choose(dtype: torch.dtype, mask: torch.Tensor | None, dropout_p: float,
-           sdpa_choice: str) -> str | None:
+           sdpa_choice: str, *, same_head_dims: bool = True) -> str | None:
     """Which private op gives the output and the LSE: ``sdpa_choice`` (the name of the kernel
     SDPA would run, :func:`headwise.attend.sdpa_kernel_name`) when it is one of
     :data:`LSE_KERNELS` and takes ``dtype``/``mask``; otherwise flash for half precision
-    without a mask, the efficient kernel for float32 or a mask; None for other dtypes or
-    dropout (the plain path keeps SDPA's dropout)."""
+    without a mask and with values of the queries' head dim, the efficient kernel for float32,
+    a mask or another value head dim; None for other dtypes or dropout (the plain path keeps
+    SDPA's dropout)."""
     if dropout_p != 0.0 or dtype not in (*_HALF, torch.float32):
         return None
     if sdpa_choice == "CUDNN_ATTENTION" and dtype in _HALF:
         return sdpa_choice
-    if sdpa_choice == "EFFICIENT_ATTENTION" or mask is not None or dtype == torch.float32:
+    if sdpa_choice == "EFFICIENT_ATTENTION" or mask is not None or dtype == torch.float32 \
+            or not same_head_dims:
         return "EFFICIENT_ATTENTION"
     return "FLASH_ATTENTION"
 

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from headwise import masks as _masks
+
 __all__ = ["select_and_launch", "weights_from_lse"]
 
 _NO_MASK, _BOOL_MASK, _ADD_MASK = 0, 1, 2
@@ -154,7 +156,7 @@ def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
                       heads, rows, keys) -> torch.Tensor:
     """The weights of the selected ``heads``, ``rows``, ``keys`` (slices or int64 index tensors
     on the device, as :meth:`headwise.weights.Selection.resolve` gives them) of ``q (b, h, i,
-    d)``, ``k (b, g, j, d)``, ``lse (b, h, i)``, ``mask`` 4-D or None, ``causal``
+    d)``, ``k (b, g, j, d)``, ``lse (b, h, i)``, ``mask`` broadcastable to ``(b, h, i, j)`` or None, ``causal``
     bottom-right: views where the selection is a range, small gathers of q, k, lse and the
     mask where it is not, one key-sum reduction and one kernel."""
     b, h, nq, _ = q.shape
@@ -169,7 +171,7 @@ def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     lses = _take(_take(lse, 1, heads), 2, rows)
     ks = _take(k, 2, keys)
     if mask is not None:
-        mask = _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True).expand(
+        mask = _take(_take(_take(_masks.as_4d(mask), 1, heads, True), 2, rows, True), 3, keys, True).expand(
             b, qs.shape[1], qs.shape[2], ks.shape[2])
     row_pos = None if isinstance(rows, slice) else rows
     key_pos = None if isinstance(keys, slice) else keys
