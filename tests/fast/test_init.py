@@ -53,6 +53,19 @@ def test_finite_does_not_overflow_on_large_finite_half_values():
     assert fast.finite(t, t) is True
 
 
+def test_gpu_is_the_cuda_side_of_the_device_rule():
+    from tests.fake_cuda import run
+    assert not fast.gpu(torch.randn(3)) and not fast.gpu(torch.randn(3, device="meta"))
+    assert not fast.gpu()
+    counts = run('''
+        from headwise import fast
+        with counted("rule"):
+            assert fast.gpu(cuda(3), cuda(2, dtype=torch.bfloat16))
+            assert not fast.gpu(cuda(3), torch.empty(3, device="cpu"))
+    ''')
+    assert counts["rule"].error is None, counts["rule"].traceback
+
+
 def test_finite_says_none_off_the_host():
     assert fast.finite(torch.randn(3, device="meta")) is None
 

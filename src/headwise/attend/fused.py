@@ -129,11 +129,13 @@ def _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask, i
                  causal_in_mask) -> None:
     source = None
     if selection is not None:
-        rows = _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
-                                   _weights.BLOCK_ELEMENTS)
-        source = (WeightsSource("lse", lse_kernel or "chunked pass",
-                                min(rows, q.shape[2])) if plan == "lse"
-                  else WeightsSource("rows", "", min(rows, q.shape[2])))
+        rows = min(q.shape[2], _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
+                                                   _weights.BLOCK_ELEMENTS))
+        if gpu(q) and lse_kernel is not None:  # the CUDA kernel that made output and LSE;
+            kernel = f"{lse_kernel.upper()}_ATTENTION"  # Triton writes every row at once
+            rows = None if has_triton() else rows
+        source = (WeightsSource("lse", lse_kernel or "chunked pass", rows) if plan == "lse"
+                  else WeightsSource("rows", "", rows))
     quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V
     if plan == WEIGHTS_AT_V:
         kernel, reason = WEIGHTS_AT_V, ("all weights asked for, no autograd: one q k^T serves "
