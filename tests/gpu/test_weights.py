@@ -81,9 +81,11 @@ def _pick(w, sel, h, nq, nk):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("case", ["plain", "causal nq<nk, gqa", "padding mask", "gqa g=1"])
+@pytest.mark.parametrize("case", ["plain", "causal nq<nk, gqa", "causal nq>nk",
+                                  "padding mask", "gqa g=1"])
 def test_every_selection_matches_float64(dtype, case):
     shape = {"plain": {}, "causal nq<nk, gqa": {"g": 2, "nq": 150},
+             "causal nq>nk": {"nk": 150},  # bottom-right: the first 50 rows see no key: zeros
              "padding mask": {}, "gqa g=1": {"g": 1}}[case]
     q, k, v = _inputs(dtype, **shape)
     b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
