@@ -162,8 +162,9 @@ def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     b, h, nq, _ = q.shape
     g, nk = k.shape[1], k.shape[2]
     group, head0 = h // g, 0  # query head x of the selection reads key head (head0 + x) // group
-    if isinstance(heads, slice):
-        head0 = heads.start
+    if isinstance(heads, slice):  # only the key heads the selected heads read
+        kv0, kv1 = heads.start // group, (heads.stop - 1) // group + 1
+        k, head0 = k.narrow(1, kv0, kv1 - kv0), heads.start - kv0 * group
     else:  # each selected query head's key head, gathered (a few heads' keys)
         k, group = k.index_select(1, heads // group), 1
     ksum = k.sum(dim=(-2, -1), dtype=torch.float32)                    # (b, gk)
