@@ -2,21 +2,20 @@
 
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
 their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
-memory roof a step is measured against (``roof``), huge-page
-and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), the
-CPU flash kernel that returns its log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp
-(``cuda_lse``) and the Triton kernel that writes per-head weights from it
-(``triton_weights``, imported only on a GPU: it needs the ``gpu`` extra's triton). Everything here is an
-optimisation of a computation the plain torch path (:mod:`headwise.layers`,
-:mod:`headwise.attend`, :mod:`headwise.step`) also does: switching it off
-(``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
+memory roof a step is measured against (``roof``), huge-page and recycled buffers (``large``),
+inference that reuses its own buffers (``reuse``), the CPU flash kernel that returns its
+log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp (``cuda_lse``) and the Triton kernel
+that writes per-head weights from it (``triton_weights``, imported only on a GPU: it needs the
+``gpu`` extra's triton). Everything here is an optimisation of a computation the plain torch
+path (:mod:`headwise.layers`, :mod:`headwise.attend`, :mod:`headwise.step`) also does:
+switching it off (``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
 
 This file is the one place that decides where the layer applies (as Hugging Face's
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule
-(:func:`gpu` its CUDA side, with :func:`has_triton`), :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
-kernels and layouts, :func:`finite` the one NaN
-check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile. No other module tests a tensor's device for speed.
+(:func:`gpu` its CUDA side, with :func:`has_triton`), :func:`applies` the rule for the float32
+(and, where a kernel has that form, bfloat16) CPU kernels and layouts, :func:`finite` the one
+NaN check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the
+one question about torch.compile. No other module tests a tensor's device for speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.

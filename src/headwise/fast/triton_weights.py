@@ -154,11 +154,12 @@ def _take(x: torch.Tensor, dim: int, index, broadcast: bool = False) -> torch.Te
 def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
                       mask: torch.Tensor | None, causal: bool, scale: float,
                       heads, rows, keys) -> torch.Tensor:
-    """The weights of the selected ``heads``, ``rows``, ``keys`` (slices or int64 index tensors
-    on the device, as :meth:`headwise.weights.Selection.resolve` gives them) of ``q (b, h, i,
-    d)``, ``k (b, g, j, d)``, ``lse (b, h, i)``, ``mask`` broadcastable to ``(b, h, i, j)`` or None, ``causal``
-    bottom-right: views where the selection is a range, small gathers of q, k, lse and the
-    mask where it is not, one key-sum reduction and one kernel."""
+    """The weights of the selected ``heads``, ``rows``, ``keys`` (slices or int64 index
+    tensors on the device, as :meth:`headwise.weights.Selection.resolve` gives them) of
+    ``q (b, h, i, d)``, ``k (b, g, j, d)``, ``lse (b, h, i)``; ``mask`` broadcastable to
+    ``(b, h, i, j)`` or None, ``causal`` bottom-right: views where the selection is a range,
+    small gathers of q, k, lse and the mask where it is not, one key-sum reduction and one
+    kernel."""
     b, h, nq, _ = q.shape
     g, nk = k.shape[1], k.shape[2]
     group, head0 = h // g, 0  # query head x of the selection reads key head (head0 + x) // group
@@ -172,8 +173,9 @@ def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
     lses = _take(_take(lse, 1, heads), 2, rows)
     ks = _take(k, 2, keys)
     if mask is not None:
-        mask = _take(_take(_take(_masks.as_4d(mask), 1, heads, True), 2, rows, True), 3, keys, True).expand(
-            b, qs.shape[1], qs.shape[2], ks.shape[2])
+        mask = _masks.as_4d(mask)
+        mask = _take(_take(_take(mask, 1, heads, True), 2, rows, True), 3, keys, True)
+        mask = mask.expand(b, qs.shape[1], qs.shape[2], ks.shape[2])
     row_pos = None if isinstance(rows, slice) else rows
     key_pos = None if isinstance(keys, slice) else keys
     return weights_from_lse(
