@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 _CHILD = r'''
 import json, math, os, sys
@@ -167,3 +167,45 @@ def test_the_nan_policy_poisons_the_query_row_and_the_head_of_a_nan_key(results)
     r = results[0]["nan policy"]
     assert r["row"] and r["others in head 0"] and r["head 1"] and r["nan_match"]
     assert r["err"] <= 2e-6
+
+
+def _compile_for_h100(dtype: str, mask: int, causal: bool, idx: bool, aligned: bool = True):
+    """The kernel compiled ahead of time for sm_90 (an H100) on this CPU machine: triton's
+    wheel carries ptxas, and compiling needs no device. ``aligned``: the pointers, the
+    weights' strides and the key count divisible by 16, as the JIT specialises them for a
+    contiguous output of a key count divisible by 16."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from headwise.fast.triton_weights import _weights_kernel as kernel
+    names = kernel.arg_names
+    ptr = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[dtype]
+    const = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_D": 64, "MASK": mask, "CAUSAL": causal,
+             "ROW_IDX": idx, "KEY_IDX": idx, "IEEE": dtype == "float32",
+             "sq3": 1, "sk3": 1, "sw3": 1, "sm3": 1}
+    types = {"Q": ptr, "K": ptr, "W": ptr, "LSE": "*fp32", "KSUM": "*fp32", "M": "*u8",
+             "RP": "*i64", "KP": "*i64", "scale": "fp32"}
+    signature = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in ("Q", "K", "W", "LSE", "sw0", "sw1", "sw2", "NJ")} if aligned else {}
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+@pytest.mark.parametrize("dtype, mask, causal, idx", [
+    ("bfloat16", 0, False, False), ("float32", 2, True, True)])
+def test_the_kernel_compiles_for_an_h100_with_tensor_cores_and_wide_stores(dtype, mask, causal,
+                                                                           idx):
+    """What the interpreter cannot show: the GPU compile of each variant, ``q k^T`` on the
+    tensor cores (wgmma on sm_90; float32 as IEEE products), and the weights stored 16 bytes
+    at a time (the kernel is bound by that store)."""
+    pytest.importorskip("triton.backends.nvidia")
+    try:
+        compiled = _compile_for_h100(dtype, mask, causal, idx)
+    except (TypeError, AttributeError) as e:  # triton's AOT API moves between releases
+        pytest.skip(f"triton {triton.__version__}: ASTSource/compile API differs ({e})")
+    ptx = compiled.asm["ptx"]
+    if dtype != "float32":
+        assert "wgmma.mma_async" in ptx, "q k^T left the tensor cores"
+    assert "st.global.v4" in ptx or "st.global.v2" in ptx, "scalar stores of the weights"
