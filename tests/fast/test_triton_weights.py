@@ -171,9 +171,9 @@ def test_the_nan_policy_poisons_the_query_row_and_the_head_of_a_nan_key(results)
 
 def _compile_for_h100(dtype: str, mask: int, causal: bool, idx: bool, aligned: bool = True):
     """The kernel compiled ahead of time for sm_90 (an H100) on this CPU machine: triton's
-    wheel carries ptxas, and compiling needs no device. ``aligned``: the pointers, the
-    weights' strides and the key count divisible by 16, as the JIT specialises them for a
-    contiguous output of a key count divisible by 16."""
+    wheel carries ptxas, and compiling needs no device. ``aligned``: the pointers and the key
+    count divisible by 16, as the JIT specialises them for torch's allocations and a key
+    count divisible by 16."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -182,12 +182,12 @@ def _compile_for_h100(dtype: str, mask: int, causal: bool, idx: bool, aligned: b
     ptr = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[dtype]
     const = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_D": 64, "MASK": mask, "CAUSAL": causal,
              "ROW_IDX": idx, "KEY_IDX": idx, "IEEE": dtype == "float32",
-             "sq3": 1, "sk3": 1, "sw3": 1, "sm3": 1}
+             "sq3": 1, "sk3": 1, "sm3": 1}
     types = {"Q": ptr, "K": ptr, "W": ptr, "LSE": "*fp32", "KSUM": "*fp32", "M": "*u8",
              "RP": "*i64", "KP": "*i64", "scale": "fp32"}
     signature = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]]
-             for n in ("Q", "K", "W", "LSE", "sw0", "sw1", "sw2", "NJ")} if aligned else {}
+             for n in ("Q", "K", "W", "LSE", "NJ")} if aligned else {}
     src = ASTSource(fn=kernel, signature=signature,
                     constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

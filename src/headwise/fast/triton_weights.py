@@ -43,9 +43,10 @@ _NO_MASK, _BOOL_MASK, _ADD_MASK = 0, 1, 2
 
 # Sizes, offsets and the inputs' outer strides vary from call to call: specialising the kernel
 # on them (== 1, divisible by 16) would compile a variant per selection shape for no gain, as
-# the cost is the store of the weights. Its strides and the key count stay specialised: a key
-# count divisible by 16 lets the masked stores go out 16 bytes at a time (st.global.v4 instead
-# of one st.global.b16 per bf16 weight, seen in the PTX for sm_90).
+# the cost is the store of the weights. The key count stays specialised, and the contiguous
+# output's offsets are computed from it: a key count divisible by 16 lets the masked stores go
+# out 16 bytes at a time (st.global.v4 instead of one st.global.b16 per bf16 weight, seen in
+# the PTX for sm_90), and one flag of it is the only variant the output adds.
 _VARYING = ["sq0", "sq1", "sq2", "sk0", "sk1", "sk2", "sl0", "sl1", "sl2", "ss0", "ss1",
             "sm0", "sm1", "sm2", "HS", "NI", "D", "GROUP", "HEAD0", "ROW0", "KEY0", "SHIFT"]
 
@@ -53,7 +54,7 @@ _VARYING = ["sq0", "sq1", "sq2", "sk0", "sk1", "sk2", "sl0", "sl1", "sl2", "ss0"
 @triton.jit(do_not_specialize=_VARYING)
 def _weights_kernel(Q, K, LSE, KSUM, M, W, RP, KP,
                     sq0, sq1, sq2, sq3, sk0, sk1, sk2, sk3, sl0, sl1, sl2, ss0, ss1,
-                    sm0, sm1, sm2, sm3, sw0, sw1, sw2, sw3,
+                    sm0, sm1, sm2, sm3,
                     HS, NI, NJ, D, GROUP, HEAD0, ROW0, KEY0, SHIFT, scale,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, ROW_IDX: tl.constexpr,
@@ -98,8 +99,9 @@ def _weights_kernel(Q, K, LSE, KSUM, M, W, RP, KP,
     ksum = tl.load(KSUM + b * ss0 + kvh * ss1)                            # and the head
     poison = qsum * 0.0 + ksum * 0.0                  # 0 when both are finite, else NaN
     w = tl.where((poison != poison)[:, None], float("nan"), w)
-    tl.store(W + b * sw0 + h * sw1 + offs_m[:, None] * sw2 + offs_n[None, :] * sw3,
-             w.to(W.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+    row = (b * HS + h) * NI + offs_m                                      # W is contiguous
+    tl.store(W + row[:, None] * NJ + offs_n[None, :], w.to(W.dtype.element_ty),
+             mask=in_m[:, None] & in_n[None, :])
 
 
 @torch.library.custom_op("headwise::weights_from_lse", mutates_args=())
@@ -137,7 +139,7 @@ def weights_from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, ksum: 
         q, k, lse, ksum, m, w, row_pos if row_pos is not None else lse,
         key_pos if key_pos is not None else lse,
         *q.stride(), *k.stride(), *lse.stride(), *ksum.stride(),
-        *(m.stride() if mask is not None else (0, 0, 0, 0)), *w.stride(),
+        *(m.stride() if mask is not None else (0, 0, 0, 0)),
         hs, ni, nj, d, group, head0, row0, key0, shift, scale,
         BLOCK_M=64, BLOCK_N=block_n, BLOCK_D=block_d, MASK=kind, CAUSAL=causal,
         ROW_IDX=row_pos is not None, KEY_IDX=key_pos is not None,
