@@ -14,7 +14,7 @@ This file is the one place that decides where the layer applies (as Hugging Face
 :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile. No other module tests a tensor's device for speed.
+question about torch.compile, :func:`upload` the one rule for host-to-device copies. No other module tests a tensor's device for speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
@@ -26,7 +26,7 @@ import math
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "host"]
+__all__ = ["applies", "compiling", "finite", "host", "upload"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -46,6 +46,15 @@ def host(*tensors: torch.Tensor) -> bool:
         if not t.is_cpu:
             return False
     return not _compiling()
+
+
+def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the CPU) copied to ``device`` without a host sync: to a CUDA device from
+    page-locked memory with ``non_blocking=True`` (a plain ``.to`` from pageable memory waits
+    for the copy: one sync per training batch); elsewhere a plain ``.to``."""
+    if device.type == "cuda" and tensor.is_cpu:
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) -> bool:
