@@ -28,7 +28,7 @@ from headwise.train.dist import (
     pick_precision,
     upload,
 )
-from headwise.train.evaluate import evaluate, format_metrics, labels_of, loss_sum
+from headwise.train.evaluate import evaluate, format_metrics, loss_sum
 from headwise.train.interrupt import StopOnSigint
 from headwise.train.recipe import (
     build_model_config,
