@@ -94,8 +94,12 @@ def counts(fn: Callable[[], object], device: torch.device) -> dict:
             fn()
         sync(device)
     events = prof.events()
-    span = next(e for e in events if e.name == "measured").time_range
-    gpu = [e for e in events if e.device_type == DeviceType.CUDA]
+    span = next(e for e in events
+                if e.name == "measured" and e.device_type == DeviceType.CPU).time_range
+    # device-side events less the GPU copies of record_function ranges (user annotations:
+    # "measured", the optimizer's step, ...): kernels, memcpys and memsets
+    gpu = [e for e in events if e.device_type == DeviceType.CUDA
+           and not getattr(e, "is_user_annotation", False) and e.name != "measured"]
     copies = sum(e.name.startswith(("Memcpy", "Memset")) for e in gpu)
     calls = sum(e.name in SYNC_CALLS and span.start <= e.time_range.start <= span.end
                 for e in events)

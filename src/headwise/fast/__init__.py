@@ -14,10 +14,12 @@ This file is the one place that decides where the layer applies (as Hugging Face
 :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile, :func:`upload` the one rule for host-to-device copies. No other module tests a tensor's device for speed.
+question about torch.compile. No other module tests a tensor's device for speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
+
+:func:`upload` is the one rule for copying host data (a training batch) to a device.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "host", "upload"]
+__all__ = ["applies", "compiling", "finite", "host"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
