@@ -40,6 +40,15 @@ def compiling() -> bool:
     return _compiling()
 
 
+def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the CPU) copied to ``device`` without a host sync: to a CUDA device from
+    page-locked memory with ``non_blocking=True`` (a plain ``.to`` from pageable memory waits
+    for the copy: one sync per training batch); elsewhere a plain ``.to``."""
+    if device.type == "cuda" and tensor.is_cpu:
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def host(*tensors: torch.Tensor) -> bool:
     """The device rule: every tensor on the CPU, outside torch.compile. On a GPU a value read
     back to Python (``.item()``) is a device sync, and the C kernels and huge pages are the
@@ -48,15 +57,6 @@ def host(*tensors: torch.Tensor) -> bool:
         if not t.is_cpu:
             return False
     return not _compiling()
-
-
-def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` (on the CPU) copied to ``device`` without a host sync: to a CUDA device from
-    page-locked memory with ``non_blocking=True`` (a plain ``.to`` from pageable memory waits
-    for the copy: one sync per training batch); elsewhere a plain ``.to``."""
-    if device.type == "cuda" and tensor.is_cpu:
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) -> bool:
