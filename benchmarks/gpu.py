@@ -38,11 +38,11 @@ PY = sys.executable
 # --plumbing, "--plumbing --quick"). Order: what the issue must show first.
 STEPS = [
     ("tests", 75, [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"]),
-    ("attention", 60, [PY, "benchmarks/attention.py", "{flags}"]),
-    ("weights", 80, [PY, "benchmarks/weights.py", "{flags}"]),
-    ("train", 60, [PY, "benchmarks/train.py", "{flags}"]),
-    ("stats", 60, [PY, "benchmarks/stats.py", "{flags}"]),
-    ("generate", 75, [PY, "benchmarks/generate.py", "{flags}"]),
+    ("attention", 55, [PY, "benchmarks/attention.py", "{flags}"]),
+    ("weights", 95, [PY, "benchmarks/weights.py", "{flags}"]),
+    ("train", 55, [PY, "benchmarks/train.py", "{flags}"]),
+    ("stats", 50, [PY, "benchmarks/stats.py", "{flags}"]),
+    ("generate", 90, [PY, "benchmarks/generate.py", "{flags}"]),
 ]
 ORDER = ["ceilings", "tests", "attention", "weights", "stats", "generate", "train"]
 CARD = (

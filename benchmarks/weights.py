@@ -32,7 +32,8 @@ the anchor), all weights, torch.nn.MultiheadAttention(need_weights=True,
 average_attn_weights=False) with the same weights (and need_weights=False), one head, the last
 16 query rows of every head, a 64-key range of every row; each measurement k calls then one
 synchronisation. Then CUDA kernels and host syncs per forward (torch.profiler, the sync debug
-mode) and the peak device memory of each selection over the bytes it returns (bf16, n=1024).
+mode) and the peak device memory of each selection over the bytes it returns (bf16, n=1024);
+last, head_stats over the fused causal SDPA at n=16384 (b=1, 16 heads, d=64, bf16).
 ``--plumbing`` runs those tables at a tiny size on any device (checks the script).
 
     python benchmarks/weights.py --device cuda [--quick]
@@ -334,6 +335,31 @@ def gpu_count_rows(b: int, n: int, device) -> list[dict]:
     return rows
 
 
+def gpu_stats_rows(n: int, device, h: int = 16, d: int = 64) -> list[dict]:
+    """``headwise.stats.head_stats`` (b=1, causal, bf16, token ids) over the fused causal SDPA
+    forward on the same q, k, v (issue #28's statistics row; part C's own benchmark may add
+    more)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, d, device=device, dtype=torch.bfloat16) for _ in range(3))
+    ids = torch.randint(0, 1000, (1, n), device=device)
+    cand = {"stats": lambda: hw.stats.head_stats(q, k, causal=True, token_ids=ids),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    with torch.inference_mode():
+        k_rep = G.repeats(cand["sdpa"], device)
+        t = G.interleave({"sdpa": lambda: [cand["sdpa"]() for _ in range(k_rep)],
+                          "stats": cand["stats"]}, device, warmup=1, min_rounds=3,
+                         max_rounds=5, budget_s=5.0)
+        row = {"n": n, "heads": h, "d": d, "sdpa ms": C.median_ms(t["sdpa"]) / k_rep,
+               "stats ms": C.median_ms(t["stats"]),
+               "stats / fused (<= 5)": C.ratio(t["stats"], t["sdpa"]) * k_rep}
+        if device.type == "cuda":
+            row["stats peak MiB"] = G.peak_extra(cand["stats"], device)[0] / 2**20
+            if row["stats ms"] < 200:  # (a profile of tens of thousands of kernels takes long)
+                row.update({f"stats {key}": v for key, v in
+                            G.counts(cand["stats"], device).items() if key in ("kernels", "syncs")})
+    return [row]
+
+
 def gpu_main(args, device) -> None:
     """The weights rows of issue #28 (see the module docstring)."""
     G.setup(device)
@@ -353,6 +379,10 @@ def gpu_main(args, device) -> None:
     print(f"\n## CUDA kernels, host syncs and peak memory per forward (bf16, b={b}, n={n}; "
           f"goal: 0 syncs)\n")
     print(C.table(counts, list(counts[0])), flush=True)
+    n = 256 if args.plumbing else 16384
+    stats = gpu_stats_rows(n, device, *((2, 16) if args.plumbing else ()))
+    print(f"\n## Streaming head statistics vs the fused causal kernel (b=1, bf16, n={n})\n")
+    print(C.table(stats, list(stats[0])), flush=True)
 
 
 def main() -> None:
