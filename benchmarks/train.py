@@ -155,6 +155,50 @@ def make(kind, vocab, precision, batch, s: Shape = CPU_SHAPE, device=CPU):
     return model, step
 
 
+def with_joint_qkv(step):
+    """``step`` with headwise's self-attention projecting q, k and v as one GEMM over
+    ``cat(W_q, W_k, W_v)`` (the CPU's rule, :func:`headwise.fast.joint_qkv`) instead of the
+    three GEMMs it runs off the CPU: that choice measured on the device. None where the layer
+    has no such rule."""
+    import headwise.layers as layers
+    rule = getattr(layers, "joint_qkv", None)
+    if rule is None:
+        return None
+
+    def run():
+        layers.joint_qkv = lambda *tensors: True
+        try:
+            return step()
+        finally:
+            layers.joint_qkv = rule
+    run.logits = step.logits
+    return run
+
+
+def gpu_rows(precision, batch, s, device, quick) -> list[dict]:
+    """headwise, headwise with one QKV GEMM, plain: ms/step, speed vs plain, kernels and syncs
+    per step, and the fp32 logits gap headwise vs plain (same weights)."""
+    steps = {kind: make(kind, GPU_VOCAB, precision, batch, s, device)[1]
+             for kind in ("headwise", "plain")}
+    joint = with_joint_qkv(make("headwise", GPU_VOCAB, precision, batch, s, device)[1])
+    if joint is not None:
+        steps["headwise, one QKV GEMM"] = joint
+    with torch.no_grad():
+        a, b = (steps[k].logits().float() for k in ("headwise", "plain"))
+        gap = ((a - b).abs().max() / b.abs().max()).item()
+    del a, b
+    per_step = {k: G.counts(fn, device) for k, fn in steps.items()}
+    times = G.interleave(steps, device, k=5, warmup=2, min_rounds=5,
+                         max_rounds=12 if quick else 40, budget_s=12.0 if quick else 40.0)
+    return [{"model": f"{k} {precision}", "ms/step": C.median_ms(times[k]),
+             "tokens/s": s.batch * s.ctx / statistics.median(times[k]),
+             "speed vs plain": C.ratio(times["plain"], times[k]),
+             "kernels/step": per_step[k].get("kernels", "-"),
+             "host syncs/step": per_step[k].get("syncs", "-"),
+             "logits gap vs plain (fp32, rel)": f"{gap:.1e}" if k != "plain" else "-",
+             "rounds": len(times[k])} for k in steps]
+
+
 def gpu_main(args, device):
     """The issue's training row on a GPU (see the module docstring)."""
     G.setup(device)
@@ -163,33 +207,15 @@ def gpu_main(args, device):
     tokens = torch.randint(0, GPU_VOCAB, (s.batch, s.ctx + 1), generator=g)
     batch = LMBatch(tokens[:, :-1], tokens[:, 1:], torch.full((s.batch,), s.ctx),
                     torch.ones(s.batch, s.ctx, dtype=torch.bool))
-    precisions = ["bf16"] if args.quick else ["bf16", "fp32"]
     print(f"# {G.describe(device)}", flush=True)
-    print(f"# {'tiny plumbing' if args.plumbing else 'GPT-2-small'} shape: {s.layers} layers, d_model {s.d}, {s.heads} heads, d_ff {s.ff}, "
-          f"vocab {GPU_VOCAB} (random tokens), batch {s.batch}x{s.ctx}, learned positions, "
-          f"GELU, tied embeddings, fused AdamW", flush=True)
+    print(f"# {'tiny plumbing' if args.plumbing else 'GPT-2-small'} shape: {s.layers} layers, "
+          f"d_model {s.d}, {s.heads} heads, d_ff {s.ff}, vocab {GPU_VOCAB} (random tokens), "
+          f"batch {s.batch}x{s.ctx}, learned positions, GELU, tied embeddings, fused AdamW; "
+          f"5 steps per measurement", flush=True)
     rows = []
-    for precision in precisions:
-        made = {kind: make(kind, GPU_VOCAB, precision, batch, s, device)
-                for kind in ("headwise", "plain")}
-        with torch.no_grad():
-            a, b = (made[k][1].logits().float() for k in ("headwise", "plain"))
-            gap = ((a - b).abs().max() / b.abs().max()).item()
-        del a, b
-        steps = {k: made[k][1] for k in made}
-        per_step = {k: G.counts(fn, device) for k, fn in steps.items()}
-        times = G.interleave(steps, device, k=5, warmup=2, min_rounds=5,
-                             max_rounds=10 if args.quick else 40,
-                             budget_s=10.0 if args.quick else 40.0)
-        for k in ("headwise", "plain"):
-            rows.append({"model": f"{k} {precision}", "ms/step": C.median_ms(times[k]),
-                         "tokens/s": s.batch * s.ctx / statistics.median(times[k]),
-                         "speed vs plain": C.ratio(times["plain"], times[k]),
-                         "kernels/step": per_step[k].get("kernels", "-"),
-                         "host syncs/step": per_step[k].get("syncs", "-"),
-                         "logits gap (fp32, rel)": f"{gap:.1e}", "rounds": len(times[k])})
-        print(C.table(rows[-2:], list(rows[-1])), file=sys.stderr, flush=True)  # progress
-        del made, steps
+    for precision in ["bf16"] if args.quick else ["bf16", "fp32"]:
+        rows += gpu_rows(precision, batch, s, device, args.quick)
+        print(C.table(rows, list(rows[0])), file=sys.stderr, flush=True)  # progress
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print("\n## Training step, headwise vs plain (nanoGPT style, same weights)\n")

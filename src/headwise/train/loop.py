@@ -292,7 +292,10 @@ def _loop(run: _Run, progress: bool, on_eval, stop: StopOnSigint) -> None:
                 _evaluate(run, done, loss_value, bar.console, on_eval)
             if save_now:
                 _save(run, done)
-            if any_rank(stop.requested, d, run.device) and not last:
+            # several processes agree on Ctrl-C through a collective and a read: on a GPU only
+            # at the steps whose loss is read anyway (the CPU reads every step)
+            if (d.world == 1 or loss_value is not None) and not last and any_rank(
+                    stop.requested, d, run.device):
                 _interrupted(run, done, saved=save_now)
 
 
