@@ -37,7 +37,9 @@ PY = sys.executable
 # (step, time limit in seconds, command); "{flags}" is "--device cuda --quick" (or, with
 # --plumbing, "--plumbing --quick"). Order: what the issue must show first.
 STEPS = [
-    ("tests", 75, [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"]),
+    # -v: each test's verdict as it finishes (kept if the step is cut at its limit)
+    ("tests", 75, [PY, "-m", "pytest", "-v", "--tb=short", "-rfE", "--durations=8", "-p",
+                   "no:cacheprovider", "tests/gpu"]),
     ("attention", 55, [PY, "benchmarks/attention.py", "{flags}"]),
     ("weights", 95, [PY, "benchmarks/weights.py", "{flags}"]),
     ("train", 55, [PY, "benchmarks/train.py", "{flags}"]),
