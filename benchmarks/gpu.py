@@ -101,7 +101,7 @@ def card(env: dict) -> tuple[str, str, int]:
     """``(card name, card / torch / CUDA line, torch threads)`` from a child process."""
     try:
         line = subprocess.run([PY, "-c", CARD], capture_output=True, text=True, env=env,
-                              cwd=ROOT, timeout=120).stdout.strip().splitlines()[-1]
+                              cwd=ROOT, timeout=60).stdout.strip().splitlines()[-1]
         name, text, threads = line.split("|")
         return name, text, int(threads)
     except (subprocess.SubprocessError, IndexError, ValueError):
@@ -185,6 +185,12 @@ def main() -> int:
         done.append(step)
         write_section(args.outdir, header, done, machine, commit, threads)
         print(f"## {name}: exit {code}, {seconds:.0f} s", flush=True)
+    print("\n## summary: each step's exit status and seconds, then every goal line")
+    for s in done:
+        goals = [line.strip() for line in Path(s["output"]).read_text(errors="replace")
+                 .splitlines() if line.lower().startswith("goal")]
+        print(f"{s['name']}: exit {s['exit']}, {s['seconds']:.0f} s"
+              + "".join(f"\n    {g}" for g in goals))
     failed = [s["name"] for s in done if s["exit"]]
     print(f"\nwrote {args.outdir / 'gpu-section.md'} in {time.perf_counter() - start:.0f} s"
           + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
