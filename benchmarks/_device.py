@@ -115,3 +115,16 @@ def peak_extra(fn: Callable[[], object], device: torch.device) -> tuple[float, o
     out = fn()
     sync(device)
     return torch.cuda.max_memory_allocated(device) - base, out
+
+
+def goal(label: str, values: list, limit: float, *, at_least: bool = False) -> str:
+    """One line ``goal LABEL <= LIMIT: v1, v2 PASS|FAIL`` (``>=`` with ``at_least``); values
+    that are not numbers (an uncounted row) make it ``NOT MEASURED``."""
+    nums = [v for v in values if isinstance(v, (int, float))]
+    shown = ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values)
+    if len(nums) != len(values) or not nums:
+        verdict = "NOT MEASURED"
+    else:
+        ok = all(v >= limit for v in nums) if at_least else all(v <= limit for v in nums)
+        verdict = "PASS" if ok else "FAIL"
+    return f"goal {label} {'>=' if at_least else '<='} {limit:g}: {shown} {verdict}"

@@ -272,6 +272,16 @@ def gpu_main(args, device) -> None:
           f"<= 12 kernels, 0 syncs)\n")
     print(C.table(count_rows, list(count_rows[0])) if count_rows[0].keys() - {"call", "n"}
           else "(no CUDA device: not counted)")
+    print()
+    for dtype in ("bf16", "fp32"):
+        for mode in ("fwd", "fwdbwd"):
+            mine = [r for r in rows if r["dtype"] == dtype and r["mode"] == mode]
+            print(G.goal(f"headwise / raw, {dtype} {mode} (n = "
+                         f"{', '.join(str(r['n']) for r in mine)})",
+                         [r["headwise / raw"] for r in mine], 1.05))
+    fwd = count_rows[0]
+    print(G.goal("kernels per headwise forward", [fwd.get("kernels", "-")], 12))
+    print(G.goal("host syncs per headwise forward", [fwd.get("syncs", "-")], 0))
 
 
 def main() -> None:

@@ -383,6 +383,18 @@ def gpu_main(args, device) -> None:
     stats = gpu_stats_rows(n, device, *((2, 16) if args.plumbing else ()))
     print(f"\n## Streaming head statistics vs the fused causal kernel (b=1, bf16, n={n})\n")
     print(C.table(stats, list(stats[0])), flush=True)
+    print()
+    for column, limit in (("all / torch+w (<= 1.0)", 1.0), ("one head / fused (<= 1.15)", 1.15),
+                          ("last 16 rows / fused (<= 1.15)", 1.15),
+                          ("64 keys / fused (<= 1.3)", 1.3)):
+        print(G.goal(column.split(" (")[0] + " (" + ", ".join(
+            f"{r['dtype']} n={r['n']}" for r in rows) + ")", [r[column] for r in rows], limit))
+    by = {r["forward (bf16)"]: r for r in counts}
+    print(G.goal("host syncs per forward: fused / all / one head",
+                 [by[k].get("syncs", "-") for k in ("fused", "all", "one head")], 0))
+    print(G.goal("peak / returned weights, all",
+                 [by["all"].get("peak / returned weights (all: <= 1.2)", "-")], 1.2))
+    print(G.goal("head_stats / fused", [stats[0]["stats / fused (<= 5)"]], 5))
 
 
 def main() -> None:
