@@ -17,6 +17,15 @@ projections are not causal, so at module level they dilute the causal saving.
     python benchmarks/attention.py [--seqs 128 256 ...] [--modes fwd fwdbwd] [--no-memory]
                                    [--core-seqs 1024 2048 4096] [--core-only]
                                    [--threads N] [--clock wall|cpu]
+
+``--device cuda`` (issue #28's fused rows): b=4, embed 1024, 16 heads, causal, bf16 at
+n = 1024 and 4096 and fp32 at n = 1024 (and 4096 without ``--quick``), forward (no_grad) and
+forward+backward: headwise.MultiHeadAttention vs "raw" = F.linear x4 + causal SDPA on the same
+weights (the anchor), TF32 off, each measurement k calls then one synchronisation; then CUDA
+kernels and host syncs per call (torch.profiler, the sync debug mode) at n = 1024 bf16.
+``--plumbing`` runs those tables at a tiny size on any device (checks the script).
+
+    python benchmarks/attention.py --device cuda [--quick]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+import _device as G  # noqa: E402
 import headwise as hw  # noqa: E402
 from headwise.attend import fused as _sdpa  # noqa: E402
 
@@ -188,6 +198,92 @@ def memory_child(name: str, n: int, mode: str) -> None:
     print(json.dumps({"peak_mb": C.rss_mb("VmHWM") - base}))
 
 
+GPU_B, GPU_H, GPU_E = 4, 16, 1024
+
+
+def gpu_step(name: str, n: int, mode: str, dtype, device, shape=(GPU_B, GPU_H, GPU_E)):
+    """``step()``: one causal forward (no_grad) or forward+backward of headwise ("headwise")
+    or of F.linear x4 + SDPA on the same weights ("raw"); ``step.out()`` its output."""
+    b, h, e = shape
+    torch.manual_seed(0)
+    grad = mode == "fwdbwd"
+    m = hw.MultiHeadAttention(e, h).to(device, dtype)
+    x = torch.randn(b, n, e, device=device, dtype=dtype, requires_grad=grad)
+    gout = torch.randn(b, n, e, device=device, dtype=dtype)
+
+    def split(t):
+        return t.view(b, n, h, e // h).transpose(1, 2)
+
+    def raw():
+        q, k, v = (split(F.linear(x, p.weight, p.bias)) for p in (m.q_proj, m.k_proj, m.v_proj))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(o.transpose(1, 2).reshape(b, n, e), m.out_proj.weight, m.out_proj.bias)
+
+    call = raw if name == "raw" else (lambda: m(x, causal=True)[0])
+    if grad:
+        def step():
+            for p in [*m.parameters(), x]:
+                p.grad = None
+            call().backward(gout)
+    else:
+        def step():
+            with torch.no_grad():
+                call()
+    step.out = call
+    return step
+
+
+def gpu_main(args, device) -> None:
+    """The fused rows of issue #28 (see the module docstring)."""
+    G.setup(device)
+    shape = (2, 2, 32) if args.plumbing else (GPU_B, GPU_H, GPU_E)
+    seqs = [64, 128] if args.plumbing else [1024, 4096]
+    print(f"# {G.describe(device)}; b={shape[0]}, embed={shape[2]}, heads={shape[1]}, causal; "
+          f"raw = F.linear x4 + F.scaled_dot_product_attention(is_causal=True), same weights\n",
+          flush=True)
+    points = [(torch.bfloat16, n, mode) for n in seqs for mode in ("fwd", "fwdbwd")]
+    points += [(torch.float32, n, mode) for n in (seqs[:1] if args.quick else seqs)
+               for mode in ("fwd", "fwdbwd")]
+    rows = []
+    for dtype, n, mode in points:
+        steps = {name: gpu_step(name, n, mode, dtype, device, shape)
+                 for name in ("raw", "headwise")}
+        with torch.no_grad():
+            a, r = steps["headwise"].out().float(), steps["raw"].out().float()
+            gap = ((a - r).abs().max() / r.abs().max()).item()
+        k = G.repeats(steps["raw"], device)
+        t = G.interleave(steps, device, k=k, min_rounds=5, max_rounds=15 if args.quick else 40,
+                         budget_s=2.0 if args.quick else 6.0)
+        rows.append({"dtype": {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype], "n": n, "mode": mode,
+                     "raw ms": C.median_ms(t["raw"]), "headwise ms": C.median_ms(t["headwise"]),
+                     "headwise / raw": C.ratio(t["headwise"], t["raw"]),
+                     "goal": "<= 1.05", "max rel diff": f"{gap:.1e}", "rounds": len(t["raw"])})
+        print(C.table(rows[-1:], list(rows[-1])), file=sys.stderr, flush=True)  # progress
+        del steps
+    print("\n## Fused MHA vs hand-written F.linear + SDPA (medians of per-round ratios)\n")
+    print(C.table(rows, list(rows[0])), flush=True)
+    n = seqs[0]
+    count_rows = []
+    for name, mode in (("headwise", "fwd"), ("raw", "fwd"), ("headwise", "fwdbwd"),
+                       ("raw", "fwdbwd")):
+        got = G.counts(gpu_step(name, n, mode, torch.bfloat16, device, shape), device)
+        count_rows.append({"call": f"{name} {mode}", "n": n, **got})
+    print(f"\n## CUDA kernels and host syncs per call (bf16, n={n}; goal: headwise forward "
+          f"<= 12 kernels, 0 syncs)\n")
+    print(C.table(count_rows, list(count_rows[0])) if count_rows[0].keys() - {"call", "n"}
+          else "(no CUDA device: not counted)")
+    print()
+    for dtype in ("bf16", "fp32"):
+        for mode in ("fwd", "fwdbwd"):
+            mine = [r for r in rows if r["dtype"] == dtype and r["mode"] == mode]
+            print(G.goal(f"headwise / raw, {dtype} {mode} (n = "
+                         f"{', '.join(str(r['n']) for r in mine)})",
+                         [r["headwise / raw"] for r in mine], 1.05))
+    fwd = count_rows[0]
+    print(G.goal("kernels per headwise forward", [fwd.get("kernels", "-")], 12))
+    print(G.goal("host syncs per headwise forward", [fwd.get("syncs", "-")], 0))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seqs", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
@@ -200,11 +296,18 @@ def main() -> None:
     p.add_argument("--clock", choices=sorted(C.CLOCKS), default="wall",
                    help="cpu: this process's CPU time (for 1 thread on a shared machine)")
     p.add_argument("--child", nargs=3, metavar=("NAME", "N", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cpu", help="cpu (the CPU tables) or cuda (issue #28's)")
+    p.add_argument("--quick", action="store_true", help="--device cuda: fp32 at n=1024 only")
+    p.add_argument("--plumbing", action="store_true",
+                   help="the --device tables at a tiny size, on any device (checks the script)")
     args = p.parse_args()
     if args.child:
         return memory_child(args.child[0], int(args.child[1]), args.child[2])
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type != "cpu" or args.plumbing:
+        return gpu_main(args, device)
     C.set_clock(args.clock)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, b={B}, embed={E}, "
           f"heads={H}, fp32\n")

@@ -25,6 +25,18 @@ process per point):
                                  [--tables weights floor memory stats long compile]
 
 On a shared machine, ``--threads 1 --clock cpu`` times this process's own CPU time.
+
+``--device cuda`` (issue #28's weights rows): embed 1024, 16 heads, no mask, inference mode,
+TF32 off, bf16 and fp32, (b=4, n=1024) and (b=2, n=4096): headwise without weights ("fused",
+the anchor), all weights, torch.nn.MultiheadAttention(need_weights=True,
+average_attn_weights=False) with the same weights (and need_weights=False), one head, the last
+16 query rows of every head, a 64-key range of every row; each measurement k calls then one
+synchronisation. Then CUDA kernels and host syncs per forward (torch.profiler, the sync debug
+mode) and the peak device memory of each selection over the bytes it returns (bf16, n=1024);
+last, head_stats over the fused causal SDPA at n=16384 (b=1, 16 heads, d=64, bf16).
+``--plumbing`` runs those tables at a tiny size on any device (checks the script).
+
+    python benchmarks/weights.py --device cuda [--quick]
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+import _device as G  # noqa: E402
 import headwise as hw  # noqa: E402
 from headwise.fast import large as _large  # noqa: E402
 
@@ -251,6 +264,139 @@ def compile_rows(budget: float) -> list[dict]:
              "compile s (first call)": first}]
 
 
+GPU_H, GPU_E = 16, 1024
+GPU_POINTS = [(torch.bfloat16, 4, 1024), (torch.bfloat16, 2, 4096), (torch.float32, 4, 1024),
+              (torch.float32, 2, 4096)]
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def gpu_candidates(b: int, n: int, dtype, device, h: int = GPU_H, e: int = GPU_E) -> dict:
+    """Each candidate returns ``(output, weights or None)``; headwise is a copy of the torch
+    module (:meth:`headwise.MultiHeadAttention.from_torch`), so their weights are comparable."""
+    torch.manual_seed(0)
+    tm = nn.MultiheadAttention(e, h, batch_first=True).to(device, dtype).eval()
+    mha = hw.MultiHeadAttention.from_torch(tm).to(device, dtype).eval()
+    x = torch.randn(b, n, e, device=device, dtype=dtype)
+    mid = n // 2
+    return {
+        "fused": lambda: mha(x),
+        "all": lambda: mha(x, return_weights=True),
+        "torch+w": lambda: tm(x, x, x, need_weights=True, average_attn_weights=False),
+        "torch": lambda: tm(x, x, x, need_weights=False),
+        "one head": lambda: mha(x, return_weights=hw.Selection(heads=0)),
+        "last 16 rows": lambda: mha(x, return_weights=hw.Selection(rows=slice(-16, None))),
+        "64 keys": lambda: mha(x, return_weights=hw.Selection(keys=slice(mid, mid + 64))),
+    }
+
+
+def gpu_time_rows(points, device, quick: bool) -> list[dict]:
+    rows = []
+    for dtype, b, n in points:
+        cand = gpu_candidates(b, n, dtype, device)
+        with torch.inference_mode():
+            w_hw, w_torch = cand["all"]()[1].float(), cand["torch+w"]()[1].float()
+            gap = (w_hw - w_torch).abs().max().item()
+            del w_hw, w_torch
+            k = G.repeats(cand["fused"], device)
+            t = G.interleave(cand, device, k=k, min_rounds=5, max_rounds=12 if quick else 30,
+                             budget_s=3.0 if quick else 8.0)
+        f = t["fused"]
+        rows.append({"dtype": DTYPE_NAMES[dtype], "b": b, "n": n,
+                     "fused ms": C.median_ms(f), "torch+w ms": C.median_ms(t["torch+w"]),
+                     "all / torch+w (<= 1.0)": C.ratio(t["all"], t["torch+w"]),
+                     "all / fused": C.ratio(t["all"], f),
+                     "one head / fused (<= 1.15)": C.ratio(t["one head"], f),
+                     "last 16 rows / fused (<= 1.15)": C.ratio(t["last 16 rows"], f),
+                     "64 keys / fused (<= 1.3)": C.ratio(t["64 keys"], f),
+                     "fused / torch need_weights=False": C.ratio(f, t["torch"]),
+                     "max |w - torch w|": f"{gap:.1e}", "rounds": len(f)})
+        print(C.table(rows[-1:], list(rows[-1])), file=sys.stderr, flush=True)  # progress
+        del cand
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def gpu_count_rows(b: int, n: int, device) -> list[dict]:
+    """Kernels and host syncs per forward, and (on CUDA) peak memory over the returned bytes."""
+    cand = gpu_candidates(b, n, torch.bfloat16, device)
+    rows = []
+    for name in ("fused", "all", "one head", "last 16 rows", "64 keys", "torch+w", "torch"):
+        with torch.inference_mode():
+            row = {"forward (bf16)": name, "b": b, "n": n, **G.counts(cand[name], device)}
+            if device.type == "cuda":
+                peak, out = G.peak_extra(cand[name], device)
+                weights = out[1]
+                row["peak MiB"] = peak / 2**20
+                row["peak / returned weights (all: <= 1.2)"] = (
+                    peak / weights.nbytes if weights is not None else "-")
+                del out, weights
+        rows.append(row)
+    return rows
+
+
+def gpu_stats_rows(n: int, device, h: int = 16, d: int = 64) -> list[dict]:
+    """``headwise.stats.head_stats`` (b=1, causal, bf16, token ids) over the fused causal SDPA
+    forward on the same q, k, v (issue #28's statistics row; part C's own benchmark may add
+    more)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, d, device=device, dtype=torch.bfloat16) for _ in range(3))
+    ids = torch.randint(0, 1000, (1, n), device=device)
+    cand = {"stats": lambda: hw.stats.head_stats(q, k, causal=True, token_ids=ids),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    with torch.inference_mode():
+        k_rep = G.repeats(cand["sdpa"], device)
+        t = G.interleave({"sdpa": lambda: [cand["sdpa"]() for _ in range(k_rep)],
+                          "stats": cand["stats"]}, device, warmup=1, min_rounds=3,
+                         max_rounds=5, budget_s=5.0)
+        row = {"n": n, "heads": h, "d": d, "sdpa ms": C.median_ms(t["sdpa"]) / k_rep,
+               "stats ms": C.median_ms(t["stats"]),
+               "stats / fused (<= 5)": C.ratio(t["stats"], t["sdpa"]) * k_rep}
+        if device.type == "cuda":
+            row["stats peak MiB"] = G.peak_extra(cand["stats"], device)[0] / 2**20
+            if row["stats ms"] < 200:  # (a profile of tens of thousands of kernels takes long)
+                row.update({f"stats {key}": v for key, v in
+                            G.counts(cand["stats"], device).items() if key in ("kernels", "syncs")})
+    return [row]
+
+
+def gpu_main(args, device) -> None:
+    """The weights rows of issue #28 (see the module docstring)."""
+    G.setup(device)
+    global GPU_H, GPU_E
+    points = GPU_POINTS
+    if args.plumbing:
+        GPU_H, GPU_E = 2, 32
+        points = [(torch.bfloat16, 2, 64), (torch.float32, 1, 128)]
+    print(f"# {G.describe(device)}; embed={GPU_E}, heads={GPU_H}, no mask, inference mode\n",
+          flush=True)
+    rows = gpu_time_rows(points, device, args.quick)
+    print("\n## Weights vs torch need_weights and vs the fused path (medians of per-round "
+          "ratios; goals in the headers)\n")
+    print(C.table(rows, list(rows[0])), flush=True)
+    b, n = points[0][1:]
+    counts = gpu_count_rows(b, n, device)
+    print(f"\n## CUDA kernels, host syncs and peak memory per forward (bf16, b={b}, n={n}; "
+          f"goal: 0 syncs)\n")
+    print(C.table(counts, list(counts[0])), flush=True)
+    n = 256 if args.plumbing else 16384
+    stats = gpu_stats_rows(n, device, *((2, 16) if args.plumbing else ()))
+    print(f"\n## Streaming head statistics vs the fused causal kernel (b=1, bf16, n={n})\n")
+    print(C.table(stats, list(stats[0])), flush=True)
+    print()
+    for column, limit in (("all / torch+w (<= 1.0)", 1.0), ("one head / fused (<= 1.15)", 1.15),
+                          ("last 16 rows / fused (<= 1.15)", 1.15),
+                          ("64 keys / fused (<= 1.3)", 1.3)):
+        print(G.goal(column.split(" (")[0] + " (" + ", ".join(
+            f"{r['dtype']} n={r['n']}" for r in rows) + ")", [r[column] for r in rows], limit))
+    by = {r["forward (bf16)"]: r for r in counts}
+    print(G.goal("host syncs per forward: fused / all / one head",
+                 [by[k].get("syncs", "-") for k in ("fused", "all", "one head")], 0))
+    print(G.goal("peak / returned weights, all",
+                 [by["all"].get("peak / returned weights (all: <= 1.2)", "-")], 1.2))
+    print(G.goal("head_stats / fused", [stats[0]["stats / fused (<= 5)"]], 5))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter budgets")
@@ -260,7 +406,12 @@ def main() -> None:
     p.add_argument("--clock", choices=sorted(C.CLOCKS), default="wall")
     p.add_argument("--seqs", type=int, nargs="+", help="n for the weights table")
     p.add_argument("--child", nargs=2, metavar=("WHAT", "N"), help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cpu", help="cpu (the CPU tables) or cuda (issue #28's)")
+    p.add_argument("--plumbing", action="store_true",
+                   help="the --device tables at a tiny size, on any device (checks the script)")
     args = p.parse_args()
+    if args.device != "cpu" or args.plumbing:
+        return gpu_main(args, torch.device(args.device))
     if args.threads:
         torch.set_num_threads(args.threads)
         CHILD_FLAGS.extend(["--threads", str(args.threads)])

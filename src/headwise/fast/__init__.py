@@ -19,6 +19,8 @@ one question about torch.compile. No other module tests a tensor's device for sp
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
+
+:func:`upload` is the one rule for copying host data (a training batch) to a device.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ def compiling() -> bool:
     """Whether torch.compile is tracing: it cannot branch on a value, read a storage or call
     C, so the layer steps aside and the plain torch path (which it fuses) runs."""
     return _compiling()
+
+
+def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the CPU) copied to ``device`` without a host sync: to a CUDA device from
+    page-locked memory with ``non_blocking=True`` (a plain ``.to`` from pageable memory waits
+    for the copy: one sync per training batch); elsewhere a plain ``.to``."""
+    if device.type == "cuda" and tensor.is_cpu:
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def host(*tensors: torch.Tensor) -> bool:

@@ -28,13 +28,18 @@ DDP's gradient average equals the single-process gradient of the whole batch. Ra
 evaluates, logs and writes checkpoints.
 
 A non-finite loss stops the run with :class:`~headwise.errors.TrainingDiverged` naming the
-step, before the step's update; weights are checked finite before every save.
+step, with the weights of the step before it; weights are checked finite before every save. On
+the CPU the loss is read every step and the run stops before the bad update; on a GPU reading
+it would be a host sync per step, so the check stays on the device (fused AdamW skips the bad
+update and every later one) and the run stops at the next read, every 10 steps and at each
+evaluation and save (:mod:`headwise.train.watch`).
 
 Modules: ``config`` (:class:`TrainConfig`, presets and time estimates; torch-free, for
 ``headwise train --help``), ``recipe`` (model config, optimizer, schedule per task), ``loop``
 (:func:`train`), ``evaluate`` (task metrics, greedy decoding), ``dist`` (DDP set-up, precision),
-``interrupt`` (Ctrl-C). The wing may import the models, data, checkpoint and the public core;
-nothing outside it imports ``loop`` but the commands. Names are imported on first use (PEP 562),
+``interrupt`` (Ctrl-C), ``watch`` (the divergence guard, on the device off the CPU). The wing
+may import the models, data, checkpoint and the public core; nothing outside it imports
+``loop`` but the commands. Names are imported on first use (PEP 562),
 so ``headwise.train.config`` stays torch-free.
 """
 

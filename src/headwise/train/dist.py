@@ -7,14 +7,15 @@ environment; a single process needs none of it and never touches ``torch.distrib
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from headwise import fast
 from headwise._device import parse_device
 
-__all__ = ["Dist", "any_rank", "barrier", "global_sum", "init_distributed", "pick_precision",
-           "shutdown"]
+__all__ = ["Dist", "all_sum", "any_rank", "barrier", "global_sum", "init_distributed",
+           "pick_precision", "shutdown", "upload"]
 
 
 def _cpu_has_native_bf16() -> bool:
@@ -71,13 +72,25 @@ def init_distributed(device_name: str) -> tuple[Dist, torch.device]:
     return Dist(dist.get_rank(), dist.get_world_size(), local), device
 
 
-def global_sum(value: torch.Tensor, d: Dist) -> float:
-    """``value`` summed over every process (itself when alone)."""
+def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """``value`` summed over every process (itself when alone), left on its device: no read."""
     if d.world > 1:
         import torch.distributed as dist
         value = value.clone()
         dist.all_reduce(value)
-    return float(value)
+    return value
+
+
+def global_sum(value: torch.Tensor, d: Dist) -> float:
+    """``value`` summed over every process, read back (a device sync off the CPU)."""
+    return float(all_sum(value, d))
+
+
+def upload(batch, device: torch.device):
+    """A host batch (a dataclass of CPU tensors) on ``device``, each tensor copied by
+    :func:`headwise.fast.upload` (no host sync on a GPU)."""
+    return type(batch)(**{f.name: fast.upload(getattr(batch, f.name), device)
+                          for f in fields(batch)})
 
 
 def any_rank(flag: bool, d: Dist, device: torch.device) -> bool:

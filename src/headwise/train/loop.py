@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,13 +21,14 @@ from headwise.models import build
 from headwise.train.config import TrainConfig, estimate_seconds, format_seconds
 from headwise.train.dist import (
     Dist,
+    all_sum,
     any_rank,
     barrier,
-    global_sum,
     init_distributed,
     pick_precision,
+    upload,
 )
-from headwise.train.evaluate import evaluate, format_metrics, labels_of, loss_sum
+from headwise.train.evaluate import evaluate, format_metrics, loss_sum
 from headwise.train.interrupt import StopOnSigint
 from headwise.train.recipe import (
     build_model_config,
@@ -38,6 +40,7 @@ from headwise.train.recipe import (
     step_seed,
     task_for,
 )
+from headwise.train.watch import LossWatch
 
 __all__ = ["TrainResult", "train"]
 
@@ -81,6 +84,7 @@ class _Run:
     history: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     saved_step: int | None = None
+    watch: LossWatch | None = None
 
     @property
     def autocast(self) -> bool:
@@ -121,6 +125,7 @@ def _setup(cfg: TrainConfig, checked, verbose: bool) -> _Run:
     from rich.console import Console
     run = _Run(cfg, dist, device, precision, task, model_config, model, wrapped, optimizer,
                None, Console(), verbose and dist.main)
+    run.watch = LossWatch(optimizer)
     _describe(run, why)
     return run
 
@@ -147,27 +152,35 @@ def _describe(run: _Run, why: str) -> None:
              f"Ctrl-C saves a checkpoint to --resume){hint}")
 
 
-def _token_count(batch, pad: int) -> int:
+def _host_counts(batch, pad: int) -> tuple[int, int]:
+    """``(target tokens, all tokens)`` of a host (CPU) batch, counted with numpy: host data,
+    no device involved (tests count the loop's tensor reads, which on a GPU are syncs)."""
     if isinstance(batch, Seq2SeqBatch):
-        return int((batch.src != pad).sum() + (batch.tgt_out != pad).sum())
-    return int((batch.labels != pad).sum())
+        src = int(np.count_nonzero(batch.src.numpy() != pad))
+        tgt = int(np.count_nonzero(batch.tgt_out.numpy() != pad))
+        return tgt, src + tgt
+    labels = int(np.count_nonzero(batch.labels.numpy() != pad))
+    return labels, labels
 
 
-def _train_step(run: _Run, step: int) -> tuple[float, int]:
-    """One optimizer step; ``(global mean loss, tokens in the global batch)``. A non-finite
-    loss raises before the update, so the weights stay those of the last good step."""
+def _train_step(run: _Run, step: int) -> tuple[float | None, int]:
+    """One optimizer step; ``(global mean loss or None when not read this step, tokens in the
+    global batch)``. A non-finite loss raises before the update where the loss is read every
+    step (the CPU); elsewhere :class:`~headwise.train.watch.LossWatch` skips the update on the
+    device and the loop raises at the next read, so the weights stay those of the last good
+    step either way."""
     cfg, d = run.cfg, run.dist
     pad = run.task.tokenizer.pad_id
     torch.manual_seed(step_seed(cfg.seed, step, d.rank))
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     full = run.task.batch(step, cfg.batch_size)
-    n_global = int((labels_of(full) != pad).sum())
-    batch = full.shard(d.rank, d.world).to(run.device)
+    n_global, tokens = _host_counts(full, pad)
+    batch = upload(full.shard(d.rank, d.world), run.device)
     local = loss_sum(run.wrapped, batch, pad_id=pad, label_smoothing=cfg.label_smoothing,
                      autocast=run.autocast)
-    loss_value = global_sum(local.detach(), d) / n_global
-    if not math.isfinite(loss_value):
+    loss_value = run.watch.see(step, all_sum(local.detach(), d) / n_global)
+    if loss_value is not None and not math.isfinite(loss_value):
         _diverged(run, step + 1, f"the training loss is {loss_value}")
     # DDP averages gradients over ranks: scale so the result is d(global mean)/dw
     (local * (d.world / n_global)).backward()
@@ -175,7 +188,16 @@ def _train_step(run: _Run, step: int) -> tuple[float, int]:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_value, _token_count(full, pad)
+    return loss_value, tokens
+
+
+def _read_loss(run: _Run) -> float:
+    """The latest step's loss, read back; raises if any loss since the last read was not
+    finite (the device-side check of :class:`~headwise.train.watch.LossWatch`)."""
+    value, bad = run.watch.read()
+    if bad is not None:
+        _diverged(run, bad[0] + 1, f"the training loss is {bad[1]}")
+    return value
 
 
 def _diverged(run: _Run, step: int, what: str) -> None:
@@ -189,7 +211,9 @@ def _diverged(run: _Run, step: int, what: str) -> None:
 
 
 def _check_weights(run: _Run, step: int) -> None:
-    if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+    """Every parameter finite, with one host read (one device sync, at saves and evaluations)."""
+    finite = torch.stack([torch.isfinite(p).all() for p in run.model.parameters()])
+    if not bool(finite.all()):
         _diverged(run, step, "the weights are no longer finite")
 
 
@@ -253,26 +277,32 @@ def _loop(run: _Run, progress: bool, on_eval, stop: StopOnSigint) -> None:
             loss_value, tokens = _train_step(run, step)
             tokens_seen += tokens
             done = step + 1
-            elapsed = time.perf_counter() - timed_from
-            bar.update(handle, completed=done, loss=loss_value,
-                       tps=tokens_seen / elapsed if elapsed > 0 else 0.0)
             last = done == cfg.steps
             evaluate_now = (cfg.eval_every and done % cfg.eval_every == 0) or last
             save_now = run.out is not None and (
                 (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or last)
+            if loss_value is None and (evaluate_now or save_now or run.watch.due(step)):
+                loss_value = _read_loss(run)
+            elapsed = time.perf_counter() - timed_from
+            bar.update(handle, completed=done, tps=tokens_seen / elapsed if elapsed > 0 else 0.0,
+                       **({} if loss_value is None else {"loss": loss_value}))
             if evaluate_now or save_now:
                 _check_weights(run, done)
             if evaluate_now and d.main:
                 _evaluate(run, done, loss_value, bar.console, on_eval)
             if save_now:
                 _save(run, done)
-            if any_rank(stop.requested, d, run.device) and not last:
+            # several processes agree on Ctrl-C through a collective and a read: on a GPU only
+            # at the steps whose loss is read anyway (the CPU reads every step)
+            if (d.world == 1 or loss_value is not None) and not last and any_rank(
+                    stop.requested, d, run.device):
                 _interrupted(run, done, saved=save_now)
 
 
 def _interrupted(run: _Run, done: int, *, saved: bool) -> None:
     if run.out is not None:
         if not saved:
+            _read_loss(run)
             _check_weights(run, done)
             _save(run, done)
         _log(run.console, run.dist.main, f"[bold yellow]interrupted[/] after step {done} of "
