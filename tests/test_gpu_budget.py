@@ -231,3 +231,31 @@ def test_a_llama_forward_on_fake_cuda_has_no_sync_and_no_host_copy():
     got = counts["forward"]
     assert got.error is None, got.traceback
     assert got.syncs == [] and got.h2d == [], str(got)
+
+
+def _enc_dec_and_bert():
+    """``{name: (model, args, kwargs)}``: the encoder-decoder with source lengths and pad ids,
+    and a BERT encoder with a padding attention mask."""
+    from headwise.models import Transformer, TransformerConfig
+    from headwise.models.bert import BertConfig, BertModel
+    t = Transformer(TransformerConfig(50, 60, d_model=64, num_heads=4, num_layers=2, d_ff=128,
+                                      max_len=64, dropout=0.0, pad_id=0)).eval()
+    bert = BertModel(BertConfig(100, d_model=64, num_heads=4, num_layers=2, d_ff=128,
+                                max_len=64, dropout=0.0, attention_dropout=0.0)).eval()
+    src, tgt = torch.randint(0, 50, (2, 20)), torch.randint(1, 60, (2, 15))
+    ids, attention = torch.randint(0, 100, (2, 20)), torch.ones(2, 20, dtype=torch.long)
+    attention[1, 12:] = 0
+    return {"encoder-decoder": (t, (src, tgt), {"src_valid_lens": torch.tensor([20, 9])}),
+            "bert": (bert, (ids, attention), {})}
+
+
+@pytest.mark.parametrize("name", ["encoder-decoder", "bert"])
+def test_encoder_models_read_nothing_back_on_the_device_path(name):
+    model, args, kwargs = _enc_dec_and_bert()[name]
+    with torch.no_grad():
+        want = model(*args, **kwargs)
+        with on_device_path() as counts:
+            got = model(*args, **kwargs)
+    assert counts.syncs == [], str(counts)  # no range check, no "any padding?" read
+    want, got = (x[0] if isinstance(x, tuple) else x for x in (want, got))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

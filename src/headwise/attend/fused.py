@@ -200,7 +200,10 @@ def _takes_mask_and_causal(q, k, v, mask, dropout_p, gqa) -> bool:
     or cuDNN kernel, the flash one taking no mask), not the math kernel, which raises."""
     if mask is None:
         return True
-    return sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) not in ("MATH", "unknown")
+    return sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) in _TAKE_MASK_AND_CAUSAL
+
+
+_TAKE_MASK_AND_CAUSAL = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
 def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:

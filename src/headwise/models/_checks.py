@@ -58,7 +58,8 @@ def same_batch(where: str, **sizes: int) -> None:
 
 
 def valid_lens(lens, b: int, name: str, where: str, device) -> torch.Tensor | None:
-    """``(b,)`` integer lengths, or None."""
+    """``(b,)`` integer lengths, or None. Negative lengths are refused on the CPU; off it
+    (where the read would be a device sync) they mask every key, as a length of 0 does."""
     if lens is None:
         return None
     if not isinstance(lens, torch.Tensor):
@@ -68,7 +69,7 @@ def valid_lens(lens, b: int, name: str, where: str, device) -> torch.Tensor | No
     if lens.shape != (b,):
         raise ValueError(f"{where}: {name} must have shape (b,)=({b},), got "
                          f"{tuple(lens.shape)}; give one length per row")
-    if (lens < 0).any():
+    if host(lens) and (lens < 0).any():  # (a read: a device sync off the CPU)
         raise ValueError(f"{where}: {name} must be >= 0, got {lens.tolist()}")
     return lens.to(device)
 
