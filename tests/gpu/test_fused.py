@@ -257,7 +257,7 @@ def test_the_fused_forward_launches_the_hand_written_kernels_plus_at_most_three(
         for fn in (hand, lambda: m(x, causal=True)):
             fn()
         ours, theirs = _kernels(lambda: m(x, causal=True)), _kernels(hand)
-        torch.testing.assert_close(m(x, causal=True)[0], hand(), rtol=0, atol=0)
+        close(m(x, causal=True)[0], hand().double().cpu(), 1e-2, "headwise vs hand-written")
     print(f"\nCUDA kernels per MHA forward (b=4 n=1024 m=1024 h=16 bf16 causal): "
           f"headwise {ours}, hand-written {theirs}")
     assert ours <= theirs + 3 and ours <= 12, (ours, theirs)
