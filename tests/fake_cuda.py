@@ -32,10 +32,20 @@ Usage (a test)::
 The script sees ``torch``, ``headwise``, ``nn``, ``F``, ``cuda``, ``fake_module`` and
 ``counted``; it runs under the fake mode, so every tensor it makes is fake (make CPU tensors
 with ``device="cpu"``: they are fake CPU tensors, and copying one to ``cuda:0`` counts as h2d).
+``run(..., sdpa_as_one=True)`` counts each call of the public
+``F.scaled_dot_product_attention`` as the one op ``aten.scaled_dot_product_attention`` (on
+fake CUDA it decomposes into the math kernel's ops, which a GPU would not run).
+
+Where fake CUDA tensors fail (indexing one, a reduction with ``dtype=``, autograd: "PyTorch is
+not linked with support for cuda devices"), :func:`on_device_path` counts in this process on
+real CPU tensors that take the GPU's code path (:func:`headwise.fast.as_device`), forward and
+backward, with the values there to check against a reference; it cannot see h2d copies (every
+tensor is on the CPU), so a fake-CUDA run still guards those where it works.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -44,7 +54,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Counts", "run", "VIEWS"]
+__all__ = ["Counts", "on_device_path", "run", "VIEWS"]
 
 # ops that make views or read metadata: no kernel on a GPU
 VIEWS = frozenset({
@@ -57,6 +67,7 @@ VIEWS = frozenset({
     "aten.is_same_size", "aten._reshape_alias", "aten.empty_like", "aten.empty",
     "aten.empty_strided", "prim.device", "prim.layout", "aten._has_compatible_shallow_copy_type",
     "aten.is_contiguous", "aten.stride", "aten.size", "aten.dim", "aten.numel",
+    "aten._fused_sdp_choice",  # SDPA's kernel choice: a host-side function of shapes
 })
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.unique", "aten._unique",
             "aten._unique2", "aten.masked_select", "aten.item", "aten.equal",
@@ -134,6 +145,19 @@ def fake_module(module, dtype=None):
     return module
 
 
+if len(sys.argv) > 4 and sys.argv[4] == "sdpa_as_one":
+    _sdpa = F.scaled_dot_product_attention
+
+    def _sdpa_once(*args, **kwargs):
+        mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+        if not isinstance(mode, _Count):
+            return _sdpa(*args, **kwargs)
+        mode.row["ops"].append("aten.scaled_dot_product_attention")
+        with torch.utils._python_dispatch._pop_mode_temporarily():
+            return _sdpa(*args, **kwargs)
+
+    F.scaled_dot_product_attention = _sdpa_once
+
 _SCRIPT = open(sys.argv[3]).read()
 with FakeTensorMode(allow_non_fake_inputs=True):
     exec(compile(_SCRIPT, "<fake-cuda script>", "exec"),
@@ -168,10 +192,12 @@ class Counts:
                 f"{self.histogram()}")
 
 
-def run(script: str, *, timeout: float = 240.0, env: dict | None = None) -> dict[str, Counts]:
+def run(script: str, *, timeout: float = 240.0, env: dict | None = None,
+        sdpa_as_one: bool = False) -> dict[str, Counts]:
     """Run ``script`` (see the module docstring) in a child process under fake CUDA; return its
     ``counted`` blocks by label. A crash of the child (an abort, a timeout, an exception outside
-    every ``counted`` block) is an AssertionError with its output."""
+    every ``counted`` block) is an AssertionError with its output. ``sdpa_as_one``: each public
+    ``F.scaled_dot_product_attention`` call counts as one op (the fused kernel a GPU runs)."""
     import tempfile
     src = Path(__file__).resolve().parents[1] / "src"
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -181,7 +207,9 @@ def run(script: str, *, timeout: float = 240.0, env: dict | None = None) -> dict
         [str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), **(env or {})}
     try:
         done = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(sorted(VIEWS)),
-                               json.dumps(SYNC_OPS), path], capture_output=True, text=True,
+                               json.dumps(SYNC_OPS), path]
+                              + (["sdpa_as_one"] if sdpa_as_one else []),
+                              capture_output=True, text=True,
                               timeout=timeout, env=child_env)
     finally:
         os.unlink(path)
@@ -191,3 +219,56 @@ def run(script: str, *, timeout: float = 240.0, env: dict | None = None) -> dict
                              f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     raw = json.loads(done.stdout.split(marker, 1)[1])
     return {label: Counts(**row) for label, row in raw.items()}
+
+
+# The fused kernels' ops, forward and backward, on any device: each is one kernel (or a few
+# inside one library call) on a GPU.
+FUSED_SDPA_OPS = ("aten._scaled_dot_product_flash_attention",
+                  "aten._scaled_dot_product_efficient_attention",
+                  "aten._scaled_dot_product_cudnn_attention",
+                  "aten._scaled_dot_product_fused_attention_overrideable")
+
+
+@contextlib.contextmanager
+def on_device_path(gpu_rules: bool = True):
+    """Count, in this process, the aten ops (views excluded), host reads and data-dependent
+    shapes issued inside the block by real CPU tensors taking the GPU's code path
+    (:func:`headwise.fast.as_device`; ``gpu_rules=False``: the CPU's own path, to guard it
+    too). Yields a :class:`Counts`, filled when the block ends.
+
+    The public ``F.scaled_dot_product_attention`` counts as the one op
+    ``aten.scaled_dot_product_attention`` (on the CPU it may decompose into the math kernel's
+    ops, where a GPU runs one fused kernel); its backward is then whatever the CPU ran for it,
+    the CPU flash kernel's backward being one op (``..._flash_attention_for_cpu_backward``).
+    Host reads are recorded, not raised: real tensors can answer them."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
+
+    from headwise.fast import as_device
+
+    row = Counts()
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+            if name.startswith(SYNC_OPS):
+                row.syncs.append(name)
+            if name not in VIEWS:
+                row.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    mode = _Count()
+    sdpa = F.scaled_dot_product_attention
+
+    def sdpa_once(*args, **kwargs):
+        row.ops.append("aten.scaled_dot_product_attention")
+        with _pop_mode_temporarily():
+            return sdpa(*args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa_once
+    try:
+        with as_device() if gpu_rules else contextlib.nullcontext(), mode:
+            yield row
+    finally:
+        F.scaled_dot_product_attention = sdpa

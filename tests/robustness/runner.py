@@ -149,8 +149,12 @@ Policies the rows exercise:
   anywhere in a head's keys or values (masked positions included) makes that head's output NaN;
   a fully masked row of finite inputs is the only place zeros are promised; `scale` must be
   finite. fp16 eager scores are computed in float32 (no overflow
-  of q.k before scaling).
-- **Devices**: `cpu`, or `cuda`/`cuda:N` where that GPU exists.
+  of q.k before scaling). Off the CPU the fused path without weights adds nothing to what
+  CUDA's kernels do, which differs in one case: under causal masking a NaN or inf key or value
+  reaches the rows that can see it and may leave earlier rows finite.
+- **Devices**: `cpu`, or `cuda`/`cuda:N` where that GPU exists. Token ids are range-checked
+  on the CPU only: on a GPU the check would be a host sync per forward, so an id outside the
+  vocabulary fails there inside the embedding kernel (a device-side assert), as in plain torch.
 
 | # | area | call | outcome |
 |---|---|---|---|

@@ -14,7 +14,12 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 - NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf anywhere in a
   head's keys or values (masked positions included) makes that head's whole output NaN, on
   every backend alike (fused kernels would otherwise differ block by block). ``scale`` must be
-  finite;
+  finite. One difference, off the CPU (a GPU, compiled or not), for the fused output without
+  weights: there headwise adds nothing to what CUDA's fused kernels do by themselves, which is
+  the policy (measured: flash, efficient and cuDNN, bf16/fp16/fp32) except under causal
+  masking, where a NaN or inf key or value makes NaN the rows that can see it and may leave
+  the earlier rows finite; enforcing it there would cost a third of the forward or a device
+  sync (:func:`headwise.fast.kernel_nan`);
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
 ``"eager"`` is the readable reference, here beside the dispatch. ``"sdpa"``

@@ -18,7 +18,7 @@ from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
 from headwise.fast import cuda_lse as _cuda_lse
-from headwise.fast import finite, gpu, has_triton
+from headwise.fast import finite, gpu, has_triton, kernel_nan
 from headwise.fast import flash_cpu as _flash_cpu
 from headwise.heads import expand_kv
 from headwise.observe import (
@@ -61,7 +61,11 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
     # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
     # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
-    out = nan_policy(out, q, k, v)
+    # Off the CPU the kernels propagate NaN themselves (headwise.fast.kernel_nan): there the
+    # output is theirs (with or without weights from their LSE), with no mask built and no
+    # value read back.
+    if plan not in (None, "lse") or not kernel_nan(q):
+        out = nan_policy(out, q, k, v)
     if active():
         _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask,
                      is_causal, causal_in_mask)
@@ -163,7 +167,7 @@ def _sdpa_inputs(q, k, v, mask, causal, dropout_p):
         causal = False
     is_causal = False
     if causal:
-        if nq == nk and _flash_takes(q, k, v, mask, dropout_p, h != g):
+        if nq == nk and _takes_mask_and_causal(q, k, v, mask, dropout_p, h != g):
             is_causal = True  # keep the mask (b, 1, 1, j)-small; the kernel skips blocks
         else:  # top-left is_causal would be wrong for nq != nk, or the kernel rejects the pair
             mask = _masks.combine(_masks.causal(nq, nk, device=q.device), mask)
@@ -229,12 +233,16 @@ def sdpa_kernel_name(q, k, v, mask=None, dropout_p=0.0, is_causal=False, gqa=Fal
         return "unknown"
 
 
-def _flash_takes(q, k, v, mask, dropout_p, gqa) -> bool:
-    """True when the chosen kernel accepts ``attn_mask`` together with ``is_causal`` (the CPU
-    flash kernel does, the math kernel raises)."""
+def _takes_mask_and_causal(q, k, v, mask, dropout_p, gqa) -> bool:
+    """True when the chosen kernel accepts ``attn_mask`` together with ``is_causal``: every
+    fused kernel SDPA would choose for that pair (the CPU flash kernel; on CUDA the efficient
+    or cuDNN kernel, the flash one taking no mask), not the math kernel, which raises."""
     if mask is None:
         return True
-    return sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) == "FLASH_ATTENTION"
+    return sdpa_kernel_name(q, k, v, mask, dropout_p, True, gqa) in _TAKE_MASK_AND_CAUSAL
+
+
+_TAKE_MASK_AND_CAUSAL = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
 def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,13 @@ This file is the one place that decides where the layer applies (as Hugging Face
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule
 (:func:`gpu` its CUDA side, with :func:`has_triton`), :func:`applies` the rule for the float32
 (and, where a kernel has that form, bfloat16) CPU kernels and layouts, :func:`finite` the one
-NaN check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the
-one question about torch.compile. No other module tests a tensor's device for speed.
+NaN check, with its device rule, that the NaN policy's shortcut reads, :func:`kernel_nan`
+whether the device's fused attention kernels propagate NaN by themselves (so the policy costs
+nothing there), :func:`joint_qkv` whether self-attention projects q, k, v with one GEMM over
+their concatenated weights, :func:`upload` how a host batch reaches the device,
+:func:`compiling` the one question about torch.compile. No other module tests a tensor's
+device for speed. :func:`as_device` (for tests) runs every rule as off the CPU on CPU tensors:
+the GPU's code path, with real values to check and ops to count.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
@@ -28,13 +33,40 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "gpu", "has_triton", "host"]
+__all__ = ["applies", "as_device", "compiling", "finite", "gpu", "has_triton", "host",
+           "joint_qkv", "kernel_nan", "upload"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
+_as_device = False  # set by as_device(): CPU tensors take the rules of a non-CPU device
+
+
+@contextmanager
+def as_device():
+    """Within the block every rule here answers for CPU tensors as it would off the CPU (a
+    GPU): no C kernel, no layout, no value read back, three projection GEMMs, the kernels' own
+    NaN propagation. A test switch: it runs the GPU's code path on a CPU-only machine, where
+    its values can be checked against float64 and its ops and host reads counted (with
+    autograd, which fake CUDA tensors lack). Not thread-safe; never for production."""
+    global _as_device
+    before, _as_device = _as_device, True
+    try:
+        yield
+    finally:
+        _as_device = before
+
+
+def _cpu(tensors) -> bool:
+    if _as_device:
+        return False
+    for t in tensors:
+        if not t.is_cpu:
+            return False
+    return True
 
 
 def compiling() -> bool:
@@ -56,6 +88,8 @@ def host(*tensors: torch.Tensor) -> bool:
     """The device rule: every tensor on the CPU, outside torch.compile. On a GPU a value read
     back to Python (``.item()``) is a device sync, and the C kernels and huge pages are the
     CPU's; there the plain path runs."""
+    if _as_device:
+        return False
     for t in tensors:
         if not t.is_cpu:
             return False
@@ -91,6 +125,8 @@ def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) 
     dtype = tensors[0].dtype if tensors else _F32
     if dtype is not _F32 and not (bf16 and dtype is _BF16):
         return False
+    if _as_device:
+        return False
     for t in tensors:
         if t.dtype is not dtype or not t.is_cpu:
             return False
@@ -113,3 +149,23 @@ def finite(*tensors: torch.Tensor) -> bool | None:
     for t in tensors[1:]:
         total = total + t.detach().sum(dtype=_F32)
     return math.isfinite(total.item())  # (torch.isfinite on a scalar: ~50 us)
+
+
+def kernel_nan(*tensors: torch.Tensor) -> bool:
+    """Whether the fused attention kernels of the tensors' device propagate NaN by themselves,
+    so the NaN policy adds nothing (:func:`headwise.attend.fused.sdpa`): off the CPU, compiled
+    or not. Measured on an H100 (flash, efficient and cuDNN kernels, bf16/fp16/fp32): NaN or
+    inf in a query row gives that row; in a key or value, every row of the head that can see it
+    (masked keys included) -- the policy, except under causal masking. The CPU's flash kernel
+    does not (a NaN query row comes out as zeros; a NaN key reaches its block's rows only), so
+    there the policy's masks are built."""
+    return not _cpu(tensors)
+
+
+def joint_qkv(*tensors: torch.Tensor) -> bool:
+    """Whether self-attention projects q, k and v as one GEMM over ``cat(W_q, W_k, W_v)`` (on
+    the CPU, compiled or not: one GEMM over the three is faster there than three, and the
+    concatenation is cheap next to it) rather than three GEMMs (off the CPU: there the
+    concatenation is a per-call kernel and a copy of the weights, and three GEMMs are what the
+    hand-written path runs)."""
+    return _cpu(tensors)

@@ -18,6 +18,7 @@ from torch import nn
 from headwise import masks as _masks
 from headwise import observe
 from headwise.attend import check_selection, dispatch
+from headwise.fast import joint_qkv
 from headwise.fast import rows as _rows
 from headwise.heads import MERGE, SPLIT
 from headwise.layers import checks
@@ -152,9 +153,11 @@ class MultiHeadAttention(nn.Module):
             record(StepKind.KV_CACHE, cache.k, reused=True)
             return q, cache.k, cache.v
         if (key is query and value is query and self.kdim == self.vdim == self.embed_dim
-                and isinstance(self.q_proj, nn.Linear)):  # (not 4-bit codes: _int4.Int4Linear)
-            # Self-attention: the three projections as one GEMM over the concatenated weights
-            # (what a fused in_proj does), then cut the result back into q, k, v.
+                and isinstance(self.q_proj, nn.Linear)  # (not 4-bit codes: _int4.Int4Linear)
+                and joint_qkv(query)):
+            # Self-attention on the CPU: the three projections as one GEMM over the
+            # concatenated weights (what a fused in_proj does), then cut back into q, k, v.
+            # Off the CPU three GEMMs, as hand-written attention runs: no per-call concatenation.
             qkv = F.linear(query, *self.qkv_weight())
             record(StepKind.QKV_PROJECTION, qkv)
             q, k, v = qkv.split(self._qkv_sizes, dim=-1)
@@ -180,7 +183,8 @@ class MultiHeadAttention(nn.Module):
 
     def qkv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(cat(W_q, W_k, W_v) (h*d + 2*g*d, m), cat(b_q, b_k, b_v) or None)``: the fused
-        self-attention projection (and the decoding step's).
+        self-attention projection on the CPU (:func:`headwise.fast.joint_qkv`) and the decoding
+        step's.
 
         A view, with no copy, when the speed layer stored the three as blocks of one matrix at
         the start of a generation (:meth:`joint_linears`, :func:`headwise.fast.rows.lay_out`;

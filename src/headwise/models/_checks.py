@@ -7,11 +7,16 @@ import torch
 from headwise import limits
 from headwise import masks as _masks
 from headwise._device import check_tensor_device
-from headwise.fast import compiling
+from headwise.fast import host
 
 
 def tokens(ids, vocab_size: int, name: str, where: str) -> None:
-    """``ids`` must be an integer ``(b, n)`` tensor with values in ``[0, vocab_size)``."""
+    """``ids`` must be an integer ``(b, n)`` tensor with values in ``[0, vocab_size)``.
+
+    The values are read on the CPU only (:func:`headwise.fast.host`): on a GPU the read would
+    stall every forward (a device sync) and torch.compile cannot branch on it, so there an id
+    outside the vocabulary fails inside the embedding kernel (a device-side assert), as in
+    plain torch."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor of token ids, got "
                         f"{type(ids).__name__}; use torch.tensor([[...]])")
@@ -28,7 +33,7 @@ def tokens(ids, vocab_size: int, name: str, where: str) -> None:
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{where}: {name} is empty, shape {tuple(ids.shape)}; give at least one "
                          "row and one token")
-    if compiling():  # reading the values would break torch.compile's graph
+    if not host(ids):  # a device sync on a GPU; a graph break under torch.compile
         return
     lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0 or hi >= vocab_size:
@@ -53,7 +58,8 @@ def same_batch(where: str, **sizes: int) -> None:
 
 
 def valid_lens(lens, b: int, name: str, where: str, device) -> torch.Tensor | None:
-    """``(b,)`` integer lengths, or None."""
+    """``(b,)`` integer lengths, or None. Negative lengths are refused on the CPU; off it
+    (where the read would be a device sync) they mask every key, as a length of 0 does."""
     if lens is None:
         return None
     if not isinstance(lens, torch.Tensor):
@@ -63,7 +69,7 @@ def valid_lens(lens, b: int, name: str, where: str, device) -> torch.Tensor | No
     if lens.shape != (b,):
         raise ValueError(f"{where}: {name} must have shape (b,)=({b},), got "
                          f"{tuple(lens.shape)}; give one length per row")
-    if (lens < 0).any():
+    if host(lens) and (lens < 0).any():  # (a read: a device sync off the CPU)
         raise ValueError(f"{where}: {name} must be >= 0, got {lens.tolist()}")
     return lens.to(device)
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from headwise.fast import reuse
+from headwise.fast import host, reuse
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
@@ -206,7 +206,7 @@ class BertModel(nn.Module):
             raise ValueError(f"BertModel: attention_mask must be a (b, n)=({b}, {n}) tensor of "
                              f"1 (real token) / 0 (padding), got {_shape(attention_mask)}")
         valid = attention_mask.bool()
-        if bool(valid.all()):
+        if host(valid) and bool(valid.all()):  # (a read: a device sync off the CPU)
             return None
         return valid[:, None, None, :]  # (b, 1, 1, j): True = may attend
 
@@ -235,7 +235,9 @@ def _init_weights(module: nn.Module) -> None:
 
 
 def _check_ids(ids: torch.Tensor, size: int, name: str, field: str) -> None:
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
+    """Ids in range, read on the CPU only (:func:`headwise.fast.host`; a device sync on a GPU,
+    where an id out of range fails inside the embedding kernel instead)."""
+    if host(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
         raise ValueError(f"BertModel: {name} must lie in [0, {size}) ({field}), got values in "
                          f"[{int(ids.min())}, {int(ids.max())}]; use the checkpoint's own "
                          "tokenizer")
