@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                    help="torch threads (default: torch's, or the CPUs other running processes "
                         "leave)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (--q4: cpu only)")
+    p.add_argument("--compile", action="store_true",
+                   help="replay the decoding step as a CUDA graph (--device cuda): one launch "
+                        "per token; the same reply")
     p.add_argument("--view", metavar="FILE.html",
                    help="also write the head view of prompt + answer (the answer marked, query "
                         "heads grouped under their key/value heads)")
@@ -87,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
     device = parse_device(args.device)
     check_q4_device(args.q4, device, flags=True)
+    if args.compile and device.type != "cuda":
+        raise ValueError(f"--compile replays the decoding step as a CUDA graph; got --device "
+                         f"{args.device}: add --device cuda, or drop --compile")
     if not args.prompt.strip():
         raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:
@@ -116,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     prompt, answer = chat.reply(args.prompt, system=args.system,
                                 max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                on_text=show)
+                                on_text=show, compile=args.compile)
     end = time.perf_counter()
     t_first = first[0] if first else end
     decode_rate = (len(answer) - 1) / (end - t_first) if len(answer) > 1 and end > t_first else 0

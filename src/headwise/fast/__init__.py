@@ -14,7 +14,9 @@ This file is the one place that decides where the layer applies (as Hugging Face
 :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile. No other module tests a tensor's device for speed.
+question about torch.compile, :func:`fixed_shapes` the rule for the decoding step's static form
+(tensor positions, a full-length cache, a CUDA graph). No other module tests a tensor's device
+for speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
@@ -26,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "host"]
+__all__ = ["applies", "compiling", "finite", "fixed_shapes", "graphs", "host"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -81,3 +83,19 @@ def finite(*tensors: torch.Tensor) -> bool | None:
     for t in tensors[1:]:
         total = total + t.detach().sum(dtype=_F32)
     return math.isfinite(total.item())  # (torch.isfinite on a scalar: ~50 us)
+
+
+def fixed_shapes(*tensors: torch.Tensor) -> bool:
+    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
+    step takes fixed shapes and tensor positions (the cache written at a position tensor,
+    attention over its full length under a mask built from that tensor), so it launches the
+    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
+    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
+    only the filled positions: the CPU keeps that step."""
+    return not host(*tensors)
+
+
+def graphs(*tensors: torch.Tensor) -> bool:
+    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
+    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
