@@ -7,16 +7,16 @@ and recycled buffers (``large``), inference that reuses its own buffers (``reuse
 CPU flash kernel that returns its log-sum-exp (``flash_cpu``). Everything here is an
 optimisation of a computation the plain torch path (:mod:`headwise.layers`,
 :mod:`headwise.attend`, :mod:`headwise.step`) also does: switching it off
-(``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
+(``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers. Off the CPU the
+decoding step takes fixed shapes instead (:func:`fixed_shapes`), which a CUDA graph can replay
+(:func:`graphs`).
 
 This file is the one place that decides where the layer applies (as Hugging Face's
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule,
 :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile, :func:`fixed_shapes` the rule for the decoding step's static form
-(tensor positions, a full-length cache, a CUDA graph). No other module tests a tensor's device
-for speed.
+question about torch.compile. No other module tests a tensor's device for speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
@@ -28,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "fixed_shapes", "graphs", "host"]
+__all__ = ["applies", "compiling", "finite", "host"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -38,6 +38,22 @@ def compiling() -> bool:
     """Whether torch.compile is tracing: it cannot branch on a value, read a storage or call
     C, so the layer steps aside and the plain torch path (which it fuses) runs."""
     return _compiling()
+
+
+def fixed_shapes(*tensors: torch.Tensor) -> bool:
+    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
+    step takes fixed shapes and tensor positions (the cache written at a position tensor,
+    attention over its full length under a mask built from that tensor), so it launches the
+    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
+    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
+    only the filled positions: the CPU keeps that step."""
+    return not host(*tensors)
+
+
+def graphs(*tensors: torch.Tensor) -> bool:
+    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
+    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def host(*tensors: torch.Tensor) -> bool:
@@ -83,19 +99,3 @@ def finite(*tensors: torch.Tensor) -> bool | None:
     for t in tensors[1:]:
         total = total + t.detach().sum(dtype=_F32)
     return math.isfinite(total.item())  # (torch.isfinite on a scalar: ~50 us)
-
-
-def fixed_shapes(*tensors: torch.Tensor) -> bool:
-    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
-    step takes fixed shapes and tensor positions (the cache written at a position tensor,
-    attention over its full length under a mask built from that tensor), so it launches the
-    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
-    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
-    only the filled positions: the CPU keeps that step."""
-    return not host(*tensors)
-
-
-def graphs(*tensors: torch.Tensor) -> bool:
-    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
-    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
-    return bool(tensors) and all(t.is_cuda for t in tensors)
