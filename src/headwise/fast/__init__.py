@@ -7,9 +7,7 @@ and recycled buffers (``large``), inference that reuses its own buffers (``reuse
 CPU flash kernel that returns its log-sum-exp (``flash_cpu``). Everything here is an
 optimisation of a computation the plain torch path (:mod:`headwise.layers`,
 :mod:`headwise.attend`, :mod:`headwise.step`) also does: switching it off
-(``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers. Off the CPU the
-decoding step takes fixed shapes instead (:func:`fixed_shapes`), which a CUDA graph can replay
-(:func:`graphs`).
+(``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
 
 This file is the one place that decides where the layer applies (as Hugging Face's
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule,
@@ -38,22 +36,6 @@ def compiling() -> bool:
     """Whether torch.compile is tracing: it cannot branch on a value, read a storage or call
     C, so the layer steps aside and the plain torch path (which it fuses) runs."""
     return _compiling()
-
-
-def fixed_shapes(*tensors: torch.Tensor) -> bool:
-    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
-    step takes fixed shapes and tensor positions (the cache written at a position tensor,
-    attention over its full length under a mask built from that tensor), so it launches the
-    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
-    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
-    only the filled positions: the CPU keeps that step."""
-    return not host(*tensors)
-
-
-def graphs(*tensors: torch.Tensor) -> bool:
-    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
-    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
-    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def host(*tensors: torch.Tensor) -> bool:
@@ -85,6 +67,22 @@ def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) 
             if t.requires_grad:
                 return False
     return not _compiling()
+
+
+def fixed_shapes(*tensors: torch.Tensor) -> bool:
+    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
+    step takes fixed shapes and tensor positions (the cache written at a position tensor,
+    attention over its full length under a mask built from that tensor), so it launches the
+    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
+    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
+    only the filled positions: the CPU keeps that step."""
+    return not host(*tensors)
+
+
+def graphs(*tensors: torch.Tensor) -> bool:
+    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
+    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def finite(*tensors: torch.Tensor) -> bool | None:
