@@ -71,9 +71,9 @@ def _sdpa_once(*args, **kwargs):
 
 F.scaled_dot_product_attention = _sdpa_once
 
-def count(label, layers, rows, **kw):
-    c = LMConfig(97, d_model=32, num_heads=4, num_layers=layers, d_ff=64, max_len=64,
-                 dropout=0.0, **kw)
+def count(label, layers, rows, d_model=32, **kw):
+    c = LMConfig(97, d_model=d_model, num_heads=4, num_layers=layers, d_ff=2 * d_model,
+                 max_len=64, dropout=0.0, **kw)
     model = fake_module(TransformerLM(c).eval())
     for p in model.parameters():
         p.requires_grad_(False)
@@ -91,19 +91,23 @@ def count(label, layers, rows, **kw):
 GPT = dict(positional="learned", activation="gelu")
 LLAMA = dict(positional="rope", num_kv_heads=2, norm="rms", ffn="glu", activation="silu",
              bias=False)
-BUDGET = {"gpt": 12, "llama": 23}
+# the same at 2048 wide (2 layers: 200 MB of fake float32, over headwise.step.COPY_BUDGET, where
+# the CPU step stops joining q|k|v and gate|up; a device's step joins them at any size)
+BIG = dict(d_model=2048)
+MODELS = {"gpt": GPT, "llama": LLAMA, "gpt_big": dict(GPT, **BIG),
+          "llama_big": dict(LLAMA, **BIG)}
+BUDGET = {"gpt": 12, "llama": 23, "gpt_big": 12, "llama_big": 23}
 ONCE = 12
 
 
 @pytest.fixture(scope="module")
 def counts():
     lines = [f"count('{name}{layers}', {layers}, {rows}, **{kw!r})"
-             for name, kw in (("gpt", GPT), ("llama", LLAMA))
-             for layers, rows in ((2, 1), (4, 3))]
+             for name, kw in MODELS.items() for layers, rows in ((2, 1), (4, 3))]
     return run(PRELUDE + "\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_a_device_step_reads_nothing_back_and_copies_nothing_in(counts, name):
     for layers in (2, 4):
         for label in (f"{name}{layers}-first", f"{name}{layers}"):
@@ -112,7 +116,7 @@ def test_a_device_step_reads_nothing_back_and_copies_nothing_in(counts, name):
             assert c.error is None, c.traceback or c.error
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_a_device_step_launches_at_most_the_budget_per_layer(counts, name):
     two, four = counts[f"{name}2"], counts[f"{name}4"]
     per_layer = (four.kernels - two.kernels) / 2

@@ -128,7 +128,11 @@ class DecodeStep:
         # one-row layout costs a copy of the wide matrices, what ~30 steps gain)
         if not small and (cache.batch > 1 or steps is None or steps >= 32):
             _rows.lay_out(dec, cache.batch)
-        self.layers = [block.row(layer_cache, transpose=t, fuse=small)
+        # A device's step joins q|k|v (and gate|up) at any size: one product instead of three
+        # and a concatenation per layer and token, for a copy of those matrices per generation
+        # in the device's memory (SmolLM2-135M in bf16: 33 + 106 MB)
+        fuse = small or (self.static and not _int4.quantized(dec))
+        self.layers = [block.row(layer_cache, transpose=t, fuse=fuse)
                        for block, layer_cache in zip(dec.blocks, cache.layers, strict=True)]
         self.rope = dec.blocks[0].self_attn.rope
         # every position's angles at once (the same values, elementwise): a step takes a view
