@@ -14,7 +14,8 @@ the first step and reused on every later one.
 
 A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` or
 :class:`CrossAttentionCache` as ``cache=``; both expose ``ready``, ``k``, ``v`` and
-``update(k, v) -> (k, v)``.
+``update(k, v) -> (k, v)``; the self-attention cache also ``write(k, v, pos)``, the form with a
+position tensor that a device's fixed-shape decoding step uses (:mod:`headwise.step`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,18 @@ class SelfAttentionCache:
         self.v.narrow(2, start, end - start).copy_(v)
         self.checked = min(self.checked, start)  # rewritten positions are unchecked again
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-shape form of :meth:`update` (the device's decoding step): write one new
+        position ``k, v (b, g, 1, d)`` at ``pos`` (a ``(1,)`` long tensor on the cache's device,
+        gpt-fast's ``input_pos``) and return the *whole* buffers ``(b, g, L, d)``; the caller
+        masks the positions after ``pos``. No Python int, no host read, the same shapes every
+        step: what a CUDA graph can replay. The owner still advances ``length``."""
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+        self.checked = 0  # (written behind all_finite's back: it reads again if asked)
+        return self.k, self.v
 
     def all_finite(self, end: int, vouched: int = 0) -> bool:
         """Whether the keys/values of positions ``0 .. end - 1`` hold no NaN or inf, reading only
@@ -154,8 +167,11 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_heads = tuple(per_layer)
         self.filled = Filled()
-        self.layers = [LayerCache(SelfAttentionCache(self.filled, self.k[i, :, :g],
-                                                     self.v[i, :, :g]),
+        # (select + narrow: the views k[i, :, :g]; Python indexing needs a device guard that
+        # tests/fake_cuda.py's fake CUDA tensors lack)
+        self.layers = [LayerCache(SelfAttentionCache(self.filled,
+                                                     self.k.select(0, i).narrow(1, 0, g),
+                                                     self.v.select(0, i).narrow(1, 0, g)),
                                   CrossAttentionCache() if cross_attention else None)
                        for i, g in enumerate(per_layer)]
 

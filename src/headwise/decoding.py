@@ -8,6 +8,12 @@ newest token: each decoder layer appends one key/value position to a preallocate
 needs no causal mask: bottom-right alignment lets it see every key). Cross-attention keys and
 values of an encoder-decoder are projected once per source. ``use_cache=False`` recomputes the
 whole prefix at every step; both paths produce the same tokens.
+
+On a GPU the steps after the prompt take a fixed shape (:mod:`headwise.step`: tensor positions,
+the cache written at them, attention over its full preallocated length under a mask), and
+``compile=True`` replays that step as a CUDA graph. The stop test for ``eos_id`` reads a device
+value, so off the CPU it runs every :data:`EOS_EVERY` tokens instead of every token (the result is
+the same: positions after a row's eos are pad, and the output ends where the last row stopped).
 """
 
 from __future__ import annotations
@@ -16,15 +22,22 @@ import torch
 import torch.nn.functional as F
 from einops import repeat
 
+from headwise.fast import fixed_shapes, graphs, host
 from headwise.models import _checks
 from headwise.models.lm import TransformerLM
 from headwise.models.transformer import Transformer
 from headwise.step import DecodeStep
 from headwise.step import usable as step_usable
 
-__all__ = ["check_sampling", "generate", "generate_with_logits", "STRATEGIES"]
+__all__ = ["check_sampling", "EOS_EVERY", "generate", "generate_with_logits", "STRATEGIES"]
 
 STRATEGIES = ("greedy", "sample", "beam")
+#: Off the CPU, whether every row has stopped is read back every this many tokens (a read is a
+#: device sync: one per token would stall the GPU between steps); the CPU reads it every token.
+EOS_EVERY = 16
+#: A fixed-shape step's cache holds a multiple of this many positions: the fused kernels take an
+#: additive mask whose last dim is aligned to 16 without padding a copy of it per layer.
+ALIGN = 16
 
 
 def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Tensor | None = None,
@@ -32,7 +45,7 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              beam_size: int = 1, eos_id: int | None = None, pad_id: int | None = None,
              length_penalty: float = 1.0, use_cache: bool = True, seed: int | None = None,
-             on_token=None) -> torch.Tensor:
+             on_token=None, compile: bool = False) -> torch.Tensor:
     """Continue ``tokens`` by up to ``max_new_tokens`` tokens.
 
     Args:
@@ -54,6 +67,9 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
         seed: seeds a private generator for sampling (the global RNG is untouched).
         on_token: called with each new column ``(b,)`` of ids as soon as it is chosen (to
             stream text); greedy and sampling only.
+        compile: replay the decoding step as a CUDA graph (the model on a CUDA device, the
+            cache on, greedy or sampling): the first step after the prompt is captured, every
+            later one is a single launch. The same tokens as without it.
 
     Returns:
         ``(b, n + t)`` ids with ``t <= max_new_tokens`` (fewer only if every row hit ``eos_id``).
@@ -62,7 +78,7 @@ def generate(model, tokens: torch.Tensor, *, max_new_tokens: int, src: torch.Ten
                      src_valid_lens=src_valid_lens, strategy=strategy, temperature=temperature,
                      top_k=top_k, top_p=top_p, beam_size=beam_size, eos_id=eos_id, pad_id=pad_id,
                      length_penalty=length_penalty, use_cache=use_cache, seed=seed,
-                     keep_logits=False, on_token=on_token)
+                     keep_logits=False, on_token=on_token, compile=compile)
     return tokens
 
 
@@ -76,12 +92,14 @@ def generate_with_logits(model, tokens: torch.Tensor, *, max_new_tokens: int, **
 # --------------------------------------------------------------------------- the decoding loops
 def _run(model, tokens, *, max_new_tokens, src=None, src_valid_lens=None, strategy="greedy",
          temperature=1.0, top_k=None, top_p=None, beam_size=1, eos_id=None, pad_id=None,
-         length_penalty=1.0, use_cache=True, seed=None, keep_logits=False, on_token=None):
+         length_penalty=1.0, use_cache=True, seed=None, keep_logits=False, on_token=None,
+         compile=False):
     if on_token is not None and (strategy == "beam" or beam_size > 1):
         raise ValueError("generate: on_token streams greedy or sampled tokens; beam search "
                          "only knows its tokens at the end")
     strategy = _check(model, tokens, max_new_tokens, src, strategy, temperature, top_k, top_p,
                       beam_size, eos_id, pad_id, length_penalty, keep_logits)
+    _check_compile(model, compile, strategy, use_cache)
     if pad_id is None:
         pad_id = model.config.pad_id if model.config.pad_id is not None else eos_id
     was_training = model.training
@@ -90,7 +108,7 @@ def _run(model, tokens, *, max_new_tokens, src=None, src_valid_lens=None, strate
         with torch.inference_mode():
             stepper = _Stepper(model, tokens, src, src_valid_lens,
                                beam_size if strategy == "beam" else 1, use_cache,
-                               tokens.shape[1] + max_new_tokens)
+                               tokens.shape[1] + max_new_tokens, compile)
             if strategy == "beam":
                 return _beam(stepper, tokens, max_new_tokens, beam_size, eos_id, pad_id,
                              length_penalty), None
@@ -118,6 +136,7 @@ def _greedy_or_sample(stepper, tokens, max_new, choose, eos_id, pad_id, keep_log
     finished = torch.zeros(b, dtype=torch.bool, device=tokens.device)
     logits = stepper.first(tokens)  # (b, v)
     end = n + max_new
+    every = 1 if host(out) else EOS_EVERY  # (a read is free on the CPU, a sync elsewhere)
     for pos in range(n, n + max_new):
         if keep_logits:
             kept.append(logits)
@@ -128,13 +147,23 @@ def _greedy_or_sample(stepper, tokens, max_new, choose, eos_id, pad_id, keep_log
         out[:, pos] = nxt
         if on_token is not None:
             on_token(nxt)
-        if eos_id is not None and bool(finished.all()):
-            end = pos + 1
+        if (eos_id is not None and ((pos + 1 - n) % every == 0 or pos + 1 == n + max_new)
+                and bool(finished.all())):
+            end = pos + 1 if every == 1 else _stopped(out, n, pos + 1, eos_id)
             break
         if pos + 1 < n + max_new:
             logits = stepper.next(out, pos + 1)
+    if end < n + max_new and keep_logits:
+        kept = kept[:end - n]
     logits_out = torch.stack(kept, 1) if keep_logits else None
     return out[:, :end], logits_out
+
+
+def _stopped(out: torch.Tensor, n: int, upto: int, eos_id: int) -> int:
+    """Where generation would have ended had every token been checked: one past the column at
+    which the last row emitted its first ``eos_id`` (every row of ``out[:, n:upto]`` has one)."""
+    first = (out[:, n:upto] == eos_id).int().argmax(dim=1)  # (b,): each row's first eos
+    return n + int(first.max()) + 1
 
 
 def _beam(stepper, tokens, max_new, k, eos_id, pad_id, length_penalty):
@@ -186,7 +215,8 @@ class _Stepper:
     follows (only ``out[:, pos - 1]`` with a cache, all of ``out[:, :pos]`` without).
     """
 
-    def __init__(self, model, tokens, src, src_valid_lens, beams, use_cache, max_len):
+    def __init__(self, model, tokens, src, src_valid_lens, beams, use_cache, max_len,
+                 compile=False):
         self.use_cache = use_cache
         b = tokens.shape[0] * beams
         if isinstance(model, Transformer):
@@ -202,11 +232,18 @@ class _Stepper:
             dec, mask = model, None
             self._call = lambda ids, cache: model._forward(ids, cache, model._no_weights,
                                                            last_only=True)[0]
+        steps = max_len - tokens.shape[1]
+        if fixed_shapes(dec.lm_head.weight):  # the device's step reads the whole cache
+            max_len = -(-max_len // ALIGN) * ALIGN
         self.cache = model.new_cache(b, max_len) if use_cache else None
         # After the prompt, one token per step runs through the flattened decoder (same cache,
         # same attention backend) unless an observer or a hook needs to see the modules.
-        self._step = (DecodeStep(model, self.cache, mask, steps=max_len - tokens.shape[1])
+        self._step = (DecodeStep(model, self.cache, mask, steps=steps, graph=compile)
                       if use_cache and step_usable(dec) else None)
+        if compile and self._step is None:
+            raise ValueError("generate: compile=True replays the decoding step, which an active "
+                             "observer (trace, statistics, ablation) or a forward hook bypasses; "
+                             "remove it or pass compile=False")
 
     def first(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._call(tokens, self.cache)[:, -1]
@@ -240,6 +277,24 @@ def _sample(logits, temperature, top_k, top_p, generator):
 
 
 # --------------------------------------------------------------------------- checks
+def _check_compile(model, compile, strategy: str, use_cache: bool) -> None:
+    if not isinstance(compile, bool):
+        raise TypeError(f"generate: compile must be True or False, got {compile!r}")
+    if not compile:
+        return
+    p = next(model.parameters())
+    if not graphs(p):
+        raise ValueError(f"generate: compile=True replays the decoding step as a CUDA graph; the "
+                         f"model is on {p.device}. Move it to a GPU (model.cuda()) or drop "
+                         "compile=True (the CPU step already runs headwise's C kernels)")
+    if not use_cache:
+        raise ValueError("generate: compile=True replays the cached decoding step; it needs "
+                         "use_cache=True")
+    if strategy == "beam":
+        raise ValueError("generate: compile=True decodes greedy or sampled tokens; beam search "
+                         "reorders the cache between steps: pass compile=False for it")
+
+
 def _check(model, tokens, max_new, src, strategy, temperature, top_k, top_p, beam_size, eos_id,
            pad_id, length_penalty, keep_logits) -> str:
     if not isinstance(model, (TransformerLM, Transformer)):

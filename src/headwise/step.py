@@ -43,6 +43,15 @@ SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout). The
 after the generation (a run of generations at one batch size pays the copy once); values,
 shapes and parameters are untouched, and the module path multiplies either layout.
 
+Off the CPU (:func:`headwise.fast.fixed_shapes`) the same rows run in a fixed-shape form, as
+gpt-fast's ``model(x, input_pos)``: the position is a ``(1,)`` tensor on the device, the cache is
+written at it (``index_copy_``) and attention reads all ``L`` preallocated positions under a mask
+built from it once per token, embeddings and RoPE angles are gathered at it. Every token then
+launches the same kernels on the same buffers and reads nothing back to the host, so with
+``graph=True`` (``generate(..., compile=True)``) the step is captured once as a CUDA graph and
+replayed: one launch per token instead of a few hundred. On the CPU the growing-cache step above
+stays (its C kernels read only the filled positions; Python ints cost nothing there).
+
 It is used by :func:`headwise.generate` for every step after the prompt when the cache is on,
 unless an observer is active (:mod:`headwise.observe`: a trace, head statistics, an ablation) or
 a module of the decoder has hooks (both need the module path).
@@ -56,7 +65,7 @@ import torch
 from torch import nn
 
 from headwise.cache import KVCache
-from headwise.fast import applies
+from headwise.fast import applies, fixed_shapes, graphs
 from headwise.fast import int4 as _int4
 from headwise.fast import rows as _rows
 from headwise.observe import observed
@@ -89,26 +98,41 @@ class DecodeStep:
         memory_mask: the source padding mask ``(b, 1, 1, j)`` (True = may attend) or None.
         steps: how many steps the caller will run, if known: the transposed copies a single row
             uses cost about what ~100 steps gain, so they are made only from 128 steps on.
+        static: the fixed-shape form (module docstring); default: the device rule
+            :func:`headwise.fast.fixed_shapes` (off the CPU). ``True`` on the CPU runs the
+            device's form on CPU tensors (tests check its values there).
+        graph: replay the fixed-shape step as a CUDA graph (CUDA only): the first step runs
+            eagerly and is captured; later ones copy the ids in and replay it.
     """
 
     def __init__(self, model: nn.Module, cache: KVCache, memory_mask: torch.Tensor | None = None,
-                 *, steps: int | None = None):
+                 *, steps: int | None = None, static: bool | None = None, graph: bool = False):
         dec = getattr(model, "decoder", model)
         self.cache, self.memory_mask = cache, memory_mask
         self.embed = dec.embed.row()
         p = dec.lm_head.weight
+        self.static = fixed_shapes(p) if static is None else static
+        if graph and not (self.static and graphs(p, cache.k)):
+            raise ValueError(f"DecodeStep: graph=True replays a fixed-shape step as a CUDA graph; "
+                             f"the model is on {p.device}; move it to a GPU or pass graph=False")
+        self.graph = graph
         # 4-bit codes attached by a loader are the step's weights already: no further copies
         small = (sum(q.numel() * q.element_size() for q in dec.parameters()) <= COPY_BUDGET
                  and not _int4.quantized(dec))
         # One row: vector-matrix products stream W^T (in, out) faster than W (out, in) here
         # (1.3-1.5x per step measured), worth a transposed copy of the decoder's weights for a
         # long enough generation; from two rows on the (out, in) layout is the faster one.
-        t = small and cache.batch == 1 and (steps is None or steps >= 128)
+        t = (small and cache.batch == 1 and (steps is None or steps >= 128)
+             and not fixed_shapes(p))  # (a device multiplies (out, in) as fast: no copy)
         # No copies for larger models: their own weights, stored as the rows read them best (the
         # one-row layout costs a copy of the wide matrices, what ~30 steps gain)
         if not small and (cache.batch > 1 or steps is None or steps >= 32):
             _rows.lay_out(dec, cache.batch)
-        self.layers = [block.row(layer_cache, transpose=t, fuse=small)
+        # A device's step joins q|k|v (and gate|up) at any size: one product instead of three
+        # and a concatenation per layer and token, for a copy of those matrices per generation
+        # in the device's memory (SmolLM2-135M in bf16: 33 + 106 MB)
+        fuse = small or (self.static and not _int4.quantized(dec))
+        self.layers = [block.row(layer_cache, transpose=t, fuse=fuse)
                        for block, layer_cache in zip(dec.blocks, cache.layers, strict=True)]
         self.rope = dec.blocks[0].self_attn.rope
         # every position's angles at once (the same values, elementwise): a step takes a view
@@ -119,8 +143,18 @@ class DecodeStep:
         self.head = _rows.of_linear(dec.lm_head, t)
         self.like = p
         self.native = applies(p, autograd=True)  # (the step only reads its weights)
+        if self.static:
+            self.window = dec.blocks[0].self_attn.window
+            self.keys = torch.arange(cache.max_len, device=p.device)  # (L,) key positions
+            self.zero = torch.zeros((), dtype=p.dtype, device=p.device)
+            self.neg = torch.full((cache.max_len,), float("-inf"), dtype=p.dtype,
+                                  device=p.device)
+            self.pos = None  # (1,) long on the device: set by the first step (the prompt's end)
+            self._graph = self._ids = self._logits = None
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.static:
+            return self._fixed(ids)
         if not self.native:
             return self._step(ids)
         onednn = torch._C._get_mkldnn_enabled()
@@ -147,3 +181,55 @@ class DecodeStep:
             return self.rope.angles(pos, 1, self.like)
         cos, sin = self.angles
         return cos[pos:pos + 1], sin[pos:pos + 1]
+
+    # ----------------------------------------------------------------- the fixed-shape form
+    def _fixed(self, ids: torch.Tensor) -> torch.Tensor:
+        n = self.cache.length
+        if n >= self.cache.max_len:  # (Python ints: the device would only assert)
+            raise ValueError(f"DecodeStep: position {n} does not fit a cache of max_len="
+                             f"{self.cache.max_len}; create the cache with a larger max_len")
+        if self.pos is None:
+            self.pos = torch.full((1,), n, dtype=torch.long, device=self.like.device)
+        logits = self._replay(ids) if self.graph else self._fixed_step(ids)
+        self.cache.advance(1)
+        return logits
+
+    def _fixed_step(self, ids: torch.Tensor) -> torch.Tensor:
+        """One step at ``self.pos``, which it advances on the device: fixed shapes, no host
+        read, the same kernels every token."""
+        pos, keys = self.pos, self.keys
+        x = self.embed(ids, pos)
+        rot = None if self.rope is None else tuple(t.index_select(0, pos) for t in self.angles)
+        allowed = keys <= pos  # (L,): the filled positions and this one
+        if self.window is not None:
+            allowed = allowed & (keys > pos - self.window)
+        bias = torch.where(allowed, self.zero, self.neg)  # the same mask, additive
+        at = (pos, allowed.view(1, 1, 1, -1), bias.view(1, 1, 1, -1))
+        for layer in self.layers:
+            x = layer(x, rot, self.memory_mask, at)
+        pos.add_(1)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return _rows.linear(x, self.head)
+
+    def _replay(self, ids: torch.Tensor) -> torch.Tensor:
+        """The step as a CUDA graph. The first call runs it eagerly on a side stream (a real
+        step, which also warms up cuBLAS and the allocator, as ``torch.cuda.graphs`` asks),
+        then captures it: capture records the kernels without running them, so no step is
+        taken twice. Later calls copy ``ids`` into the captured input and replay; the logits
+        are copied out, since the next replay overwrites the captured output."""
+        if self._graph is not None:
+            self._ids.copy_(ids)
+            self._graph.replay()
+            return self._logits.clone()
+        self._ids = ids.clone()
+        side, main = torch.cuda.Stream(ids.device), torch.cuda.current_stream(ids.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            logits = self._fixed_step(self._ids)
+        main.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = self._fixed_step(self._ids)
+        self._graph = graph
+        return logits

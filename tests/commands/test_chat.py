@@ -88,6 +88,8 @@ def test_view_must_be_an_html_file(capsys):
     (["--device", "meta"], "--device meta: headwise runs on cpu or cuda, not 'meta'"),
     (["--q4", "--device", "cuda"], "--q4 runs CPU 4-bit kernels, not on --device cuda; "
      "drop --q4" if torch.cuda.is_available() else "--device cuda: CUDA is not available here"),
+    (["--compile"], "--compile replays the decoding step as a CUDA graph; got --device cpu: "
+     "add --device cuda, or drop --compile"),
 ])
 def test_bad_sampling_and_thread_flags_are_refused_before_the_model_loads(monkeypatch, capsys, argv,
                                                                 message):
@@ -117,10 +119,13 @@ def test_an_empty_prompt_is_refused_before_the_model_loads(monkeypatch, capsys, 
     assert "the prompt is empty; pass a message" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device here"))])
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+@pytest.mark.parametrize("device, flags", [("cpu", []), pytest.param("cuda", [], marks=_CUDA),
+                                           pytest.param("cuda", ["--compile"], marks=_CUDA)])
 def test_device_puts_the_model_there_and_answers_as_on_the_cpu(tmp_path, capsys, monkeypatch,
-                                                                device):
+                                                                device, flags):
     """chat --device (the README's commands all take one): the model is loaded on it, and the
     greedy reply is the CPU's (a tiny random GGUF; greedy tokens only differ where two logits
     tie within float32 rounding, which random weights make unlikely)."""
@@ -140,6 +145,6 @@ def test_device_puts_the_model_there_and_answers_as_on_the_cpu(tmp_path, capsys,
         return chat
 
     monkeypatch.setattr(pretrained, "load_gguf", spy)
-    assert main([*argv, "--device", device]) == 0
+    assert main([*argv, "--device", device, *flags]) == 0
     assert [d.type for d in seen] == [device]
     assert capsys.readouterr().out == on_cpu

@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                    help="torch threads (default: torch's, or the CPUs other running processes "
                         "leave)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (--q4: cpu only)")
+    p.add_argument("--compile", action="store_true",
+                   help="replay the decoding step as a CUDA graph (--device cuda): one launch "
+                        "per token; the same reply")
     p.add_argument("--view", metavar="FILE.html",
                    help="also write the head view of prompt + answer (the answer marked, query "
                         "heads grouped under their key/value heads)")
@@ -74,6 +77,21 @@ def _beside_the_roof(model, rate: float) -> str:
             f"on {kernels}]")
 
 
+def _check(args: argparse.Namespace, device) -> None:
+    """The flags' own errors, before the model loads."""
+    if args.compile and device.type != "cuda":
+        raise ValueError(f"--compile replays the decoding step as a CUDA graph; got --device "
+                         f"{args.device}: add --device cuda, or drop --compile")
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
+    if args.top_p is not None and args.temperature is None:
+        raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
+    if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
+        raise ValueError(f"--view {args.view}: expected a .html file (e.g. --view answer.html)")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -87,14 +105,7 @@ def run(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, None, args.top_p, flags=True)  # before the model loads
     device = parse_device(args.device)
     check_q4_device(args.q4, device, flags=True)
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
-    if args.top_p is not None and args.temperature is None:
-        raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
-    if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
-        raise ValueError(f"--view {args.view}: expected a .html file (e.g. --view answer.html)")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _check(args, device)
     if args.threads is not None:
         torch.set_num_threads(limits.threads(args.threads, "--threads"))
     elif (free := limits.free_threads()) is not None:  # others run: only the CPUs they leave
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     prompt, answer = chat.reply(args.prompt, system=args.system,
                                 max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                on_text=show)
+                                on_text=show, compile=args.compile)
     end = time.perf_counter()
     t_first = first[0] if first else end
     decode_rate = (len(answer) - 1) / (end - t_first) if len(answer) > 1 and end > t_first else 0

@@ -137,6 +137,22 @@ def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) 
     return not _compiling()
 
 
+def fixed_shapes(*tensors: torch.Tensor) -> bool:
+    """The decoding step's rule (:class:`headwise.step.DecodeStep`): off the :func:`host` a
+    step takes fixed shapes and tensor positions (the cache written at a position tensor,
+    attention over its full length under a mask built from that tensor), so it launches the
+    same kernels every token, reads nothing back, and can be replayed as a CUDA graph. On the
+    CPU the Python-int positions and growing cache views cost nothing and the C kernels read
+    only the filled positions: the CPU keeps that step."""
+    return not host(*tensors)
+
+
+def graphs(*tensors: torch.Tensor) -> bool:
+    """Whether a fixed-shape step over these tensors can be captured and replayed as a CUDA
+    graph (``generate(..., compile=True)``): every tensor on a CUDA device."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
+
+
 def finite(*tensors: torch.Tensor) -> bool | None:
     """Whether the tensors hold no NaN or inf, from one float32 total (NaN or inf in,
     non-finite sum out: 1 reduction per tensor and one scalar read, instead of per-row and

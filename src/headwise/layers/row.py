@@ -68,6 +68,27 @@ class AttentionRow:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.h != self.g)
         return out.view(x.shape[0], -1)
 
+    def static_attend(self, x: torch.Tensor, cache, rot, at) -> torch.Tensor:
+        """The fixed-shape form of :meth:`self_attend` (a device's step, see
+        :func:`headwise.fast.fixed_shapes`): ``at = (pos (1,), allowed (1, 1, 1, L) bool,
+        bias (1, 1, 1, L) additive)`` from the step, built once per token for every layer.
+        The new k, v go into the cache at ``pos``; attention runs over all ``L`` positions with
+        the later ones (and those before a sliding window) masked. NaN policy: the fused kernels
+        spread a NaN of a query row to that row and of a key/value to every query that sees it,
+        and the one new query sees every filled position, which is the policy here (unfilled
+        positions hold zeros); the eager reference (soft-capping, sinks, a named backend) applies
+        it itself."""
+        pos, allowed, bias = at
+        q, k, v, _ = self._project(x, rot)
+        k, v = cache.write(k, v, pos)
+        b = x.shape[0]
+        if not self.vouch:
+            return dispatch(q, k, v, mask=allowed, **self.kw)[0].reshape(b, -1)
+        # the h/g query heads that share a key/value head attend as h/g rows of that head (one
+        # position, so no causal mask): no copy of the cache's heads, any kernel takes it
+        q = q.reshape(b, self.g, self.h // self.g, self.d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).view(b, -1)
+
     def _project(self, x: torch.Tensor, rot):
         """``(q (b, h, 1, d), k (b, g, 1, d), v (b, g, 1, d), fresh)``: the projections, RoPE
         turned; ``fresh``: all three were found finite (only asked where the fused path reads

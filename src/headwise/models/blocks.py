@@ -288,11 +288,14 @@ class BlockRow:
         self.cross_norm = None if cross is None else block.cross_norm.row()
         self.ff_inner, self.ff_out = block.ff.row(transpose=transpose, fuse=fuse)
 
-    def __call__(self, x: torch.Tensor, rot, memory_mask) -> torch.Tensor:
-        """``x (b, m)`` -> ``(b, m)``; ``rot``: this position's RoPE ``(cos, sin)`` or None."""
-        attn = self.self_attn
+    def __call__(self, x: torch.Tensor, rot, memory_mask, at=None) -> torch.Tensor:
+        """``x (b, m)`` -> ``(b, m)``; ``rot``: this position's RoPE ``(cos, sin)`` or None;
+        ``at``: the fixed-shape step's position and masks (``AttentionRow.static_attend``) or
+        None (the growing cache)."""
+        attn, cache = self.self_attn, self.cache.self_attn
         x = self._sublayer(x, self.attn_norm, attn.out,
-                           lambda y: attn.self_attend(y, self.cache.self_attn, rot))
+                           (lambda y: attn.self_attend(y, cache, rot)) if at is None else
+                           (lambda y: attn.static_attend(y, cache, rot, at)))
         if self.cross_attn is not None:
             cross = self.cross_attn
             x = self._sublayer(x, self.cross_norm, cross.out, lambda y: cross.cross_attend(

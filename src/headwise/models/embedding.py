@@ -53,8 +53,9 @@ class Embeddings(nn.Module):
             record(StepKind.ADD_POSITIONS, x, offset=offset)
         return drop(self, x)
 
-    def row(self) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The one-row form: ``f(ids (b,), position) -> (b, m)`` (eval: no dropout)."""
+    def row(self) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor]:
+        """The one-row form: ``f(ids (b,), position) -> (b, m)`` (eval: no dropout);
+        ``position`` an int or a ``(1,)`` long tensor (the fixed-shape step's)."""
         tokens, scale, pos = self.tokens.weight, self.scale, self.positions
         table = None
         if pos is not None:
@@ -64,7 +65,10 @@ class Embeddings(nn.Module):
         def embed(ids: torch.Tensor, position: int) -> torch.Tensor:
             x = F.embedding(ids, tokens)
             x = x * scale if scale != 1.0 else x
-            return x if table is None else x + table[position]
+            if table is None:
+                return x
+            return x + (table[position] if isinstance(position, int)
+                        else table.index_select(0, position))
         return embed
 
     def extra_repr(self) -> str:

@@ -254,19 +254,25 @@ class ChatModel:
     def reply(self, messages: Sequence[Message] | str, *, system: str | None = None,
               max_new_tokens: int = 256, temperature: float | None = None,
               top_p: float | None = None, seed: int | None = None,
-              on_text: Callable[[str], None] | None = None) -> tuple[list[int], list[int]]:
+              on_text: Callable[[str], None] | None = None,
+              compile: bool = False) -> tuple[list[int], list[int]]:
         """Generate the assistant's answer (greedy unless ``temperature`` is given), calling
         ``on_text`` with each new piece of text as it is decoded. Returns ``(prompt ids,
         answer ids)``; the answer ends at ``<|im_end|>`` (not included) or after
-        ``max_new_tokens``."""
+        ``max_new_tokens``. ``compile``: replay the decoding step as a CUDA graph
+        (:func:`headwise.generate`; the model on a GPU)."""
         from headwise.decoding import generate
 
         prompt = self.prompt(messages, system=system, max_new_tokens=max_new_tokens)
         stream, answer, eos = self.tokenizer.stream(), [], self.tokenizer.eos_id
 
+        ended = []
+
         def on_token(ids: torch.Tensor) -> None:
             token = int(ids[0])
-            if token != eos:  # generation stops right after eos
+            if ended or token == eos:  # the answer ends at eos (on a GPU pad may follow)
+                ended.append(token)
+            else:
                 answer.append(token)
                 if on_text is not None and (text := stream.push(token)):
                     on_text(text)
@@ -275,7 +281,7 @@ class ChatModel:
         generate(self.model, prompt, max_new_tokens=max_new_tokens,
                  strategy="sample" if sample else "greedy",
                  temperature=temperature if sample else 1.0, top_p=top_p, seed=seed,
-                 eos_id=eos, on_token=on_token)
+                 eos_id=eos, on_token=on_token, compile=compile)
         if on_text is not None and (rest := stream.flush()):
             on_text(rest)
         return prompt[0].tolist(), answer
