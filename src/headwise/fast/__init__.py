@@ -37,8 +37,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["applies", "as_device", "compiling", "finite", "gpu", "has_triton", "host",
-           "joint_qkv", "kernel_nan", "upload"]
+__all__ = ["applies", "as_device", "compiling", "finite", "fixed_shapes", "gpu", "graphs",
+           "has_triton", "host", "joint_qkv", "kernel_nan", "upload"]
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling

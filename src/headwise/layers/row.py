@@ -87,7 +87,8 @@ class AttentionRow:
         # the h/g query heads that share a key/value head attend as h/g rows of that head (one
         # position, so no causal mask): no copy of the cache's heads, any kernel takes it
         q = q.reshape(b, self.g, self.h // self.g, self.d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).view(b, -1)
+        # (the CUDA kernels may lay the output out as (b, h/g, g, d): reshape, not view)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).reshape(b, -1)
 
     def _project(self, x: torch.Tensor, rot):
         """``(q (b, h, 1, d), k (b, g, 1, d), v (b, g, 1, d), fresh)``: the projections, RoPE
@@ -115,5 +116,5 @@ class AttentionRow:
         b = x.shape[0]
         q = _rows.linear(x, self.q).view(b, self.h, 1, self.d)
         out, _ = dispatch(q, cache.k, cache.v, mask=mask, **self.kw)
-        return out.view(b, -1)
+        return out.reshape(b, -1)
 
