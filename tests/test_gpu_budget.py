@@ -175,10 +175,13 @@ def test_the_cpu_keeps_its_one_qkv_gemm_and_its_nan_masks_and_the_switch_gives_t
     with torch.no_grad(), on_device_path(gpu_rules=False) as cpu:
         m(x, causal=True)
     assert cpu.histogram().get("aten.addmm") == 2, str(cpu)  # cat(W_q, W_k, W_v) @ x; out
-    assert joint_qkv(x) and not kernel_nan(x)
+    w = m.q_proj.weight
+    assert joint_qkv(x, w) and not kernel_nan(x)
     with as_device():
-        assert not joint_qkv(x) and kernel_nan(x)
-    assert joint_qkv(x) and not kernel_nan(x)  # the switch is a block, not a state
+        assert joint_qkv(x, w) and kernel_nan(x)  # training: one GEMM forward, two backward
+        with torch.no_grad():
+            assert not joint_qkv(x, w)  # inference: three GEMMs, no per-call concatenation
+    assert joint_qkv(x, w) and not kernel_nan(x)  # the switch is a block, not a state
 
 
 LAYERS = {  # what one decoder layer must issue, and why (no more, on the GPU's path)

@@ -178,10 +178,14 @@ def kernel_nan(*tensors: torch.Tensor) -> bool:
     return not _cpu(tensors)
 
 
-def joint_qkv(*tensors: torch.Tensor) -> bool:
-    """Whether self-attention projects q, k and v as one GEMM over ``cat(W_q, W_k, W_v)`` (on
-    the CPU, compiled or not: one GEMM over the three is faster there than three, and the
-    concatenation is cheap next to it) rather than three GEMMs (off the CPU: there the
-    concatenation is a per-call kernel and a copy of the weights, and three GEMMs are what the
-    hand-written path runs)."""
-    return _cpu(tensors)
+def joint_qkv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether self-attention projects its input ``x`` to q, k and v as one GEMM over
+    ``cat(W_q, W_k, W_v)`` (``weight``: W_q) rather than three GEMMs.
+
+    On the CPU, compiled or not: one GEMM over the three is faster there than three, and the
+    concatenation is cheap next to it. Off the CPU only while autograd records (training):
+    there one GEMM forward and two backward replace three and six (plus the casts autocast
+    makes of each weight, and the sums of three input gradients), for two concatenation
+    kernels; without autograd three GEMMs are what the hand-written path runs, with no
+    per-call copy of the weights."""
+    return _cpu((x,)) or (torch.is_grad_enabled() and weight.requires_grad)

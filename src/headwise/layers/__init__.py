@@ -154,10 +154,11 @@ class MultiHeadAttention(nn.Module):
             return q, cache.k, cache.v
         if (key is query and value is query and self.kdim == self.vdim == self.embed_dim
                 and isinstance(self.q_proj, nn.Linear)  # (not 4-bit codes: _int4.Int4Linear)
-                and joint_qkv(query)):
-            # Self-attention on the CPU: the three projections as one GEMM over the
-            # concatenated weights (what a fused in_proj does), then cut back into q, k, v.
-            # Off the CPU three GEMMs, as hand-written attention runs: no per-call concatenation.
+                and joint_qkv(query, self.q_proj.weight)):
+            # Self-attention on the CPU, or training: the three projections as one GEMM over
+            # the concatenated weights (what a fused in_proj does), then cut back into q, k, v.
+            # Off the CPU without autograd three GEMMs, as hand-written attention runs: no
+            # per-call concatenation.
             qkv = F.linear(query, *self.qkv_weight())
             record(StepKind.QKV_PROJECTION, qkv)
             q, k, v = qkv.split(self._qkv_sizes, dim=-1)
