@@ -12,6 +12,11 @@ logic with no data and no driver; a counting dispatch mode under it records each
   call raises there: the run records the sync, the error, and stops that block;
 - ``h2d``: copies from the CPU to the device inside the block.
 
+Python indexing (``t[0, :, 2:]``, ``t[...] = v``) of a fake CUDA tensor fails too ("not linked
+with support for cuda devices"); the runner replays it on cuda tensors with the aten ops it
+dispatches anyway (select, slice, unsqueeze, index, copy_, index_put_), so counts are unchanged;
+so are ``~t`` and ``t.copy_(u)`` (bitwise_not, copy_).
+
 Some ops abort the *process* on the CPU wheel when they meet a fake CUDA tensor (``torch.cat``
 asks for a CUDA device guard, which this build lacks: "PyTorch is not linked with support for
 cuda devices", then ``terminate``). So every script runs in a child process; an abort is a
@@ -133,6 +138,71 @@ def fake_module(module, dtype=None):
                 mod._buffers[n] = torch.empty(b.shape, dtype=dt, device="cuda:0")
     return module
 
+
+# Python indexing (t[...] and t[...] = v) of a fake CUDA tensor aborts the same way (its binding
+# takes a CUDA device guard), so on cuda tensors it is replayed with the aten ops it dispatches
+# anyway (select / slice / unsqueeze / index / copy_ / index_put_): same ops, same counts.
+_GETITEM, _SETITEM = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+
+def _index(t, idx):
+    """``t[idx]``: basic indices by view ops, then tensor indices (if any) by aten.index."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    out, dim, tensors = t, 0, []
+    for i in idx:
+        if i is Ellipsis:
+            skip = t.dim() - real
+            tensors += [None] * skip
+            dim += skip
+        elif i is None:
+            out = torch.ops.aten.unsqueeze.default(out, dim)
+            tensors.append(None)
+            dim += 1
+        elif isinstance(i, bool) or isinstance(i, torch.Tensor) and i.dtype == torch.bool:
+            raise NotImplementedError("fake_cuda: boolean-mask indexing (a host sync)")
+        elif isinstance(i, int):
+            out = torch.ops.aten.select.int(out, dim, i)
+        elif isinstance(i, slice):
+            out = torch.ops.aten.slice.Tensor(out, dim, i.start, i.stop, i.step or 1)
+            tensors.append(None)
+            dim += 1
+        else:
+            tensors.append(torch.as_tensor(i, device=t.device))
+            dim += 1
+    if any(x is not None for x in tensors):
+        return out, tensors
+    return out, None
+
+
+def _getitem(self, idx):
+    if self.device.type != "cuda":
+        return _GETITEM(self, idx)
+    out, tensors = _index(self, idx)
+    return out if tensors is None else torch.ops.aten.index.Tensor(out, tensors)
+
+
+def _setitem(self, idx, value):
+    if self.device.type != "cuda":
+        return _SETITEM(self, idx, value)
+    out, tensors = _index(self, idx)
+    value = value if isinstance(value, torch.Tensor) else torch.tensor(value, device=self.device)
+    if tensors is None:
+        out.copy_(value)
+    else:
+        torch.ops.aten.index_put_.default(out, tensors, value)
+
+
+def _replayed(method, op):
+    """A hand-written Tensor method (its binding takes the device guard) as its aten op."""
+    def call(self, *args, **kwargs):
+        return (op if self.device.type == "cuda" else method)(self, *args, **kwargs)
+    return call
+
+
+torch.Tensor.__getitem__, torch.Tensor.__setitem__ = _getitem, _setitem
+torch.Tensor.__invert__ = _replayed(torch.Tensor.__invert__, torch.ops.aten.bitwise_not.default)
+torch.Tensor.copy_ = _replayed(torch.Tensor.copy_, torch.ops.aten.copy_.default)
 
 _SCRIPT = open(sys.argv[3]).read()
 with FakeTensorMode(allow_non_fake_inputs=True):

@@ -156,3 +156,138 @@ def test_float_token_ids_are_refused():
             pass
     stats = hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 3, dtype=torch.int32))
     assert stats.induction.shape == (1, 2, 3)
+
+
+# --- the GPU's paths, checked on the CPU ---------------------------------------------------
+
+def off_the_host():
+    """headwise.fast.host answers False, as for CUDA tensors: the device's rules run."""
+    from unittest import mock
+
+    from headwise import fast
+    return mock.patch.object(fast, "host", lambda *tensors: False)
+
+
+@given(cfg=configs, budget=st.sampled_from([None, 40, 300]), shift=st.sampled_from(["max", "lse"]),
+       top_k=st.integers(1, 12))
+def test_the_device_path_run_on_the_cpu_equals_float64_reference(cfg, budget, shift, top_k):
+    """Off the host (forced here: headwise.fast.host says False, as for a CUDA tensor) the
+    torch path sizes blocks for device memory, gives causal blocks of short rows more rows, and
+    always applies the NaN masks (no host read): the same numbers as the float64 reference."""
+    q, k, v, mask = draw_inputs(cfg)
+    b, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    _, w = reference_attention(q, k, v, mask, cfg["causal"])
+    ids = torch.randint(0, 3, (b, nk), generator=torch.Generator().manual_seed(cfg["seed"]))
+    lse = (W.logsumexp(q, k, mask=mask, causal=cfg["causal"]) if shift == "lse" else None)
+    with off_the_host():
+        got = hw.stats.head_stats(q, k, mask=mask, causal=cfg["causal"], lse=lse,
+                                  token_ids=ids, top_k=top_k, budget=budget)
+    for name, ref in stats_from_full_weights(w, nq, nk, ids, top_k).items():
+        torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(w.gather(-1, got.top_keys), got.top_values.double(), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.equal(got.live, w.sum(-1) > 0.5)
+
+
+def test_device_blocks_fit_the_budget_and_cover_every_row_once():
+    """The device's row spans: contiguous, every row once, each within the budget (or one
+    row), and under causal attention fewer blocks than fixed-height chunks would need."""
+    from headwise.stats import _spans
+    for nq, nk, causal in [(4096, 4096, True), (100, 37, True), (37, 100, True), (7, 9, False)]:
+        reach = (lambda r1, nq=nq, nk=nk: min(nk, r1 + nk - nq)) if causal else \
+            (lambda r1, nk=nk: nk)
+        for budget in (1, 7, 1000, 1 << 25):
+            spans = _spans(nq, reach, 16, budget)
+            assert spans[0][0] == 0 and spans[-1][1] == nq
+            assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(spans, spans[1:]))
+            assert all(16 * (r1 - r0) * max(1, reach(r1)) <= budget or r1 - r0 == 1
+                       for r0, r1 in spans)
+    fixed = -(-16384 // W.chunk_rows(16 * 16384, 1 << 25))
+    assert len(_spans(16384, lambda r1: r1, 16, 1 << 25)) < 0.6 * fixed
+
+
+def test_the_device_path_marks_nan_rows_without_a_host_check():
+    gen = torch.Generator().manual_seed(11)
+    q, k = torch.randn(1, 3, 20, 8, generator=gen), torch.randn(1, 3, 20, 8, generator=gen)
+    q[0, 1, 4] = float("nan")
+    k[0, 2, 7] = float("inf")
+    with off_the_host():
+        s = hw.stats.head_stats(q, k, causal=True, budget=50)
+    assert s.entropy[0, 1, 4].isnan() and s.entropy[0, 2].isnan().all()
+    assert s.entropy[0, 0].isfinite().all() and s.entropy[0, 1, :4].isfinite().all()
+    assert s.live.all()
+
+
+_INTERPRETED = r'''
+import sys, torch
+import headwise as hw
+from headwise import masks, weights as W
+from headwise.fast import stats_triton as T
+from tests.attend.test_init import make_mask
+from tests.reference import reference_attention
+from tests.test_stats import stats_from_full_weights
+
+bad = []
+cases = [  # b, g, r, nq, nk, d, mask kind, causal, ids, lse, top_k, dtype, seed
+    (2, 2, 2, 70, 90, 16, "none", True, True, False, 5, torch.float32, 0),
+    (1, 1, 3, 130, 40, 32, "padding", True, True, True, 16, torch.float32, 1),
+    (2, 2, 1, 33, 33, 8, "per_query", False, True, True, 3, torch.float32, 2),
+    (1, 1, 2, 65, 65, 24, "full_bool", True, False, False, 1, torch.float32, 3),
+    (2, 1, 2, 40, 70, 16, "float", False, True, False, 7, torch.float32, 4),
+    (1, 2, 1, 50, 50, 16, "dead_rows", True, True, True, 9, torch.float32, 5),
+    (1, 2, 2, 20, 6, 8, "none", True, True, False, 6, torch.float32, 6),   # top_k = every key
+    (1, 2, 2, 80, 80, 64, "padding", True, True, False, 5, torch.float16, 7),
+]
+for b, g, r, nq, nk, d, kind, causal, with_ids, with_lse, top_k, dtype, seed in cases:
+    gen = torch.Generator().manual_seed(seed)
+    h = g * r
+    q = torch.randn(b, h, nq, d, generator=gen).to(dtype)
+    k = torch.randn(b, g, nk, d, generator=gen).to(dtype)
+    mask = make_mask(kind, b, h, nq, nk, gen)
+    ids = torch.randint(0, 4, (b, nk), generator=gen) if with_ids else None
+    lse = W.logsumexp(q.float(), k.float(), mask=mask, causal=causal) if with_lse else None
+    qd, kd = q.double(), k.double()
+    _, w = reference_attention(qd, kd, kd, mask, causal)
+    want = stats_from_full_weights(w, nq, nk, ids, min(top_k, nk))
+    got = T.head_stats(q, k, mask=masks.as_4d(mask), causal=causal, scale=None, lse=lse,
+                       token_ids=ids, top_k=min(top_k, nk))
+    tol = 2e-5 if dtype == torch.float32 else 1e-4
+    for name, ref in want.items():
+        err = (got[name].double() - ref).abs() - tol * (1 + ref.abs())
+        if err.max() > 0:
+            bad.append(f"case {seed} {name}: off by {(got[name].double() - ref).abs().max():.3g}")
+    picked = w.gather(-1, got["top_keys"])
+    if (picked - got["top_values"].double()).abs().max() > tol:
+        bad.append(f"case {seed}: top_keys do not hold top_values")
+    if got["top_keys"].min() < 0 or got["top_keys"].max() >= nk:
+        bad.append(f"case {seed}: top_keys out of range")
+    if not torch.equal(got["live"], w.sum(-1) > 0.5):
+        bad.append(f"case {seed}: live")
+    if (want["induction"] is None) != (got["induction"] is None) if "induction" in want else \
+            got["induction"] is not None:
+        bad.append(f"case {seed}: induction presence")
+print("\n".join(bad) or "all equal")
+sys.exit(1 if bad else 0)
+'''
+
+
+def test_the_triton_kernel_equals_float64_reference_in_the_interpreter():
+    """The GPU's Triton kernel (fast.stats_triton), run by Triton's interpreter on CPU tensors
+    (TRITON_INTERPRET=1, a fresh process: it must be set before triton is imported): every
+    mask kind, causal with nq != nk (rows that see no key), grouped heads, with and without
+    token ids and a given LSE, top_k from 1 to 16 and equal to the key count; float32 and
+    float16 (the interpreter's bfloat16 dot is wrong, so bfloat16 is checked on a GPU only:
+    tests/gpu/test_stats.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _INTERPRETED], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "all equal" in done.stdout

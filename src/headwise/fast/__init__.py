@@ -3,8 +3,9 @@
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
 their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
 memory roof a step is measured against (``roof``), huge-page
-and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), and the
-CPU flash kernel that returns its log-sum-exp (``flash_cpu``). Everything here is an
+and recycled buffers (``large``), inference that reuses its own buffers (``reuse``), the
+CPU flash kernel that returns its log-sum-exp (``flash_cpu``), and the GPU's Triton kernel for
+streaming head statistics (``stats_triton``). Everything here is an
 optimisation of a computation the plain torch path (:mod:`headwise.layers`,
 :mod:`headwise.attend`, :mod:`headwise.step`) also does: switching it off
 (``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
@@ -14,7 +15,10 @@ This file is the one place that decides where the layer applies (as Hugging Face
 :func:`applies` the rule for the float32 (and, where a kernel has that form, bfloat16) CPU
 kernels and layouts, :func:`finite` the one NaN
 check, with its device rule, that the NaN policy's shortcut reads, :func:`compiling` the one
-question about torch.compile. No other module tests a tensor's device for speed.
+question about torch.compile, :func:`block_elements` how large a block of recomputed weights
+is (the CPU's cache or the device's memory), :func:`triton` whether the GPU's Triton kernels
+run (``HEADWISE_TRITON=0`` switches them off). No other module tests a tensor's device for
+speed.
 
 May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwise.masks`,
 :mod:`headwise.heads`, :mod:`headwise.observe`; never a model, a layer or a tool.
@@ -22,11 +26,21 @@ May import: torch, :mod:`headwise.errors`, :mod:`headwise.limits`, :mod:`headwis
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
 import torch
 
-__all__ = ["applies", "compiling", "finite", "host"]
+__all__ = ["applies", "block_elements", "compiling", "finite", "host", "triton",
+           "DEVICE_BLOCK_ELEMENTS"]
+
+# Off the CPU a block of recomputed weights is sized for memory, not cache: 2**25 float32
+# elements (128 MiB; the chunked passes hold two), so a 16k-token, 16-head causal pass is ~40
+# blocks of whole rows instead of thousands (each block is ~20 kernels; launches, not
+# arithmetic, were the cost).
+DEVICE_BLOCK_ELEMENTS = 1 << 25
+_TRITON: list[bool] = []  # found once: importing triton costs ~0.3 s
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -81,3 +95,23 @@ def finite(*tensors: torch.Tensor) -> bool | None:
     for t in tensors[1:]:
         total = total + t.detach().sum(dtype=_F32)
     return math.isfinite(total.item())  # (torch.isfinite on a scalar: ~50 us)
+
+
+def block_elements(*tensors: torch.Tensor, cpu: int) -> int:
+    """Elements of one block of recomputed weights: ``cpu`` (a size tuned for this CPU's
+    cache) on the :func:`host`, :data:`DEVICE_BLOCK_ELEMENTS` elsewhere."""
+    return cpu if host(*tensors) else DEVICE_BLOCK_ELEMENTS
+
+
+def triton(*tensors: torch.Tensor) -> bool:
+    """The rule for the Triton kernels (:mod:`headwise.fast.stats_triton`): every tensor on a
+    CUDA device, outside torch.compile, ``triton`` installed and ``HEADWISE_TRITON`` not
+    ``0``. Elsewhere the plain torch path runs (same values)."""
+    for t in tensors:
+        if t.device.type != "cuda":
+            return False
+    if _compiling() or os.environ.get("HEADWISE_TRITON", "1") == "0":
+        return False
+    if not _TRITON:
+        _TRITON.append(importlib.util.find_spec("triton") is not None)
+    return _TRITON[0]
