@@ -10,7 +10,8 @@ logic with no data and no driver; a counting dispatch mode under it records each
   ``int()``, ``.tolist()``) and data-dependent shapes (``nonzero``, boolean-mask indexing,
   ``unique``), which on a GPU wait for the device. Fake tensors cannot answer either, so the
   call raises there: the run records the sync, the error, and stops that block;
-- ``h2d``: copies from the CPU to the device inside the block.
+- ``h2d``: copies from the CPU to the device inside the block;
+- ``d2h``: copies from the device to the CPU (``.cpu()``; the host waits for the device).
 
 Python indexing (``t[0, :, 2:]``, ``t[...] = v``) of a fake CUDA tensor fails too ("not linked
 with support for cuda devices"); the runner replays it on cuda tensors with the aten ops it
@@ -102,6 +103,9 @@ class _Count(TorchDispatchMode):
             if getattr(src, "device", None) is not None and src.device.type == "cpu" \
                     and dst is not None and torch.device(dst).type == "cuda":
                 self.row["h2d"].append(name)
+            if getattr(src, "device", None) is not None and src.device.type == "cuda" \
+                    and dst is not None and torch.device(dst).type == "cpu":
+                self.row["d2h"].append(name)  # .cpu(): the host waits for the device
         if name not in VIEWS:
             self.row["ops"].append(name)
         return func(*args, **kwargs)
@@ -109,7 +113,8 @@ class _Count(TorchDispatchMode):
 
 @contextlib.contextmanager
 def counted(label):
-    row = RESULTS.setdefault(label, {"ops": [], "syncs": [], "h2d": [], "error": None})
+    row = RESULTS.setdefault(label, {"ops": [], "syncs": [], "h2d": [], "d2h": [],
+                                     "error": None})
     try:
         with _Count(row):
             yield row
@@ -219,6 +224,7 @@ class Counts:
     ops: list[str] = field(default_factory=list)
     syncs: list[str] = field(default_factory=list)
     h2d: list[str] = field(default_factory=list)
+    d2h: list[str] = field(default_factory=list)
     error: str | None = None
     traceback: str | None = None
 
@@ -234,8 +240,8 @@ class Counts:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def __str__(self) -> str:
-        return (f"{self.kernels} ops, syncs {self.syncs}, h2d {self.h2d}, error {self.error}; "
-                f"{self.histogram()}")
+        return (f"{self.kernels} ops, syncs {self.syncs}, h2d {self.h2d}, d2h {self.d2h}, "
+                f"error {self.error}; {self.histogram()}")
 
 
 def run(script: str, *, timeout: float = 240.0, env: dict | None = None) -> dict[str, Counts]:

@@ -80,3 +80,33 @@ def test_the_triton_path_is_one_launch_and_no_host_read():
     assert c.kernels <= 30, str(c)  # 5 around the launch, ~20 for the NaN masks
     synced = _triton_path("headwise.stats.finite = lambda *t: bool(t[0].sum() == 0)\n")
     assert synced["triton"].syncs
+
+
+def _catalogue_call(mutation: str = "") -> dict:
+    return run('''
+from headwise.analysis import catalogue as C
+from headwise.analysis.catalogue.inputs import Prepared
+n, h = 512, 4
+ids = torch.empty(2, n, dtype=torch.long, device="cuda:0")
+lens = torch.empty(2, dtype=torch.long, device="cuda:0")
+layer = C._Layer(h, 2 * 8 + 3, 16).to("cuda:0")
+layer.grow(50)
+q, k = cuda(2, h, n, 16), cuda(2, h, n, 16)
+''' + mutation + '''
+with counted("layer"):  # one attention call of one layer, as the catalogue's observer sees it
+    C._add_call(layer, Prepared(None, {"tgt": (ids, lens)}, 2), "decoder_self", q, k, None,
+                True, None, 8, None)
+''', env={"HEADWISE_TRITON": "0"})
+
+
+def test_the_catalogue_reads_nothing_back_inside_the_per_layer_collection():
+    """Its running sums stay on the device until the end (one move to the CPU); the token
+    tables are widened once per batch, before the model runs."""
+    c = _catalogue_call()["layer"]
+    assert c.error is None, c.traceback
+    assert c.syncs == [] and c.h2d == [] and c.d2h == [], str(c)
+    assert c.kernels <= 300, str(c)  # head_stats (1 block), the LSE, 1 block of weights, sums
+    # the old way: sums on the CPU, each partial sum read back (x.double().cpu())
+    moved = _catalogue_call("C._Layer.to(layer, 'cpu')\n_double = torch.Tensor.double\n"
+                            "torch.Tensor.double = lambda self: _double(self).cpu()\n")
+    assert moved["layer"].d2h, str(moved["layer"])

@@ -66,6 +66,98 @@ def _scores(q, k_ptr, kb, offs_n, offs_d, j0, nk, D, stride_kj, stride_kd, mask_
 
 
 @triton.jit
+def _lse_pass(q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd, mask_ptr, mb,
+              stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale, PREC: tl.constexpr,
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """``(M,)`` log2-sum-exp2 of the rows' scores: the online max and sum of flash attention
+    (``-inf`` for a row with no allowed key)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    for j0 in range(0, end, BLOCK_N):
+        s, ok, cols = _scores(q, k_ptr, kb, offs_n, offs_d, j0, NK, D, stride_kj, stride_kd,
+                              mask_ptr, mb, stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale,
+                              PREC, MASK, CAUSAL)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_i = l_i * tl.exp2(m_i - safe) + tl.sum(tl.exp2(s - safe[:, None]), 1)
+        m_i = m_new
+    return tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+
+
+@triton.jit
+def _induction(p, ids_ptr, idb, stride_idj, cols, cur, pos, NK):
+    """``(M,)`` weight on keys ``j`` whose previous token is the query's token, ``j - 1`` before
+    the query (Olsson et al. 2022)."""
+    before = tl.load(ids_ptr + idb + (cols - 1) * stride_idj, mask=(cols >= 1) & (cols < NK),
+                     other=-1)
+    target = (before[None, :] == cur[:, None]) & (cols[None, :] - 1 < pos[:, None]) \
+        & (cols[None, :] >= 1)
+    return tl.sum(tl.where(target, p, 0.0), 1)
+
+
+@triton.jit
+def _merge_top(cand, offs_n, j0, topv, topi, slots, TOP_K: tl.constexpr):
+    """The running top-k ``(M, KP)`` (unsorted) merged with a tile's weights ``cand (M, N)``:
+    the tile's best ``TOP_K``, one at a time, each replacing the list's smallest if larger. A
+    tile whose best beats no row's current k-th best is skipped (most tiles, once the lists
+    fill)."""
+    if tl.max(tl.max(cand, 1) - tl.min(topv, 1), 0) > 0:
+        for _t in tl.static_range(TOP_K):
+            best = tl.max(cand, 1)
+            at = tl.argmax(cand, 1)
+            cand = tl.where(offs_n[None, :] == at[:, None], -3.0, cand)
+            low = tl.min(topv, 1)
+            slot = tl.argmin(topv, 1)
+            put = (slots[None, :] == slot[:, None]) & (best > low)[:, None]
+            topv = tl.where(put, best[:, None], topv)
+            topi = tl.where(put, (at + j0)[:, None], topi)
+    return topv, topi
+
+
+@triton.jit
+def _stats_pass(q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd, mask_ptr, mb,
+                stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale, lse2, ids_ptr, idb,
+                stride_idj, recv_ptr, PREC: tl.constexpr, MASK: tl.constexpr,
+                CAUSAL: tl.constexpr, IDS: tl.constexpr, TOP_K: tl.constexpr,
+                KP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One walk over the keys with weights ``exp2(s - lse2)``: the row sums (entropy in log2
+    units, max, sink, previous token, distance, induction), whether a row has a finite score,
+    the running top-k, and the column sums added into ``recv_ptr``."""
+    shift = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    ent, maxw, sink, prev, dist, ind = zero, zero, zero, zero, zero, zero
+    live = tl.zeros([BLOCK_M], tl.int32)  # a given lse is 0, not -inf, on fully masked rows
+    slots = tl.arange(0, KP)
+    # real slots start at -1 (below any weight), padding slots at +inf (never the minimum)
+    topv = tl.where(slots < TOP_K, -1.0, float("inf"))[None, :] \
+        + tl.zeros([BLOCK_M, KP], tl.float32)
+    topi = slots[None, :] + tl.zeros([BLOCK_M, KP], tl.int32)
+    cur = pos
+    if IDS:  # the query's own token
+        cur = tl.load(ids_ptr + idb + tl.minimum(tl.maximum(pos, 0), NK - 1) * stride_idj,
+                      mask=row_ok, other=-1)
+    for j0 in range(0, end, BLOCK_N):
+        s, ok, cols = _scores(q, k_ptr, kb, offs_n, offs_d, j0, NK, D, stride_kj, stride_kd,
+                              mask_ptr, mb, stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale,
+                              PREC, MASK, CAUSAL)
+        live = tl.maximum(live, tl.max((s > float("-inf")).to(tl.int32), 1))
+        x = s - shift[:, None]
+        p = tl.where(ok, tl.exp2(x), 0.0)
+        ent += tl.sum(tl.where(p > 0, p * x, 0.0), 1)  # 0 x -inf (an additive -inf) is 0
+        maxw = tl.maximum(maxw, tl.max(p, 1))
+        sink += tl.sum(tl.where(cols[None, :] == 0, p, 0.0), 1)
+        prev += tl.sum(tl.where(cols[None, :] == pos[:, None] - 1, p, 0.0), 1)
+        dist += tl.sum(p * tl.abs(pos[:, None] - cols[None, :]).to(tl.float32), 1)
+        if IDS:
+            ind += _induction(p, ids_ptr, idb, stride_idj, cols, cur, pos, NK)
+        tl.atomic_add(recv_ptr + cols, tl.sum(p, 0), mask=cols < NK)
+        topv, topi = _merge_top(tl.where((cols < NK)[None, :], p, -2.0), offs_n, j0, topv,
+                                topi, slots, TOP_K)
+    return live, ent, maxw, sink, prev, dist, ind, topv, topi
+
+
+@triton.jit
 def _stats_kernel(
         q_ptr, k_ptr, mask_ptr, ids_ptr, lse_ptr,
         ent_ptr, maxw_ptr, sink_ptr, prev_ptr, dist_ptr, ind_ptr, live_ptr, recv_ptr,
@@ -79,96 +171,37 @@ def _stats_kernel(
         HAS_LSE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, IDS: tl.constexpr,
         TOP_K: tl.constexpr, KP: tl.constexpr, PREC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    rb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    kvh = h // (H // G)
+    rb, bh = tl.program_id(0), tl.program_id(1)  # a block of query rows of one (batch, head)
+    b, h = bh // H, bh % H
     offs_m = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D)
     row_ok = offs_m < NQ
     pos = offs_m + (NK - NQ)  # each query's key position (bottom-right aligned)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qi
                 + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < D),
                 other=0.0)
-    kb = b * stride_kb + kvh * stride_kh
+    kb = b * stride_kb + (h // (H // G)) * stride_kh  # the key head this query head reads
     mb = b * stride_mb + h * stride_mh
     # keys in reach of this block: up to its last row under causal; at least the first TOP_K
     # (every slot of the top-k list gets a distinct real key, weight 0 if masked)
     last = tl.minimum(rb * BLOCK_M + BLOCK_M, NQ) - 1 + (NK - NQ)
-    reach = tl.minimum(NK, last + 1) if CAUSAL else NK
+    reach = NK
+    if CAUSAL:
+        reach = tl.minimum(NK, last + 1)
     end = tl.maximum(reach, tl.minimum(NK, TOP_K))
-
-    lbase = b * stride_lb + h * stride_lh + offs_m * stride_li
-    if HAS_LSE:
-        lse2 = tl.load(lse_ptr + lbase, mask=row_ok, other=float("-inf")).to(tl.float32) \
-            * 1.4426950408889634
-    else:  # online max and sum over the keys (flash attention's forward without v)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        for j0 in range(0, end, BLOCK_N):
-            s, ok, cols = _scores(q, k_ptr, kb, offs_n, offs_d, j0, NK, D, stride_kj,
-                                  stride_kd, mask_ptr, mb, stride_mi, stride_mj, offs_m, row_ok,
-                                  pos, qk_scale, PREC, MASK, CAUSAL)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_i = l_i * tl.exp2(m_i - safe) + tl.sum(tl.exp2(s - safe[:, None]), 1)
-            m_i = m_new
-        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    # live: some key has a finite score (a given lse is 0, not -inf, on fully masked rows)
-    live = tl.zeros([BLOCK_M], tl.int32)
-    shift = tl.where(lse2 == float("-inf"), 0.0, lse2)
-
-    ent = tl.zeros([BLOCK_M], tl.float32)
-    maxw = tl.zeros([BLOCK_M], tl.float32)
-    sink = tl.zeros([BLOCK_M], tl.float32)
-    prev = tl.zeros([BLOCK_M], tl.float32)
-    dist = tl.zeros([BLOCK_M], tl.float32)
-    ind = tl.zeros([BLOCK_M], tl.float32)
-    slots = tl.arange(0, KP)
-    # real slots start at -1 (below any weight), padding slots at +inf (never the minimum)
-    topv = tl.where(slots < TOP_K, -1.0, float("inf"))[None, :] + tl.zeros([BLOCK_M, KP],
-                                                                            tl.float32)
-    topi = slots[None, :] + tl.zeros([BLOCK_M, KP], tl.int32)
-    if IDS:
-        cur = tl.load(ids_ptr + b * stride_idb + tl.minimum(tl.maximum(pos, 0), NK - 1)
-                      * stride_idj, mask=row_ok, other=-1)
-    for j0 in range(0, end, BLOCK_N):
-        s, ok, cols = _scores(q, k_ptr, kb, offs_n, offs_d, j0, NK, D, stride_kj, stride_kd,
-                              mask_ptr, mb, stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale,
-                              PREC, MASK, CAUSAL)
-        live = tl.maximum(live, tl.max((s > float("-inf")).to(tl.int32), 1))
-        x = s - shift[:, None]
-        p = tl.where(ok, tl.exp2(x), 0.0)
-        ent += tl.sum(tl.where(p > 0, p * x, 0.0), 1)  # 0 x -inf (an additive -inf) is 0
-        maxw = tl.maximum(maxw, tl.max(p, 1))
-        sink += tl.sum(tl.where(cols[None, :] == 0, p, 0.0), 1)
-        prev += tl.sum(tl.where(cols[None, :] == pos[:, None] - 1, p, 0.0), 1)
-        gap = tl.abs(pos[:, None] - cols[None, :]).to(tl.float32)
-        dist += tl.sum(p * gap, 1)
-        if IDS:
-            before = tl.load(ids_ptr + b * stride_idb + (cols - 1) * stride_idj,
-                             mask=(cols >= 1) & (cols < NK), other=-1)
-            target = (before[None, :] == cur[:, None]) & (cols[None, :] - 1 < pos[:, None]) \
-                & (cols[None, :] >= 1)
-            ind += tl.sum(tl.where(target, p, 0.0), 1)
-        tl.atomic_add(recv_ptr + bh * NK + cols, tl.sum(p, 0), mask=cols < NK)
-        # top-k: a tile whose best weight beats no row's current k-th best is skipped
-        cand = tl.where((cols < NK)[None, :], p, -2.0)
-        if tl.max(tl.max(cand, 1) - tl.min(topv, 1), 0) > 0:
-            for _t in tl.static_range(TOP_K):
-                best = tl.max(cand, 1)
-                at = tl.argmax(cand, 1)
-                cand = tl.where(offs_n[None, :] == at[:, None], -3.0, cand)
-                low = tl.min(topv, 1)
-                slot = tl.argmin(topv, 1)
-                put = (slots[None, :] == slot[:, None]) & (best > low)[:, None]
-                topv = tl.where(put, best[:, None], topv)
-                topi = tl.where(put, (at + j0)[:, None], topi)
-
+    if HAS_LSE:  # natural log -> log2 units
+        lse2 = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_m * stride_li,
+                       mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+    else:
+        lse2 = _lse_pass(q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd,
+                         mask_ptr, mb, stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale,
+                         PREC, MASK, CAUSAL, BLOCK_M, BLOCK_N)
+    live, ent, maxw, sink, prev, dist, ind, topv, topi = _stats_pass(
+        q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd, mask_ptr, mb,
+        stride_mi, stride_mj, offs_m, row_ok, pos, qk_scale, lse2, ids_ptr, b * stride_idb,
+        stride_idj, recv_ptr + bh * NK, PREC, MASK, CAUSAL, IDS, TOP_K, KP, BLOCK_M, BLOCK_N)
     out = bh * NQ + offs_m
-    tl.store(ent_ptr + out, -ent * 0.6931471805599453, mask=row_ok)
+    tl.store(ent_ptr + out, -ent * 0.6931471805599453, mask=row_ok)  # log2 -> nats
     tl.store(maxw_ptr + out, maxw, mask=row_ok)
     tl.store(sink_ptr + out, sink, mask=row_ok)
     tl.store(prev_ptr + out, prev, mask=row_ok)
@@ -176,8 +209,8 @@ def _stats_kernel(
     tl.store(live_ptr + out, live.to(tl.int8), mask=row_ok)
     if IDS:
         tl.store(ind_ptr + out, ind, mask=row_ok)
-    top = out[:, None] * TOP_K + slots[None, :]
-    keep = row_ok[:, None] & (slots[None, :] < TOP_K)
+    top = out[:, None] * TOP_K + tl.arange(0, KP)[None, :]
+    keep = row_ok[:, None] & (tl.arange(0, KP)[None, :] < TOP_K)
     tl.store(topv_ptr + top, tl.maximum(topv, 0.0), mask=keep)
     tl.store(topi_ptr + top, topi.to(tl.int64), mask=keep)
 
