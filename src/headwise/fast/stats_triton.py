@@ -99,15 +99,16 @@ def _induction(p, ids_ptr, idb, stride_idj, cols, cur, pos, NK):
 @triton.jit
 def _merge_top(cand, offs_n, j0, topv, topi, slots, TOP_K: tl.constexpr):
     """The running top-k ``(M, KP)`` (unsorted) merged with a tile's weights ``cand (M, N)``:
-    the tile's best ``TOP_K``, one at a time, each replacing the list's smallest if larger. A
-    tile whose best beats no row's current k-th best is skipped (most tiles, once the lists
-    fill)."""
-    if tl.max(tl.max(cand, 1) - tl.min(topv, 1), 0) > 0:
-        for _t in tl.static_range(TOP_K):
-            best = tl.max(cand, 1)
+    the tile's best ``TOP_K``, one at a time, each replacing the list's smallest if larger.
+    A round in which no row's best left beats its current k-th best ends the merge (the best
+    only falls and the k-th best only rises): with row j's list full, a tile brings ~64 x 64 x
+    k / j new entries spread over 64 rows, so one or two rounds, not k."""
+    for _t in tl.static_range(TOP_K):
+        best = tl.max(cand, 1)
+        low = tl.min(topv, 1)
+        if tl.max(best - low, 0) > 0:
             at = tl.argmax(cand, 1)
             cand = tl.where(offs_n[None, :] == at[:, None], -3.0, cand)
-            low = tl.min(topv, 1)
             slot = tl.argmin(topv, 1)
             put = (slots[None, :] == slot[:, None]) & (best > low)[:, None]
             topv = tl.where(put, best[:, None], topv)
