@@ -11,6 +11,13 @@ work. Working memory is those two buffers plus the ``(b, h, i)`` results: linear
 :func:`collect` does it for every :class:`~headwise.MultiHeadAttention` in a model during a
 forward pass.
 
+Off the CPU nothing is read back to the host, and the work is sized for the device
+(:mod:`headwise.fast` decides): on CUDA one Triton kernel walks the keys in registers like
+flash attention and writes only the results (:mod:`headwise.fast.stats_triton`); elsewhere
+(or ``HEADWISE_TRITON=0``) this torch path runs in blocks of
+:data:`headwise.fast.DEVICE_BLOCK_ELEMENTS` (a causal block of short rows takes more rows).
+The CPU keeps its cache-sized chunks.
+
 Positions are bottom-right aligned as in causal attention: query ``i`` sits at key position
 ``i + j_len - i_len`` (self-attention: the same position).
 """
@@ -315,7 +322,7 @@ def _check_ids(token_ids) -> None:
 
 @contextmanager
 def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, top_k: int = 5,
-            budget: int = _weights.CHUNK_ELEMENTS):
+            budget: int | None = None):
     """Collect :class:`HeadStats` of every attention call of ``model`` during the block::
 
         with hw.stats.collect(lm, token_ids=tokens) as found:
