@@ -79,11 +79,15 @@ def test_the_triton_kernel_equals_float64_reference_in_the_interpreter():
     assert "all equal" in done.stdout
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_the_kernel_compiles_for_an_h100_without_one(dtype):
+@pytest.mark.parametrize("dtype, variant", [
+    ("bf16", dict(HAS_LSE=False, MASK=2, CAUSAL=True, IDS=True, TOP_K=3, KP=4)),
+    ("fp32", dict(HAS_LSE=True, MASK=1, CAUSAL=False, IDS=False, TOP_K=1, KP=1)),
+], ids=["bf16-lse-pass-additive-causal-ids", "fp32-given-lse-bool"])
+def test_the_kernel_compiles_for_an_h100_without_one(dtype, variant):
     """Triton's compiler (source -> TTIR -> PTX -> cubin for sm_90) runs without a GPU: it
     rejects what its interpreter accepts (Python semantics) but a GPU would not, e.g. branches
-    whose sides give a variable different types. Three variants cover every constexpr branch."""
+    whose sides give a variable different types. Two variants take every constexpr branch
+    (~25 s each here: small top-k, since static_range unrolls it)."""
     pytest.importorskip("triton")
     import inspect
 
@@ -95,23 +99,20 @@ def test_the_kernel_compiles_for_an_h100_without_one(dtype):
     params = list(inspect.signature(T._stats_kernel.fn).parameters)
     pointers = {"q_ptr": "*" + dtype, "k_ptr": "*" + dtype, "mask_ptr": "*i8", "ids_ptr": "*i64",
                 "live_ptr": "*i8", "topi_ptr": "*i64"}
-    for variant in (dict(HAS_LSE=False, MASK=0, CAUSAL=True, IDS=True, TOP_K=5, KP=8),
-                    dict(HAS_LSE=True, MASK=1, CAUSAL=False, IDS=False, TOP_K=1, KP=1),
-                    dict(HAS_LSE=False, MASK=2, CAUSAL=True, IDS=True, TOP_K=16, KP=16)):
-        const = dict(variant, PREC="ieee" if dtype == "fp32" else "tf32", BLOCK_M=64,
-                     BLOCK_N=64, BLOCK_D=64)
-        signature = {p: "constexpr" if p in const else pointers.get(p, "*fp32")
-                     if p.endswith("_ptr") else "fp32" if p == "qk_scale" else "i32"
-                     for p in params}
-        if variant["MASK"] == 2:
-            signature["mask_ptr"] = "*fp32"
-        source = ASTSource(T._stats_kernel, signature,
-                           constexprs={(params.index(k),): v for k, v in const.items()})
-        try:
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                      options={"num_warps": 4})
-        except RuntimeError as e:  # no CUDA toolchain in this triton build: nothing to check
-            if "ptxas" in str(e) or "backend" in str(e).lower():
-                pytest.skip(f"triton cannot build for CUDA here: {e}")
-            raise
-        assert "cubin" in compiled.asm, variant
+    const = dict(variant, PREC="ieee" if dtype == "fp32" else "tf32", BLOCK_M=64, BLOCK_N=64,
+                 BLOCK_D=64)
+    signature = {p: "constexpr" if p in const else pointers.get(p, "*fp32")
+                 if p.endswith("_ptr") else "fp32" if p == "qk_scale" else "i32"
+                 for p in params}
+    if variant["MASK"] == 2:
+        signature["mask_ptr"] = "*fp32"
+    source = ASTSource(T._stats_kernel, signature,
+                       constexprs={(params.index(k),): v for k, v in const.items()})
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+    except RuntimeError as e:  # no CUDA toolchain in this triton build: nothing to check
+        if "ptxas" in str(e) or "backend" in str(e).lower():
+            pytest.skip(f"triton cannot build for CUDA here: {e}")
+        raise
+    assert "cubin" in compiled.asm

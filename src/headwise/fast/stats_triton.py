@@ -152,7 +152,7 @@ def _stats_pass(q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd, 
         dist += tl.sum(p * tl.abs(pos[:, None] - cols[None, :]).to(tl.float32), 1)
         if IDS:
             ind += _induction(p, ids_ptr, idb, stride_idj, cols, cur, pos, NK)
-        tl.atomic_add(recv_ptr + cols, tl.sum(p, 0), mask=cols < NK)
+        tl.atomic_add(recv_ptr + cols, tl.sum(p, 0), mask=cols < NK, sem="relaxed")
         topv, topi = _merge_top(tl.where((cols < NK)[None, :], p, -2.0), offs_n, j0, topv,
                                 topi, slots, TOP_K)
     return live, ent, maxw, sink, prev, dist, ind, topv, topi
