@@ -18,6 +18,7 @@ The issue's goal: <= 5x at n=16384, b=1, 16 heads, d=64, causal, bf16 on an H100
     python benchmarks/stats.py --device cuda            # n=16384, bf16
     python benchmarks/stats.py                          # CPU: n=2048, float32
     python benchmarks/stats.py --device cuda --n 4096 16384 --dtype bf16 --budget 3
+    python benchmarks/stats.py --device cuda --quick    # the GPU script's call (~20 s)
 """
 
 from __future__ import annotations
@@ -122,7 +123,10 @@ def main() -> None:
                    "cuda, 2048 on the CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on cuda, fp32 on "
                    "the CPU")
-    p.add_argument("--budget", type=float, default=4.0, help="seconds of timing per n")
+    p.add_argument("--budget", type=float, help="seconds of timing per n (default 4; 1.5 "
+                   "with --quick)")
+    p.add_argument("--quick", action="store_true", help="shorter timing (the GPU script's "
+                   "mode); the sizes stay")
     p.add_argument("--threads", type=int, help="torch threads (CPU)")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -137,7 +141,8 @@ def main() -> None:
              else f"CPU, threads {torch.get_num_threads()}")
     print(f"torch {torch.__version__}, {where}; b={B}, heads={H}, d={D}, causal, token ids\n")
     print("## Streaming statistics vs the fused kernel's forward (same process, interleaved)\n")
-    rows = [row for n in seqs for row in rows_for(n, dtype, device, args.budget)]
+    budget = args.budget or (1.5 if args.quick else 4.0)
+    rows = [row for n in seqs for row in rows_for(n, dtype, device, budget)]
     print("\n" + C.table(rows, list(rows[0])) + "\n", flush=True)
 
 
