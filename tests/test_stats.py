@@ -118,6 +118,15 @@ def test_bad_arguments_are_value_errors():
         hw.stats.head_stats(q, q, top_k=0)
     with pytest.raises(ValueError, match=r"token_ids must be \(b, j\)=\(1, 3\)"):
         hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 4, dtype=torch.long))
+    # the CUDA kernels' LSE layouts (gpu-facts.md): cuDNN's (b, h, i, 1), efficient's padded
+    for lse in (torch.zeros(1, 2, 3, 1), torch.zeros(1, 2, 32)):
+        with pytest.raises(ValueError, match=r"lse must be \(b, h, i\)=\(1, 2, 3\)"):
+            hw.stats.head_stats(q, q, lse=lse)
+    lse = W.logsumexp(q, q)
+    for documented in (lse[..., None], torch.cat([lse, torch.zeros(1, 2, 29)], -1)):
+        fixed = documented[..., 0] if documented.dim() == 4 else documented[..., :3]
+        torch.testing.assert_close(hw.stats.head_stats(q, q, lse=fixed).entropy,
+                                   hw.stats.head_stats(q, q).entropy)
 
 
 @given(h=st.integers(2, 4), n=st.integers(2, 9),

@@ -106,7 +106,7 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
     ``lse`` given it is used as is, not renormalised: the weights are ``exp(s - lse)``).
     Nothing reads a value back to the host on a GPU.
     """
-    _check(q, k, token_ids, top_k)
+    _check(q, k, token_ids, top_k, lse)
     b, h, nq, _ = q.shape
     nk = k.shape[2]
     top_k = min(top_k, nk)
@@ -297,13 +297,17 @@ class _Accumulator:
                          self.top_keys, self.live)
 
 
-def _check(q, k, token_ids, top_k) -> None:
+def _check(q, k, token_ids, top_k, lse=None) -> None:
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ValueError(f"head_stats: top_k must be an int >= 1, got {top_k!r}")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"head_stats: q and k must be (b, h, i, d) and (b, g, j, d), got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     _check_ids(token_ids)
+    if lse is not None and tuple(lse.shape) != tuple(q.shape[:3]):
+        raise ValueError(f"head_stats: lse must be (b, h, i)={tuple(q.shape[:3])}, got "
+                         f"{tuple(lse.shape)}; cuDNN's (b, h, i, 1) is lse[..., 0], efficient "
+                         "attention's (rows padded to a multiple of 32) is lse[..., :i]")
     if token_ids is not None and tuple(token_ids.shape) != (k.shape[0], k.shape[2]):
         raise ValueError(f"head_stats: token_ids must be (b, j)=({k.shape[0]}, {k.shape[2]}) "
                          f"(the key sequence's ids), got {tuple(token_ids.shape)}")
