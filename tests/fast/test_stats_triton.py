@@ -80,14 +80,14 @@ def test_the_triton_kernel_equals_float64_reference_in_the_interpreter():
 
 
 @pytest.mark.parametrize("dtype, variant", [
-    ("bf16", dict(HAS_LSE=False, MASK=2, CAUSAL=True, IDS=True, TOP_K=3, KP=4)),
+    ("bf16", dict(HAS_LSE=False, MASK=2, CAUSAL=True, IDS=True, TOP_K=16, KP=16)),
     ("fp32", dict(HAS_LSE=True, MASK=1, CAUSAL=False, IDS=False, TOP_K=1, KP=1)),
 ], ids=["bf16-lse-pass-additive-causal-ids", "fp32-given-lse-bool"])
 def test_the_kernel_compiles_for_an_h100_without_one(dtype, variant):
     """Triton's compiler (source -> TTIR -> PTX -> cubin for sm_90) runs without a GPU: it
     rejects what its interpreter accepts (Python semantics) but a GPU would not, e.g. branches
     whose sides give a variable different types. Two variants take every constexpr branch
-    (~25 s each here: small top-k, since static_range unrolls it)."""
+    (~5 s each here)."""
     pytest.importorskip("triton")
     import inspect
 

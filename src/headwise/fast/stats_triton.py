@@ -103,7 +103,7 @@ def _merge_top(cand, offs_n, j0, topv, topi, slots, TOP_K: tl.constexpr):
     A round in which no row's best left beats its current k-th best ends the merge (the best
     only falls and the k-th best only rises): with row j's list full, a tile brings ~64 x 64 x
     k / j new entries spread over 64 rows, so one or two rounds, not k."""
-    for _t in tl.static_range(TOP_K):
+    for _t in range(TOP_K):  # a loop, not unrolled: compile time and code size stay small
         best = tl.max(cand, 1)
         low = tl.min(topv, 1)
         if tl.max(best - low, 0) > 0:
@@ -158,7 +158,7 @@ def _stats_pass(q, k_ptr, kb, offs_n, offs_d, end, NK, D, stride_kj, stride_kd, 
     return live, ent, maxw, sink, prev, dist, ind, topv, topi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "G", "NQ", "NK"])  # one compilation for every length
 def _stats_kernel(
         q_ptr, k_ptr, mask_ptr, ids_ptr, lse_ptr,
         ent_ptr, maxw_ptr, sink_ptr, prev_ptr, dist_ptr, ind_ptr, live_ptr, recv_ptr,
