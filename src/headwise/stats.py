@@ -132,7 +132,8 @@ def _triton_kernel(q: torch.Tensor, k: torch.Tensor, top_k: int) -> bool:
     if not _fast.triton(q, k):
         return False
     from headwise.fast.stats_triton import DTYPES, MAX_TOP_K
-    return top_k <= MAX_TOP_K and q.dtype == k.dtype and q.dtype in DTYPES
+    return (1 <= top_k <= MAX_TOP_K and q.dtype == k.dtype and q.dtype in DTYPES
+            and q.numel() > 0)
 
 
 def _nan_rows(stats: HeadStats, q: torch.Tensor, k: torch.Tensor) -> None:
