@@ -164,16 +164,20 @@ def _index(t, idx):
             out = torch.ops.aten.unsqueeze.default(out, dim)
             tensors.append(None)
             dim += 1
-        elif isinstance(i, bool) or isinstance(i, torch.Tensor) and i.dtype == torch.bool:
-            raise NotImplementedError("fake_cuda: boolean-mask indexing (a host sync)")
-        elif isinstance(i, int):
+        elif isinstance(i, int) and not isinstance(i, bool):
             out = torch.ops.aten.select.int(out, dim, i)
         elif isinstance(i, slice):
             out = torch.ops.aten.slice.Tensor(out, dim, i.start, i.stop, i.step or 1)
             tensors.append(None)
             dim += 1
-        else:
-            tensors.append(torch.as_tensor(i, device=t.device))
+        else:  # tensors, lists (copied to the device, as on a GPU)
+            i = torch.as_tensor(i, device=t.device)
+            if i.dtype == torch.bool:  # as torch does: positions from nonzero (a host sync)
+                i = torch.ops.aten.nonzero.default(i)
+                tensors += list(i.unbind(1))
+                dim += i.shape[1]
+                continue
+            tensors.append(i)
             dim += 1
     if any(x is not None for x in tensors):
         return out, tensors
@@ -191,11 +195,11 @@ def _setitem(self, idx, value):
     if self.device.type != "cuda":
         return _SETITEM(self, idx, value)
     out, tensors = _index(self, idx)
-    value = value if isinstance(value, torch.Tensor) else torch.tensor(value, device=self.device)
     if tensors is None:
-        out.copy_(value)
-    else:
-        torch.ops.aten.index_put_.default(out, tensors, value)
+        return out.copy_(value) if isinstance(value, torch.Tensor) else out.fill_(value)
+    if not isinstance(value, torch.Tensor):  # a Python number: a 0-dim CPU value, no copy
+        value = torch.tensor(value, dtype=self.dtype, device="cpu")
+    torch.ops.aten.index_put_.default(out, tensors, value)
 
 
 def _replayed(method, op):
