@@ -10,7 +10,13 @@ logic with no data and no driver; a counting dispatch mode under it records each
   ``int()``, ``.tolist()``) and data-dependent shapes (``nonzero``, boolean-mask indexing,
   ``unique``), which on a GPU wait for the device. Fake tensors cannot answer either, so the
   call raises there: the run records the sync, the error, and stops that block;
-- ``h2d``: copies from the CPU to the device inside the block.
+- ``h2d``: copies from the CPU to the device inside the block;
+- ``d2h``: copies from the device to the CPU (``.cpu()``; the host waits for the device).
+
+Python indexing (``t[0, :, 2:]``, ``t[...] = v``) of a fake CUDA tensor fails too ("not linked
+with support for cuda devices"); the runner replays it on cuda tensors with the aten ops it
+dispatches anyway (select, slice, unsqueeze, index, copy_, index_put_), so counts are unchanged;
+so are ``~t`` and ``t.copy_(u)`` (bitwise_not, copy_).
 
 Some ops abort the *process* on the CPU wheel when they meet a fake CUDA tensor (``torch.cat``
 asks for a CUDA device guard, which this build lacks: "PyTorch is not linked with support for
@@ -108,6 +114,9 @@ class _Count(TorchDispatchMode):
             if getattr(src, "device", None) is not None and src.device.type == "cpu" \
                     and dst is not None and torch.device(dst).type == "cuda":
                 self.row["h2d"].append(name)
+            if getattr(src, "device", None) is not None and src.device.type == "cuda" \
+                    and dst is not None and torch.device(dst).type == "cpu":
+                self.row["d2h"].append(name)  # .cpu(): the host waits for the device
         if name not in VIEWS:
             self.row["ops"].append(name)
         return func(*args, **kwargs)
@@ -115,7 +124,8 @@ class _Count(TorchDispatchMode):
 
 @contextlib.contextmanager
 def counted(label):
-    row = RESULTS.setdefault(label, {"ops": [], "syncs": [], "h2d": [], "error": None})
+    row = RESULTS.setdefault(label, {"ops": [], "syncs": [], "h2d": [], "d2h": [],
+                                     "error": None})
     try:
         with _Count(row):
             yield row
@@ -158,6 +168,76 @@ if len(sys.argv) > 4 and sys.argv[4] == "sdpa_as_one":
 
     F.scaled_dot_product_attention = _sdpa_once
 
+
+# Python indexing (t[...] and t[...] = v) of a fake CUDA tensor aborts the same way (its binding
+# takes a CUDA device guard), so on cuda tensors it is replayed with the aten ops it dispatches
+# anyway (select / slice / unsqueeze / index / copy_ / index_put_): same ops, same counts.
+_GETITEM, _SETITEM = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+
+def _index(t, idx):
+    """``t[idx]``: basic indices by view ops, then tensor indices (if any) by aten.index."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    out, dim, tensors = t, 0, []
+    for i in idx:
+        if i is Ellipsis:
+            skip = t.dim() - real
+            tensors += [None] * skip
+            dim += skip
+        elif i is None:
+            out = torch.ops.aten.unsqueeze.default(out, dim)
+            tensors.append(None)
+            dim += 1
+        elif isinstance(i, int) and not isinstance(i, bool):
+            out = torch.ops.aten.select.int(out, dim, i)
+        elif isinstance(i, slice):
+            out = torch.ops.aten.slice.Tensor(out, dim, i.start, i.stop, i.step or 1)
+            tensors.append(None)
+            dim += 1
+        else:  # tensors, lists (copied to the device, as on a GPU)
+            i = torch.as_tensor(i, device=t.device)
+            if i.dtype == torch.bool:  # as torch does: positions from nonzero (a host sync)
+                i = torch.ops.aten.nonzero.default(i)
+                tensors += list(i.unbind(1))
+                dim += i.shape[1]
+                continue
+            tensors.append(i)
+            dim += 1
+    if any(x is not None for x in tensors):
+        return out, tensors
+    return out, None
+
+
+def _getitem(self, idx):
+    if self.device.type != "cuda":
+        return _GETITEM(self, idx)
+    out, tensors = _index(self, idx)
+    return out if tensors is None else torch.ops.aten.index.Tensor(out, tensors)
+
+
+def _setitem(self, idx, value):
+    if self.device.type != "cuda":
+        return _SETITEM(self, idx, value)
+    out, tensors = _index(self, idx)
+    if tensors is None:
+        return out.copy_(value) if isinstance(value, torch.Tensor) else out.fill_(value)
+    if not isinstance(value, torch.Tensor):  # a Python number: a 0-dim CPU value, no copy
+        value = torch.tensor(value, dtype=self.dtype, device="cpu")
+    torch.ops.aten.index_put_.default(out, tensors, value)
+
+
+def _replayed(method, op):
+    """A hand-written Tensor method (its binding takes the device guard) as its aten op."""
+    def call(self, *args, **kwargs):
+        return (op if self.device.type == "cuda" else method)(self, *args, **kwargs)
+    return call
+
+
+torch.Tensor.__getitem__, torch.Tensor.__setitem__ = _getitem, _setitem
+torch.Tensor.__invert__ = _replayed(torch.Tensor.__invert__, torch.ops.aten.bitwise_not.default)
+torch.Tensor.copy_ = _replayed(torch.Tensor.copy_, torch.ops.aten.copy_.default)
+
 _SCRIPT = open(sys.argv[3]).read()
 with FakeTensorMode(allow_non_fake_inputs=True):
     exec(compile(_SCRIPT, "<fake-cuda script>", "exec"),
@@ -173,6 +253,7 @@ class Counts:
     ops: list[str] = field(default_factory=list)
     syncs: list[str] = field(default_factory=list)
     h2d: list[str] = field(default_factory=list)
+    d2h: list[str] = field(default_factory=list)
     error: str | None = None
     traceback: str | None = None
 
@@ -188,8 +269,8 @@ class Counts:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def __str__(self) -> str:
-        return (f"{self.kernels} ops, syncs {self.syncs}, h2d {self.h2d}, error {self.error}; "
-                f"{self.histogram()}")
+        return (f"{self.kernels} ops, syncs {self.syncs}, h2d {self.h2d}, d2h {self.d2h}, "
+                f"error {self.error}; {self.histogram()}")
 
 
 def run(script: str, *, timeout: float = 240.0, env: dict | None = None,

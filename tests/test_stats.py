@@ -118,6 +118,15 @@ def test_bad_arguments_are_value_errors():
         hw.stats.head_stats(q, q, top_k=0)
     with pytest.raises(ValueError, match=r"token_ids must be \(b, j\)=\(1, 3\)"):
         hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 4, dtype=torch.long))
+    # the CUDA kernels' LSE layouts (gpu-facts.md): cuDNN's (b, h, i, 1), efficient's padded
+    for lse in (torch.zeros(1, 2, 3, 1), torch.zeros(1, 2, 32)):
+        with pytest.raises(ValueError, match=r"lse must be \(b, h, i\)=\(1, 2, 3\)"):
+            hw.stats.head_stats(q, q, lse=lse)
+    lse = W.logsumexp(q, q)
+    for documented in (lse[..., None], torch.cat([lse, torch.zeros(1, 2, 29)], -1)):
+        fixed = documented[..., 0] if documented.dim() == 4 else documented[..., :3]
+        torch.testing.assert_close(hw.stats.head_stats(q, q, lse=fixed).entropy,
+                                   hw.stats.head_stats(q, q).entropy)
 
 
 @given(h=st.integers(2, 4), n=st.integers(2, 9),
@@ -156,3 +165,65 @@ def test_float_token_ids_are_refused():
             pass
     stats = hw.stats.head_stats(q, q, token_ids=torch.zeros(1, 3, dtype=torch.int32))
     assert stats.induction.shape == (1, 2, 3)
+
+
+# --- the GPU's paths, checked on the CPU ---------------------------------------------------
+
+def off_the_host():
+    """headwise.fast.host answers False, as for CUDA tensors: the device's rules run."""
+    from unittest import mock
+
+    from headwise import fast
+    return mock.patch.object(fast, "host", lambda *tensors: False)
+
+
+@given(cfg=configs, budget=st.sampled_from([None, 40, 300]), shift=st.sampled_from(["max", "lse"]),
+       top_k=st.integers(1, 12))
+def test_the_device_path_run_on_the_cpu_equals_float64_reference(cfg, budget, shift, top_k):
+    """Off the host (forced here: headwise.fast.host says False, as for a CUDA tensor) the
+    torch path sizes blocks for device memory, gives causal blocks of short rows more rows, and
+    always applies the NaN masks (no host read): the same numbers as the float64 reference."""
+    q, k, v, mask = draw_inputs(cfg)
+    b, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    _, w = reference_attention(q, k, v, mask, cfg["causal"])
+    ids = torch.randint(0, 3, (b, nk), generator=torch.Generator().manual_seed(cfg["seed"]))
+    lse = (W.logsumexp(q, k, mask=mask, causal=cfg["causal"]) if shift == "lse" else None)
+    with off_the_host():
+        got = hw.stats.head_stats(q, k, mask=mask, causal=cfg["causal"], lse=lse,
+                                  token_ids=ids, top_k=top_k, budget=budget)
+    for name, ref in stats_from_full_weights(w, nq, nk, ids, top_k).items():
+        torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(w.gather(-1, got.top_keys), got.top_values.double(), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.equal(got.live, w.sum(-1) > 0.5)
+
+
+def test_device_blocks_fit_the_budget_and_cover_every_row_once():
+    """The device's row spans: contiguous, every row once, each within the budget (or one
+    row), and under causal attention fewer blocks than fixed-height chunks would need."""
+    from headwise.stats import _spans
+    for nq, nk, causal in [(4096, 4096, True), (100, 37, True), (37, 100, True), (7, 9, False)]:
+        reach = (lambda r1, nq=nq, nk=nk: min(nk, r1 + nk - nq)) if causal else \
+            (lambda r1, nk=nk: nk)
+        for budget in (1, 7, 1000, 1 << 25):
+            spans = _spans(nq, reach, 16, budget)
+            assert spans[0][0] == 0 and spans[-1][1] == nq
+            assert all(r0 < r1 for r0, r1 in spans)
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            assert all(16 * (r1 - r0) * max(1, reach(r1)) <= budget or r1 - r0 == 1
+                       for r0, r1 in spans)
+    fixed = -(-16384 // W.chunk_rows(16 * 16384, 1 << 25))
+    assert len(_spans(16384, lambda r1: r1, 16, 1 << 25)) < 0.6 * fixed
+
+
+def test_the_device_path_marks_nan_rows_without_a_host_check():
+    gen = torch.Generator().manual_seed(11)
+    q, k = torch.randn(1, 3, 20, 8, generator=gen), torch.randn(1, 3, 20, 8, generator=gen)
+    q[0, 1, 4] = float("nan")
+    k[0, 2, 7] = float("inf")
+    with off_the_host():
+        s = hw.stats.head_stats(q, k, causal=True, budget=50)
+    assert s.entropy[0, 1, 4].isnan() and s.entropy[0, 2].isnan().all()
+    assert s.entropy[0, 0].isfinite().all() and s.entropy[0, 1, :4].isfinite().all()
+    assert s.live.all()

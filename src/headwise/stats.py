@@ -11,6 +11,13 @@ work. Working memory is those two buffers plus the ``(b, h, i)`` results: linear
 :func:`collect` does it for every :class:`~headwise.MultiHeadAttention` in a model during a
 forward pass.
 
+Off the CPU nothing is read back to the host, and the work is sized for the device
+(:mod:`headwise.fast` decides): on CUDA one Triton kernel walks the keys in registers like
+flash attention and writes only the results (:mod:`headwise.fast.stats_triton`); elsewhere
+(or ``HEADWISE_TRITON=0``) this torch path runs in blocks of
+:data:`headwise.fast.DEVICE_BLOCK_ELEMENTS` (a causal block of short rows takes more rows).
+The CPU keeps its cache-sized chunks.
+
 Positions are bottom-right aligned as in causal attention: query ``i`` sits at key position
 ``i + j_len - i_len`` (self-attention: the same position).
 """
@@ -24,6 +31,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from headwise import fast as _fast
 from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
@@ -78,7 +86,7 @@ class HeadStats:
 def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None,
                causal: bool = False, scale: float | None = None, lse: torch.Tensor | None = None,
                token_ids: torch.Tensor | None = None, top_k: int = 5,
-               budget: int = _weights.CHUNK_ELEMENTS) -> HeadStats:
+               budget: int | None = None) -> HeadStats:
     """Statistics of the attention of ``q (b, h, i, d)`` over ``k (b, g, j, d)``.
 
     Args:
@@ -90,17 +98,42 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
         top_k: keys kept per query row (at most ``j``).
         budget: elements of one chunk of weights (``b x h x rows x keys``); working memory is
             two such chunks plus the ``(b, h, i)`` results, so it grows linearly in ``n``.
+            Default: :func:`headwise.fast.block_elements` (the CPU's cache-sized chunks, or
+            a few hundred MiB on a GPU).
+
+    On a CUDA device (:func:`headwise.fast.triton`, ``top_k`` up to 16) one Triton kernel
+    computes everything without writing weights (:mod:`headwise.fast.stats_triton`; with
+    ``lse`` given it is used as is, not renormalised: the weights are ``exp(s - lse)``).
+    Nothing reads a value back to the host on a GPU.
     """
-    _check(q, k, token_ids, top_k)
+    _check(q, k, token_ids, top_k, lse)
     b, h, nq, _ = q.shape
     nk = k.shape[2]
-    acc = _Accumulator(b, h, nq, nk, min(top_k, nk), q.device, token_ids)
-    for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
-        acc.add(chunk)
-    stats = acc.result()
+    top_k = min(top_k, nk)
+    if _triton_kernel(q, k, top_k):
+        from headwise.fast import stats_triton
+        stats = HeadStats(**stats_triton.head_stats(
+            q, k, mask=_masks.as_4d(mask), causal=causal, scale=scale, lse=lse,
+            token_ids=token_ids, top_k=top_k))
+    else:
+        budget = _fast.block_elements(q, k, cpu=_weights.CHUNK_ELEMENTS) if budget is None \
+            else budget
+        acc = _Accumulator(b, h, nq, nk, top_k, q.device, token_ids)
+        for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
+            acc.add(chunk)
+        stats = acc.result()
     if not finite(q, k):  # the NaN policy of headwise.attention, not the 0 of a masked row
         _nan_rows(stats, q, k)
     return stats
+
+
+def _triton_kernel(q: torch.Tensor, k: torch.Tensor, top_k: int) -> bool:
+    """The Triton kernel's reach: the device rule, then what the kernel takes."""
+    if not _fast.triton(q, k):
+        return False
+    from headwise.fast.stats_triton import DTYPES, MAX_TOP_K
+    return (1 <= top_k <= MAX_TOP_K and q.dtype == k.dtype and q.dtype in DTYPES
+            and q.numel() > 0)
 
 
 def _nan_rows(stats: HeadStats, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -141,21 +174,40 @@ def _chunks(q, k, lse, *, mask, causal, scale, budget) -> Iterator[_Chunk]:
     kT = (k if g == h else k.repeat_interleave(h // g, dim=1)).to(work).contiguous()
     kT = kT.transpose(-1, -2)                                           # (b, h, d, j)
     mask = _masks.as_4d(mask)
-    step = _weights.chunk_rows(b * h * nk, budget)
-    size = b * h * min(step, nq) * nk
+    # a causal chunk reads keys up to its last row's position (bottom-right aligned); rows
+    # that see no key (causal with more queries than keys) are in no chunk (not live)
+    reach = (lambda r1: min(nk, r1 + nk - nq)) if causal else (lambda r1: nk)  # noqa: E731
+    if _fast.host(q, k):  # as many rows as the budget holds at full width (tuned for cache)
+        step = _weights.chunk_rows(b * h * nk, budget)
+        spans = [(r0, min(nq, r0 + step)) for r0 in range(0, nq, step)]
+    else:  # few large blocks: under causal, early blocks (short rows) take more rows
+        spans = _spans(nq, reach, b * h, budget)
+    spans = [(r0, r1) for r0, r1 in spans if reach(r1) > 0]
+    size = max((b * h * (r1 - r0) * reach(r1) for r0, r1 in spans), default=0)
     buf = torch.empty(2, size, dtype=work, device=q.device)
-    for r0 in range(0, nq, step):
-        r1 = min(nq, r0 + step)
-        # a causal chunk reads keys up to its last row's position (bottom-right aligned)
-        kj = min(nk, r1 + nk - nq) if causal else nk
-        if kj <= 0:  # causal with more queries than keys: these rows see no key (not live)
-            continue
+    for r0, r1 in spans:
+        kj = reach(r1)
         shape = (b, h, r1 - r0, kj)
         s = buf[0, :math.prod(shape)].view(shape)
         torch.matmul(qs[:, :, r0:r1], kT[..., :kj], out=s)
         masked = _mask(s, mask, causal, r0, r1, nq, nk)
         shift = None if lse is None else lse[:, :, r0:r1, None].to(work)
         yield _softmax(s, buf[1, :s.numel()].view(shape), shift, masked, r0, r1)
+
+
+def _spans(nq: int, reach, heads: int, budget: int) -> list[tuple[int, int]]:
+    """Row spans ``(r0, r1)`` whose ``heads x rows x reach(r1)`` weights fit ``budget``
+    (at least one row each): Python integers only, so no value is read from the device."""
+    spans, r0 = [], 0
+    while r0 < nq:
+        low, high = 1, nq - r0  # bisection for the most rows that fit
+        while low < high:
+            mid = (low + high + 1) // 2
+            fits = heads * mid * max(1, reach(r0 + mid)) <= budget
+            low, high = (mid, high) if fits else (low, mid - 1)
+        spans.append((r0, r0 + low))
+        r0 += low
+    return spans
 
 
 def _mask(s, mask, causal, r0, r1, nq, nk) -> tuple[int, int] | None:
@@ -246,13 +298,17 @@ class _Accumulator:
                          self.top_keys, self.live)
 
 
-def _check(q, k, token_ids, top_k) -> None:
+def _check(q, k, token_ids, top_k, lse=None) -> None:
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ValueError(f"head_stats: top_k must be an int >= 1, got {top_k!r}")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"head_stats: q and k must be (b, h, i, d) and (b, g, j, d), got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     _check_ids(token_ids)
+    if lse is not None and tuple(lse.shape) != tuple(q.shape[:3]):
+        raise ValueError(f"head_stats: lse must be (b, h, i)={tuple(q.shape[:3])}, got "
+                         f"{tuple(lse.shape)}; cuDNN's (b, h, i, 1) is lse[..., 0], efficient "
+                         "attention's (rows padded to a multiple of 32) is lse[..., :i]")
     if token_ids is not None and tuple(token_ids.shape) != (k.shape[0], k.shape[2]):
         raise ValueError(f"head_stats: token_ids must be (b, j)=({k.shape[0]}, {k.shape[2]}) "
                          f"(the key sequence's ids), got {tuple(token_ids.shape)}")
@@ -271,7 +327,7 @@ def _check_ids(token_ids) -> None:
 
 @contextmanager
 def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, top_k: int = 5,
-            budget: int = _weights.CHUNK_ELEMENTS):
+            budget: int | None = None):
     """Collect :class:`HeadStats` of every attention call of ``model`` during the block::
 
         with hw.stats.collect(lm, token_ids=tokens) as found:

@@ -18,7 +18,7 @@ from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
 from headwise.fast import cuda_lse as _cuda_lse
-from headwise.fast import finite, gpu, has_triton, kernel_nan
+from headwise.fast import finite, gpu, kernel_nan, triton
 from headwise.fast import flash_cpu as _flash_cpu
 from headwise.heads import expand_kv
 from headwise.observe import (
@@ -92,7 +92,7 @@ def _from_lse(q, k, lse, mask, is_causal, scale, selection):
     if not gpu(q):
         return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
                                  selection=selection)
-    if not has_triton() or q.dtype == torch.float64:  # (the kernel: half and float32)
+    if not triton(q) or q.dtype == torch.float64:  # (the kernel: half and float32)
         return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
                                  selection=selection, budget=GPU_BLOCK_ELEMENTS)
     from headwise.fast import triton_weights  # imports triton: only here, on a GPU
@@ -137,7 +137,7 @@ def _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask, i
                                                    _weights.BLOCK_ELEMENTS))
         if gpu(q) and lse_kernel is not None:  # the CUDA kernel that made output and LSE;
             kernel = f"{lse_kernel.upper()}_ATTENTION"  # Triton writes every row at once
-            rows = None if has_triton() else rows
+            rows = None if triton(q) else rows
         source = (WeightsSource("lse", lse_kernel or "chunked pass", rows) if plan == "lse"
                   else WeightsSource("rows", "", rows))
     quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V

@@ -4,21 +4,22 @@ Holds the CPU decoding step's weight layouts and products (``rows``), headwise's
 their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
 memory roof a step is measured against (``roof``), huge-page and recycled buffers (``large``),
 inference that reuses its own buffers (``reuse``), the CPU flash kernel that returns its
-log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp (``cuda_lse``) and the Triton kernel
-that writes per-head weights from it (``triton_weights``, imported only on a GPU: it needs the
-``gpu`` extra's triton). Everything here is an optimisation of a computation the plain torch
+log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp (``cuda_lse``), the Triton kernels
+that write per-head weights from it (``triton_weights``) and stream head statistics
+(``stats_triton``), imported only on a GPU: they need the ``gpu`` extra's triton. Everything here is an optimisation of a computation the plain torch
 path (:mod:`headwise.layers`, :mod:`headwise.attend`, :mod:`headwise.step`) also does:
 switching it off (``HEADWISE_NATIVE=0``, another device, autograd) gives the same numbers.
 
 This file is the one place that decides where the layer applies (as Hugging Face's
 ``ALL_ATTENTION_FUNCTIONS`` or llm.c's single fallback test): :func:`host` is the device rule
-(:func:`gpu` its CUDA side, with :func:`has_triton`), :func:`applies` the rule for the float32
+(:func:`gpu` its CUDA side, :func:`triton` the Triton kernels' rule), :func:`applies` the rule for the float32
 (and, where a kernel has that form, bfloat16) CPU kernels and layouts, :func:`finite` the one
 NaN check, with its device rule, that the NaN policy's shortcut reads, :func:`kernel_nan`
 whether the device's fused attention kernels propagate NaN by themselves (so the policy costs
 nothing there), :func:`joint_qkv` whether self-attention projects q, k, v with one GEMM over
 their concatenated weights, :func:`upload` how a host batch reaches the device,
-:func:`compiling` the one question about torch.compile. No other module tests a tensor's
+:func:`block_elements` how large a block of recomputed weights is (the CPU's cache or
+the device's memory), :func:`compiling` the one question about torch.compile. No other module tests a tensor's
 device for speed. :func:`as_device` (for tests) runs every rule as off the CPU on CPU tensors:
 the GPU's code path, with real values to check and ops to count.
 
@@ -33,12 +34,20 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+import os
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["applies", "as_device", "compiling", "finite", "fixed_shapes", "gpu", "graphs",
-           "has_triton", "host", "joint_qkv", "kernel_nan", "upload"]
+__all__ = ["applies", "as_device", "block_elements", "compiling", "finite", "fixed_shapes",
+           "gpu", "graphs", "has_triton", "host", "joint_qkv", "kernel_nan", "triton", "upload",
+           "DEVICE_BLOCK_ELEMENTS"]
+
+# Off the CPU a block of recomputed weights is sized for memory, not cache: 2**25 float32
+# elements (128 MiB; the chunked passes hold two), so a 16k-token, 16-head causal pass is ~40
+# blocks of whole rows instead of thousands (each block is ~20 kernels; launches, not
+# arithmetic, were the cost).
+DEVICE_BLOCK_ELEMENTS = 1 << 25
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 _compiling = torch.compiler.is_compiling
@@ -189,3 +198,17 @@ def joint_qkv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     kernels; without autograd three GEMMs are what the hand-written path runs, with no
     per-call copy of the weights."""
     return _cpu((x,)) or (torch.is_grad_enabled() and weight.requires_grad)
+
+
+def block_elements(*tensors: torch.Tensor, cpu: int) -> int:
+    """Elements of one block of recomputed weights: ``cpu`` (a size tuned for this CPU's
+    cache) on the :func:`host`, :data:`DEVICE_BLOCK_ELEMENTS` elsewhere."""
+    return cpu if host(*tensors) else DEVICE_BLOCK_ELEMENTS
+
+
+def triton(*tensors: torch.Tensor) -> bool:
+    """The rule for the Triton kernels (:mod:`headwise.fast.triton_weights`,
+    :mod:`headwise.fast.stats_triton`): the :func:`gpu` rule, ``triton`` installed
+    (:func:`has_triton`) and ``HEADWISE_TRITON`` not ``0``. Elsewhere the torch path runs
+    (same values)."""
+    return gpu(*tensors) and has_triton() and os.environ.get("HEADWISE_TRITON", "1") != "0"

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from headwise import fast as _fast
 from headwise import stats as _stats
 from headwise import weights as _weights
 from headwise.analysis.catalogue.inputs import Prepared, attention_modules, prepare
@@ -43,7 +44,9 @@ _FROM_STATS = ("entropy", "max_weight", "sink", "prev_token", "induction", "dist
 
 @dataclass
 class _Layer:
-    """Running sums of one layer of one kind, all ``float64`` on the CPU."""
+    """Running sums of one layer of one kind, all ``float64``, on the device of the model's
+    attention calls (:meth:`to` moves them once, at the end: a GPU is never read back inside
+    the per-layer collection)."""
 
     heads: int
     offsets: int
@@ -65,12 +68,28 @@ class _Layer:
         self.pattern, self.pattern_rows = z(self.heads, self.grid, self.grid), z(self.grid)
         self.mass, self.uniform, self.seen = z(self.heads, 0), z(0), z(0)
 
+    def to(self, device) -> _Layer:
+        """Every running sum moved to ``device`` (in place; returns self)."""
+        for name in ("rows", "mirror_rows", "profile", "pattern", "pattern_rows", "mass",
+                     "uniform", "seen"):
+            setattr(self, name, getattr(self, name).to(device))
+        self.sums = {key: value.to(device) for key, value in self.sums.items()}
+        return self
+
+    def grow(self, vocab: int) -> None:
+        """Widen the token tables to ``vocab`` ids (a Python int: no device read)."""
+        grow = vocab - self.mass.shape[1]
+        if grow > 0:
+            pad = torch.nn.functional.pad
+            self.mass, self.uniform = pad(self.mass, (0, grow)), pad(self.uniform, (0, grow))
+            self.seen = pad(self.seen, (0, grow))
+
 
 @torch.no_grad()
 def catalogue(model: torch.nn.Module, batches, *, tokens: Callable | None = None,
               window: int = 8, grid: int = 16, top_tokens: int = 10,
               importance: Mapping | None = None, name: str | None = None,
-              dataset: str | None = None, budget: int = _weights.CHUNK_ELEMENTS) -> Catalogue:
+              dataset: str | None = None, budget: int | None = None) -> Catalogue:
     """Run ``model`` over ``batches`` and describe every head (see the module docstring).
 
     Args:
@@ -87,7 +106,8 @@ def catalogue(model: torch.nn.Module, batches, *, tokens: Callable | None = None
         importance: optional ``{kind: (layers, heads)}`` scores (e.g. ``headwise.importance``'s
             table) shown as one more column.
         name, dataset: labels for the page and the JSON.
-        budget: elements of one chunk of recomputed weights.
+        budget: elements of one chunk of recomputed weights (default: the device's,
+            :func:`headwise.fast.block_elements`).
     """
     _check_args(window, grid, top_tokens)
     modules = attention_modules(model)
@@ -103,15 +123,24 @@ def catalogue(model: torch.nn.Module, batches, *, tokens: Callable | None = None
             _add_call(acc[kind, layer], current[0], kind, q, k, mask, causal, scale, window,
                       budget)
 
+    device = next(model.parameters()).device
+    for layer in acc.values():
+        layer.to(device)
     with _stats.observing(observe):
         for batch in _iterate(batches):
             current[:] = [prepare(model, batch)]
+            # the one read of a value per batch, before the model runs: the token tables' width
+            vocab = 1 + max(int(ids.max()) for ids, _ in current[0].sides.values())
+            for layer in acc.values():
+                layer.grow(vocab)
             current[0].run()
             counts["inputs"] += current[0].size
             counts["batches"] += 1
     if counts["inputs"] == 0:
         raise ValueError("catalogue: no data: batches is empty; pass at least one batch "
                          "(e.g. task.eval_set(256) or a (b, n) tensor of token ids)")
+    for layer in acc.values():
+        layer.to("cpu")  # the one read back of the sums, at the end
     return Catalogue._build(acc, modules, tokens or (lambda ids: [str(i) for i in ids]),
                             window=window, grid=grid, top_tokens=top_tokens,
                             importance=importance, name=name or type(model).__name__,
@@ -140,16 +169,18 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
               budget) -> None:
     """Reduce one attention call ``q (b, h, i, d)``, ``k (b, g, j, d)`` into ``layer``."""
     q_lens, k_lens, k_ids = inp.lengths(kind, q.shape[2], k.shape[2])
+    budget = _fast.block_elements(q, k, cpu=_weights.CHUNK_ELEMENTS) if budget is None \
+        else budget
     is_self = kind != "cross"
     st = _stats.head_stats(q, k, mask=mask, causal=causal, scale=scale, budget=budget,
                            token_ids=k_ids if is_self else None, top_k=1)
     valid = (torch.arange(q.shape[2], device=q.device)[None] < q_lens[:, None])  # (b, i)
     rows = (st.live & valid[:, None]).to(torch.float32)  # (b, h, i)
-    layer.rows += rows.sum((0, 2)).double().cpu()
+    layer.rows += rows.sum((0, 2)).double()
     for name in _FROM_STATS:
         x = getattr(st, name)
         if x is not None and (is_self or name not in SELF_ONLY):
-            layer.sums[name] = layer.sums.get(name, 0) + (x * rows).sum((0, 2)).double().cpu()
+            layer.sums[name] = layer.sums.get(name, 0) + (x * rows).sum((0, 2)).double()
     lse = _weights.logsumexp(q, k, mask=mask, causal=causal, scale=scale, budget=budget)
     b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     col = torch.zeros(b, h, nk, device=q.device)   # (b, h, j) mass on each key
@@ -186,9 +217,9 @@ def _add_mirror(layer: _Layer, w, r0, k_lens) -> None:
     ok = (target >= 0) & (target < nk)
     picked = w.gather(-1, target.clamp(0, nk - 1)[:, None, :, None].expand(-1, w.shape[1], -1, 1))
     value = (picked[..., 0] * ok[:, None]).sum((0, 2))
-    layer.sums["mirror"] = layer.sums.get("mirror", 0) + value.double().cpu()
+    layer.sums["mirror"] = layer.sums.get("mirror", 0) + value.double()
     live = (w.sum(-1) > 0.5) & ok[:, None]  # rows counted (weights of dropped rows were zeroed)
-    layer.mirror_rows += live.sum((0, 2)).double().cpu()
+    layer.mirror_rows += live.sum((0, 2)).double()
 
 
 def _add_pattern(layer: _Layer, w, r0, q_lens, k_lens, valid) -> None:
@@ -200,8 +231,8 @@ def _add_pattern(layer: _Layer, w, r0, q_lens, k_lens, valid) -> None:
     qfrac = _overlap(torch.arange(r0, r0 + c, device=w.device), q_lens, g) * g
     qfrac = qfrac * valid[..., None]  # (b, c, g)
     by_key = torch.einsum("bhcj,bjk->bhck", w, kfrac)  # (b, h, c, g) each row's mass per bin
-    layer.pattern += torch.einsum("bhck,bcq->hqk", by_key, qfrac).double().cpu()
-    layer.pattern_rows += qfrac.sum((0, 1)).double().cpu()
+    layer.pattern += torch.einsum("bhck,bcq->hqk", by_key, qfrac).double()
+    layer.pattern_rows += qfrac.sum((0, 1)).double()
 
 
 def _overlap(pos: torch.Tensor, lens: torch.Tensor, g: int) -> torch.Tensor:
@@ -222,22 +253,16 @@ def _add_profile(layer: _Layer, w, r0, nq, nk, window) -> None:
     bucket = offset.clamp(-window - 1, window + 1) + window + 1
     out = torch.zeros(*w.shape[:3], 2 * window + 3, device=w.device)
     out.scatter_add_(-1, bucket[None, None].expand_as(w), w)
-    layer.profile += out.sum((0, 2)).double().cpu()
+    layer.profile += out.sum((0, 2)).double()
 
 
 def _add_tokens(layer: _Layer, col, uni, ids, k_lens) -> None:
     """Scatter each key's mass onto its token id (``(h, v)``), with the uniform baseline."""
     real = torch.arange(ids.shape[1], device=ids.device)[None] < k_lens[:, None]  # (b, j)
-    ids = ids.masked_fill(~real, 0)
-    v = int(ids.max()) + 1
-    if v > layer.mass.shape[1]:
-        grow = v - layer.mass.shape[1]
-        layer.mass = torch.nn.functional.pad(layer.mass, (0, grow))
-        layer.uniform = torch.nn.functional.pad(layer.uniform, (0, grow))
-        layer.seen = torch.nn.functional.pad(layer.seen, (0, grow))
-    h, flat = col.shape[1], ids.reshape(-1).cpu()
-    per_key = (col * real[:, None]).permute(1, 0, 2).reshape(h, -1).double().cpu()
+    ids = ids.masked_fill(~real, 0)  # the tables are as wide as the batch's ids (grow)
+    h, flat = col.shape[1], ids.reshape(-1)
+    per_key = (col * real[:, None]).permute(1, 0, 2).reshape(h, -1).double()
     layer.mass.index_add_(1, flat, per_key)
-    layer.uniform.index_add_(0, flat, (uni * real).reshape(-1).double().cpu())
-    layer.seen.index_add_(0, flat, real.reshape(-1).double().cpu())
+    layer.uniform.index_add_(0, flat, (uni * real).reshape(-1).double())
+    layer.seen.index_add_(0, flat, real.reshape(-1).double())
 
