@@ -3,16 +3,15 @@ of one new query per row over the cache, and RoPE and RMSNorm on rows (one call 
 four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit for bit
 :meth:`headwise.rope.RotaryEmbedding.rotate`).
 
-Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the
-weights are read once, so the product should run at the speed memory delivers them
+Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the weights
+are read once, so the product should run at the speed memory delivers them
 (:mod:`headwise.fast.roof`). MKL's float32 kernels for so few rows do not: one row streams
 SmolLM2-135M's matrices at 12-20 GB/s here, 2-4 rows at ~10, compute-bound; a core reads ~21.
-``step_kernels.c`` (beside this file) reads eight rows of ``W (out, in)`` per pass for one row,
-or eight rows of a ``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W``
-against every row of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four
-(``benchmarks/RESULTS.md`` at 542c6ce). The attention of the newest query (SDPA's
-1-query call costs ~80 us per SmolLM2 layer, mostly fixed costs) is four keys' scores at a
-time, a vectorized exp, the values weighed 64 features at a time: a SmolLM2 step ~1.5 ms faster.
+``step_kernels.c`` (beside this file) reads eight rows of ``W (out, in)`` per pass for one row, or
+eight rows of a ``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W``
+against every row of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four (``RESULTS.md`` at
+542c6ce). The newest query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer, mostly
+fixed costs) is 4 keys' scores at a time, a vector exp, values weighed 64 features at a time.
 
 How. The first call compiles the sources (:data:`SOURCES`) with ``$CC``, else ``cc`` / ``gcc``
 (``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
@@ -23,9 +22,8 @@ library; later processes load it at once). The build runs in a thread the first 
 process group, is killed with its children after :data:`BUILD_TIMEOUT_S` or at exit. The kernels
 split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
 
-bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``_q4.c``; torch reads them at a third to a
-half of the roof) run one of two paths (:func:`isa`): AVX512-BF16 (``vdpbf16ps``) where the CPU
-and its OS have it, else AVX2; ``HEADWISE_NATIVE_ISA=avx2`` forces AVX2 (``auto``: the widest).
+bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``_q4.c``) run AVX512-BF16 (``vdpbf16ps``)
+where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2`` forces it).
 
 When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
 FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
@@ -220,9 +218,11 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def _takes(x, w, bias, res, wt: bool) -> str:
-    """Why :func:`rows_matmul` cannot take these tensors as they are (``""``: it can): ``w``
-    ``(out, in)`` with contiguous rows (``(in, out)`` for one float32 row when ``wt``), rows as
-    :func:`_rows_ok` says, the :func:`~headwise.fast.applies` rule."""
+    """Why :func:`rows_matmul` cannot take these tensors (``""``: it can): on the CPU (asked
+    first: a device's step asks ~10 times a layer), ``w (out, in)`` with contiguous rows (``(in,
+    out)`` for one float32 row when ``wt``), rows as :func:`_rows_ok` says, :func:`applies`."""
+    if not host(x):
+        return "not on the CPU"
     if w.dim() != 2 or w.stride(1) != 1:
         return "W is not 2-D with contiguous rows"
     out, n_in = w.shape
