@@ -103,12 +103,7 @@ def test_the_training_loop_syncs_nothing_per_step(monkeypatch, task):
     assert result.metrics["train_loss"] > 0
 
 
-@pytest.mark.parametrize("task", [
-    "induction",
-    pytest.param("copy", marks=pytest.mark.xfail(strict=True, reason=(
-        "models/_checks.valid_lens reads (lens < 0).any() on every encoder-decoder forward "
-        "(one sync; found on the CPU under fast.as_device)"))),
-])
+@pytest.mark.parametrize("task", ["induction", "copy"])  # a decoder LM, an encoder-decoder
 def test_a_whole_training_step_syncs_nothing(monkeypatch, task):
     """The loop and the model together (the model's forward is the attention's budget)."""
     per_step, _ = _syncs_per_step(monkeypatch, 4, with_forward=True, task=task)
