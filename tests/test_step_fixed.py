@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headwise
-from headwise import decoding
+from headwise import decoding, fast
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 from headwise.step import DecodeStep
 
@@ -141,3 +141,31 @@ def test_compile_on_the_cpu_is_one_clear_error():
                           compile="yes")
     with pytest.raises(ValueError, match="graph=True replays a fixed-shape step"):
         DecodeStep(model, model.new_cache(1, 8), graph=True)
+
+
+@pytest.mark.parametrize("kind", ["lm", "encoder-decoder"])
+def test_generation_under_bf16_autocast_writes_the_float32_cache_on_the_device_path(kind):
+    """Evaluation inside bfloat16 autocast (the training loop's) on a float32 model: the fixed
+    step's k and v come out of the projections in bfloat16 and go into the float32 cache (the
+    H100 run found index_copy_ refusing the mix); the tokens are the CPU path's."""
+    torch.manual_seed(3)
+    if kind == "lm":
+        model, kw = _lm(vocab_size=11).float(), {}
+    else:
+        model = Transformer(TransformerConfig(11, 11, d_model=16,
+                                              num_heads=2, num_layers=1, d_ff=24,
+                                              dropout=0.0)).eval()
+        kw = dict(src=torch.randint(0, 11, (3, 6)))
+    prompt = torch.randint(0, 11, (3, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_logits = decoding.generate_with_logits(model, prompt, max_new_tokens=6, **kw)
+        with fast.as_device():
+            got, got_logits = decoding.generate_with_logits(model, prompt, max_new_tokens=6,
+                                                            **kw)
+    # bfloat16 sums in another order may flip a near tie: compare up to the first step where
+    # the tokens part (its logits included), at bfloat16's resolution (8 bits, logits ~1)
+    same = (got == want).all(0)[2:]
+    upto = int(same.int().argmin()) + 1 if not bool(same.all()) else same.numel()
+    assert upto >= 1
+    torch.testing.assert_close(got_logits[:, :upto].float(), want_logits[:, :upto].float(),
+                               atol=3e-2, rtol=3e-2)
