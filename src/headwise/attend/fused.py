@@ -92,7 +92,7 @@ def _from_lse(q, k, lse, mask, is_causal, scale, selection):
     if not gpu(q):
         return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
                                  selection=selection)
-    if not triton(q) or q.dtype == torch.float64:  # (the kernel: half and float32)
+    if not _triton_writes(q):
         return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
                                  selection=selection, budget=GPU_BLOCK_ELEMENTS)
     from headwise.fast import triton_weights  # imports triton: only here, on a GPU
@@ -104,6 +104,14 @@ def _from_lse(q, k, lse, mask, is_causal, scale, selection):
             q, k, lse, mask=mask, causal=is_causal,
             scale=q.shape[-1] ** -0.5 if scale is None else scale,
             heads=heads, rows=rows, keys=keys)
+
+
+def _triton_writes(q) -> bool:
+    """Whether the Triton kernel writes the weights: bfloat16 and float16 on a GPU with triton.
+    Not float32: its exact (IEEE) products run without tensor cores, and on an H100 all weights
+    took 11-18x torch's need_weights (b=4, n=1024 / b=2, n=4096); cuBLAS's float32 products in
+    device-sized blocks (:func:`headwise.weights.from_lse`) are the faster exact path there."""
+    return triton(q) and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def _weights_plan(selection, q, k, v, dropout_p, strict_on: bool) -> str | None:
@@ -137,7 +145,7 @@ def _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask, i
                                                    _weights.BLOCK_ELEMENTS))
         if gpu(q) and lse_kernel is not None:  # the CUDA kernel that made output and LSE;
             kernel = f"{lse_kernel.upper()}_ATTENTION"  # Triton writes every row at once
-            rows = None if triton(q) else rows
+            rows = None if _triton_writes(q) else rows
         source = (WeightsSource("lse", lse_kernel or "chunked pass", rows) if plan == "lse"
                   else WeightsSource("rows", "", rows))
     quadratic = kernel == "MATH" or plan == WEIGHTS_AT_V
