@@ -20,7 +20,7 @@ from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.fast import joint_qkv
 from headwise.fast import rows as _rows
-from headwise.heads import MERGE, SPLIT
+from headwise.heads import MERGE, SPLIT, merge, split
 from headwise.layers import checks
 from headwise.layers.row import AttentionRow
 from headwise.observe import PROJECTION, SPLIT_HEADS, StepKind, record
@@ -140,7 +140,7 @@ class MultiHeadAttention(nn.Module):
             record(StepKind.HEAD_MASK, out)
         out = observe.heads(self, out)  # kept or edited (ablation, patching) by observers
         # 4) merge heads: (b, h, i, d) -> (b, i, h*d)  5) output projection
-        out = rearrange(out, MERGE)
+        out = merge(out)  # (the MERGE pattern, as views)
         record(StepKind.MERGE_HEADS, out, pattern=MERGE)
         out = self.out_proj(out)
         record(StepKind.OUTPUT_PROJECTION, out)
@@ -212,7 +212,7 @@ class MultiHeadAttention(nn.Module):
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
         record(PROJECTION[name], x)
-        x = rearrange(x, SPLIT, h=heads)
+        x = split(x, heads)  # (the SPLIT pattern, as views)
         record(SPLIT_HEADS[name], x, pattern=SPLIT)
         return x
 
