@@ -85,8 +85,10 @@ class SelfAttentionCache:
         step: what a CUDA graph can replay. The owner still advances ``length``."""
         # (in the cache's dtype, as update's copy_ casts: under autocast k, v come out of the
         # projections in bfloat16 while a float32 model's cache is float32)
-        self.k.index_copy_(2, pos, k.to(self.k.dtype))
-        self.v.index_copy_(2, pos, v.to(self.v.dtype))
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
         self.checked = 0  # (written behind all_finite's back: it reads again if asked)
         return self.k, self.v
 
