@@ -42,8 +42,10 @@ BUDGET = {"all": 3, "one head": 3, "last 16 rows": 3, "64-key range": 3, "all, p
 # float32 takes cuBLAS's products in device-sized blocks instead (the Triton kernel's exact
 # float32 products ran 11-18x torch's need_weights on an H100): the fused kernel, q * scale,
 # then per batch row (one block each here) the product, - lse, the causal mask (arange x2, add,
-# le, not, fill), exp and the whole-row renormalisation (sum, clamp, div): <= 13
-FP32_BUDGET = 2 + 13 * 2
+# le, not, fill), exp and the whole-row renormalisation (sum, clamp, div): <= 13; then the
+# NaN policy per key head (a float32 sum, isfinite (abs, ne, eq, mul as fake tensors count
+# it), not, one fill): 6
+FP32_BUDGET = 2 + 13 * 2 + 6
 
 
 def _kernels(c) -> int:
@@ -156,3 +158,35 @@ def test_the_gpu_branch_wired_through_attention_matches_the_eager_reference():
     for name, (w_err, out_err, same_shape) in res.items():
         # float32 kernels vs float64 over d = 16 terms and <= 45 keys
         assert same_shape and w_err <= 2e-6 and out_err <= 2e-6, (seed, name, w_err, out_err)
+
+
+@pytest.mark.parametrize("sel", [True, {"heads": [2, 0]}, {"rows": slice(-5, None)},
+                                 {"keys": slice(3, 11)}])
+def test_the_torch_weights_path_on_a_gpu_makes_a_nan_key_head_wholly_nan(monkeypatch, sel):
+    """float32 on a GPU (and any dtype without triton) takes weights.from_lse in device blocks;
+    the weights' NaN policy is the Triton kernel's: a NaN key anywhere in a key head makes every
+    weight of its query heads NaN, causal or not (the H100 run caught rows before the NaN key
+    left finite under causal masking). Run on CPU values with the GPU rule forced."""
+    import math
+
+    import torch
+
+    import headwise as hw
+    from headwise.attend import fused
+
+    monkeypatch.setattr(fused, "gpu", lambda *t: True)
+    monkeypatch.setattr(fused, "_triton_writes", lambda q: False)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 16, 8, generator=g)
+    k = torch.randn(2, 2, 16, 8, generator=g)
+    k[1, 1, 9, 0] = math.nan  # key head 1 of batch row 1: query heads 2 and 3 read it
+    scores = torch.einsum("bhid,bhjd->bhij", q.double(), k.double().repeat_interleave(2, 1))
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    lse = (scores / math.sqrt(8)).masked_fill(~causal, -math.inf).logsumexp(-1).float()
+    selection = hw.Selection(**sel) if isinstance(sel, dict) else None
+    w = fused._from_lse(q, k, lse, None, True, None, selection)
+    heads = torch.arange(4) if selection is None or selection.heads is None else \
+        torch.tensor(selection.heads)
+    for x, head in enumerate(heads.tolist()):
+        assert bool(w[1, x].isnan().all()) == (head >= 2), (head, w[1, x])
+        assert w[0, x].isfinite().all()

@@ -93,8 +93,9 @@ def _from_lse(q, k, lse, mask, is_causal, scale, selection):
         return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
                                  selection=selection)
     if not _triton_writes(q):
-        return _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
-                                 selection=selection, budget=GPU_BLOCK_ELEMENTS)
+        w = _weights.from_lse(q, k, lse, mask=mask, causal=is_causal, scale=scale,
+                              selection=selection, budget=GPU_BLOCK_ELEMENTS)
+        return _nan_heads(w, q, k, selection)
     from headwise.fast import triton_weights  # imports triton: only here, on a GPU
 
     heads, rows, keys = (selection or _weights.Selection()).resolve(
@@ -104,6 +105,20 @@ def _from_lse(q, k, lse, mask, is_causal, scale, selection):
             q, k, lse, mask=mask, causal=is_causal,
             scale=q.shape[-1] ** -0.5 if scale is None else scale,
             heads=heads, rows=rows, keys=keys)
+
+
+def _nan_heads(w, q, k, selection):
+    """The weights' NaN policy for a head (as the Triton kernel applies it): NaN or inf
+    anywhere in a key/value head's keys makes every weight of the query heads reading it NaN,
+    under causal masking too (where the kernel's LSE is NaN only for rows that see the key).
+    One float32 sum per key head and one fill; no host read. (Query rows holding NaN are NaN
+    already: their scores are.)"""
+    h = q.shape[1]
+    bad = ~torch.isfinite(k.sum(dim=(-2, -1), dtype=torch.float32))           # (b, g)
+    bad = expand_kv(bad[:, :, None, None], h)                                  # (b, h, 1, 1)
+    heads, _, _ = (selection or _weights.Selection()).resolve(h, q.shape[2], k.shape[2],
+                                                              w.device)
+    return w.masked_fill(_weights.take(bad, 1, heads), float("nan"))
 
 
 def _triton_writes(q) -> bool:
