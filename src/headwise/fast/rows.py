@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise.fast import applies
+from headwise.fast import applies, host
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 
@@ -111,6 +111,8 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     torch.compile, which cannot read storages."""
     if not all(isinstance(layer, nn.Linear) for layer in layers):
         return None  # (an Int4Linear's weight would be dequantized just to look)
+    if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
+        return None
     if not applies(*(p for layer in layers for p in layer.parameters())):
         return None
     return _joined(layers)
