@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from headwise import masks as _masks
+from headwise.fast import compiling
 
 __all__ = ["select_and_launch", "weights_from_lse"]
 
@@ -195,7 +196,7 @@ def select_and_launch(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, *,
         mask = mask.expand(b, qs.shape[1], qs.shape[2], ks.shape[2])
     row_pos = None if isinstance(rows, slice) else rows
     key_pos = None if isinstance(keys, slice) else keys
-    direct = type(qs) is torch.Tensor and not torch.compiler.is_compiling()
+    direct = type(qs) is torch.Tensor and not compiling()
     return (_weights_from_lse if direct else weights_from_lse)(
         qs, ks, lses, ksum, mask, row_pos, key_pos, group, head0,
         rows.start if isinstance(rows, slice) else 0,
