@@ -185,7 +185,9 @@ def main() -> int:
         cmd = [part for p in template for part in (flags if p == "{flags}" else [p])]
         left = args.budget - (time.perf_counter() - start)
         script = next((Path(ROOT, p) for p in cmd if p.endswith(".py")), None)
-        step = {"name": name, "command": " ".join(["python", *cmd[1:]]), "torch": torch_version,
+        shown = (["-c", '"$TESTS"', "(pytest -v on each tests/gpu module, side by side)"]
+                 if cmd[1] == "-c" else cmd[1:])
+        step = {"name": name, "command": " ".join(["python", *shown]), "torch": torch_version,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "load": os.getloadavg()[0], "output": str(args.outdir / f"{name}.md")}
         if script is not None and not script.exists():
