@@ -76,10 +76,10 @@ def gpt_rows(device, batches, quick: bool) -> list[dict]:
         eager = headwise.generate(model, prompt, max_new_tokens=NEW)
         first_graph_s = _warm_compile(model, prompt)
         graph = headwise.generate(model, prompt, max_new_tokens=NEW, compile=True)
-        fns = {"plain": _timed(lambda: plain.generate(prompt, NEW)),
-               "eager": _timed(lambda: headwise.generate(model, prompt, max_new_tokens=NEW)),
-               "graph": _timed(lambda: headwise.generate(model, prompt, max_new_tokens=NEW,
-                                                         compile=True))}
+        fns = {"plain": _timed(lambda p=prompt: plain.generate(p, NEW)),
+               "eager": _timed(lambda p=prompt: headwise.generate(model, p, max_new_tokens=NEW)),
+               "graph": _timed(lambda p=prompt: headwise.generate(model, p, max_new_tokens=NEW,
+                                                                  compile=True))}
         t = C.interleave(fns, warmup=1, min_rounds=3 if quick else 7,
                          budget_s=2.0 if quick else 10.0)
         n = b * NEW

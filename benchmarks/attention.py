@@ -92,10 +92,15 @@ def build(name: str, n: int, mode: str, seed: int = 0):
                 with _no_nan_policy():
                     return m(x)[0]
         params = list(m.parameters())
+    return _timed_step(call, [*params, x], gout, grad)
 
+
+def _timed_step(call, leaves, gout, grad: bool):
+    """``step()``: ``call()`` under no_grad, or forward and backward (``leaves``' gradients
+    cleared first, so none accumulates)."""
     if grad:
         def step():
-            for p in params + [x]:
+            for p in leaves:
                 p.grad = None
             call().backward(gout)
     else:
@@ -220,15 +225,7 @@ def gpu_step(name: str, n: int, mode: str, dtype, device, shape=(GPU_B, GPU_H, G
         return F.linear(o.transpose(1, 2).reshape(b, n, e), m.out_proj.weight, m.out_proj.bias)
 
     call = raw if name == "raw" else (lambda: m(x, causal=True)[0])
-    if grad:
-        def step():
-            for p in [*m.parameters(), x]:
-                p.grad = None
-            call().backward(gout)
-    else:
-        def step():
-            with torch.no_grad():
-                call()
+    step = _timed_step(call, [*m.parameters(), x], gout, grad)
     step.out = call
     return step
 

@@ -322,7 +322,6 @@ def on_device_path(gpu_rules: bool = True):
     ops, where a GPU runs one fused kernel); its backward is then whatever the CPU ran for it,
     the CPU flash kernel's backward being one op (``..._flash_attention_for_cpu_backward``).
     Host reads are recorded, not raised: real tensors can answer them."""
-    import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 

@@ -140,20 +140,8 @@ def test_the_gpu_branch_wired_through_attention_matches_the_eager_reference():
     """``hw.attention`` on the GPU branch (device rule forced, the CUDA op stood in for by the
     CPU flash op, the Triton kernel interpreted): masks as ``_sdpa_inputs`` hands them over,
     causal with nq != nk, the default of every selection, GQA, all equal float64 eager."""
-    import json
-    import os
-    import random
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    seed = random.randrange(2**31)
-    done = subprocess.run([sys.executable, "-c", _WIRING, str(seed)], capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert done.returncode == 0 and "@@" in done.stdout, done.stderr[-4000:]
-    res = json.loads(done.stdout.split("@@", 1)[1])
+    from tests.triton_child import run_interpreted
+    res, seed = run_interpreted(_WIRING)
     assert len(res) == 3 * 3 * 2 * 5
     for name, (w_err, out_err, same_shape) in res.items():
         # float32 kernels vs float64 over d = 16 terms and <= 45 keys

@@ -9,14 +9,9 @@ and float16 run here.
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton")
 
@@ -120,14 +115,7 @@ print("@@" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def results():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    seed = random.randrange(2**31)
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(seed)], capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert done.returncode == 0 and "@@" in done.stdout, done.stderr[-4000:]
-    return json.loads(done.stdout.split("@@", 1)[1]), seed
+    return run_interpreted(_CHILD)
 
 
 # The kernel reads the inputs as given (float32 products of float16 values are exact) and

@@ -29,14 +29,6 @@ CUDA = torch.device("cuda")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def reference(m, query, key, mask=None, causal=False):
     """MultiHeadAttention's forward in float64 on the CPU, written out: projections, softmax of
     the scaled scores (True = may attend; causal bottom-right; a fully masked row gives 0),

@@ -18,14 +18,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda")
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def _lm():
     cfg = LMConfig(vocab_size=97, d_model=64, num_heads=4, num_layers=2, d_ff=128, max_len=64,
                    dropout=0.0, activation="gelu", positional="learned", tie_embeddings=True)
