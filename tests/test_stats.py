@@ -73,6 +73,11 @@ def test_streaming_stats_equal_float64_reference_over_drawn_configurations(cfg, 
     lse = (W.logsumexp(q, k, mask=mask, causal=cfg["causal"]) if shift == "lse" else None)
     got = hw.stats.head_stats(q, k, mask=mask, causal=cfg["causal"], lse=lse, token_ids=ids,
                               top_k=top_k, budget=budget)
+    _assert_matches(got, w, want)
+
+
+def _assert_matches(got, w, want) -> None:
+    """``got`` (HeadStats) against ``want`` (stats_from_full_weights) and the full weights."""
     for name, ref in want.items():
         torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
                                    msg=lambda m, name=name: f"{name}: {m}")
@@ -191,12 +196,7 @@ def test_the_device_path_run_on_the_cpu_equals_float64_reference(cfg, budget, sh
     with off_the_host():
         got = hw.stats.head_stats(q, k, mask=mask, causal=cfg["causal"], lse=lse,
                                   token_ids=ids, top_k=top_k, budget=budget)
-    for name, ref in stats_from_full_weights(w, nq, nk, ids, top_k).items():
-        torch.testing.assert_close(getattr(got, name).double(), ref, rtol=1e-5, atol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
-    torch.testing.assert_close(w.gather(-1, got.top_keys), got.top_values.double(), rtol=1e-5,
-                               atol=1e-5)
-    assert torch.equal(got.live, w.sum(-1) > 0.5)
+    _assert_matches(got, w, stats_from_full_weights(w, nq, nk, ids, top_k))
 
 
 def test_device_blocks_fit_the_budget_and_cover_every_row_once():

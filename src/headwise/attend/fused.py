@@ -114,11 +114,16 @@ def _nan_heads(w, q, k, selection):
     One float32 sum per key head and one fill; no host read. (Query rows holding NaN are NaN
     already: their scores are.)"""
     h = q.shape[1]
-    bad = ~torch.isfinite(k.sum(dim=(-2, -1), dtype=torch.float32))           # (b, g)
-    bad = expand_kv(bad[:, :, None, None], h)                                  # (b, h, 1, 1)
     heads, _, _ = (selection or _weights.Selection()).resolve(h, q.shape[2], k.shape[2],
                                                               w.device)
-    return w.masked_fill(_weights.take(bad, 1, heads), float("nan"))
+    return w.masked_fill(_weights.take(_bad_heads(k, h), 1, heads), float("nan"))
+
+
+def _bad_heads(t: torch.Tensor, h: int) -> torch.Tensor:
+    """``(b, h, 1, 1)``: True for the query heads whose key/value head ``t (b, g, j, .)``
+    holds NaN or inf anywhere (one float32 sum per head: NaN or inf in, non-finite out)."""
+    bad = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))           # (b, g)
+    return expand_kv(bad[:, :, None, None], h)
 
 
 def _triton_writes(q) -> bool:
@@ -282,8 +287,7 @@ def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.T
         return out
     bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
     for t in kv:
-        heads = ~torch.isfinite(t.sum(dim=(-2, -1), dtype=torch.float32))  # (b, g)
-        bad = bad | expand_kv(heads[..., None, None], q.shape[1])
+        bad = bad | _bad_heads(t, q.shape[1])
     return out.masked_fill(bad, float("nan"))
 
 
