@@ -80,9 +80,14 @@ def run_batch(model: nn.Module, batch):
 def default_loss(model: nn.Module, batch) -> torch.Tensor:
     """Mean next-token cross-entropy (the training loss, without label smoothing) of a headwise
     encoder-decoder or language model: teacher-forced on a Seq2SeqBatch / LMBatch (``pad_id``
-    labels ignored), next-token on a ``(b, n)`` tensor fed to a language model."""
+    labels ignored), next-token on a ``(b, n)`` tensor fed to a language model; for a Hugging
+    Face causal language model, :func:`headwise.hf.next_token_loss`."""
     from headwise.models import Transformer, TransformerLM
+    from headwise.models._heads import transformers_model
 
+    if transformers_model(model):  # a Hugging Face model: its next-token loss
+        from headwise.hf.tools import next_token_loss
+        return next_token_loss(model, batch)
     pad = getattr(getattr(model, "config", None), "pad_id", None)
     ignore = -100 if pad is None else pad
     if isinstance(model, Transformer) and isinstance(batch, Seq2SeqBatch) or \

@@ -59,7 +59,7 @@ from headwise.analysis.ablation import ABLATIONS, ablate, edit_heads, head_means
 from headwise.analysis.head_scores import HeadScores
 from headwise.analysis.run import as_batches, batch_size, default_loss, run_batch
 from headwise.data import LMBatch, Seq2SeqBatch
-from headwise.models._heads import attention_layers
+from headwise.models._heads import attention_layers, head_count
 from headwise.train.evaluate import device_of
 
 __all__ = ["BEHAVIOURS", "DEFAULT_METHOD", "METHODS", "importance"]
@@ -124,7 +124,7 @@ def importance(model: nn.Module, batches, *, method: str = DEFAULT_METHOD,
 
 def _table(layers, kind: str) -> torch.Tensor:
     mods = layers[kind]
-    return torch.full((len(mods), max(m.num_heads for m in mods)), float("nan"),
+    return torch.full((len(mods), max(head_count(m) for m in mods)), float("nan"),
                       dtype=torch.float64)
 
 
@@ -164,7 +164,7 @@ def _gate(x: torch.Tensor, *, found: list, kind: str, layer: int) -> torch.Tenso
 
 def _gradient(model, layers, batches, loss, normalize: bool) -> HeadScores:
     """Michel et al.: expected |dL/dxi_h| with one gate xi = 1 per example and head."""
-    totals = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
+    totals = {kind: [torch.zeros(head_count(m), dtype=torch.float64) for m in mods]
               for kind, mods in layers.items()}
     examples = 0
     for batch in batches:
@@ -195,7 +195,7 @@ def _attribution(model, layers, batches, loss, mode: str) -> HeadScores:
     """Attribution patching: ``sum dL/dx * (x_removed - x)`` per head, averaged over batches
     (the first-order Taylor estimate of :func:`_ablation`'s loss change)."""
     means = head_means(model, batches) if mode == "mean" else None
-    totals = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
+    totals = {kind: [torch.zeros(head_count(m), dtype=torch.float64) for m in mods]
               for kind, mods in layers.items()}
     for batch in batches:
         for kind, layer, x, grad in _head_grads(model, layers, batch, loss, _probe,
@@ -228,7 +228,7 @@ def _ablation(model, layers, batches, loss, mode: str) -> HeadScores:
     for kind, mods in layers.items():
         table = _table(layers, kind)
         for layer, mha in enumerate(mods):
-            for head in range(mha.num_heads):
+            for head in range(head_count(mha)):
                 with ablate(model, {kind: {layer: [head]}}, mode=mode, means=means):
                     table[layer, head] = _mean_loss(model, batches, loss) - base
         scores[kind] = table
@@ -249,7 +249,7 @@ def _greedy(model, layers, batches, loss, mode: str) -> HeadScores:
             return _mean_loss(model, batches, loss)
 
     left = [(kind, layer, head) for kind, mods in layers.items()
-            for layer, mha in enumerate(mods) for head in range(mha.num_heads)]
+            for layer, mha in enumerate(mods) for head in range(head_count(mha))]
     known = {cell: (without([cell]), 0) for cell in left}  # cell -> (loss, step measured at)
     gone: list[tuple[str, int, int]] = []
     losses, passes, half = [], len(left), (len(left) + 1) // 2
@@ -303,7 +303,7 @@ def _behaviour(model, layers, batches, method: str) -> HeadScores:
     where = {id(mha): (kind, layer) for kind, mods in layers.items()
              for layer, mha in enumerate(mods)}
     paths = {name: where[id(m)] for name, m in model.named_modules() if id(m) in where}
-    sums = {kind: [torch.zeros(m.num_heads, dtype=torch.float64) for m in mods]
+    sums = {kind: [torch.zeros(head_count(m), dtype=torch.float64) for m in mods]
             for kind, mods in layers.items()}
     counts = {kind: [0] * len(mods) for kind, mods in layers.items()}
     for batch in batches:

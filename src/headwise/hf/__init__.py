@@ -8,17 +8,22 @@ per-head weights only where asked.
     out = model(**batch, output_attentions=True)         # every layer's weights, from the LSE
     with headwise.hf.weights(model, {"layers": [5], "heads": [3], "rows": slice(-16, None)}) as got:
         model(**batch)                                   # got[5]: (b, 1, 16, j); no other weights
+    headwise.hf.head_view(model, tokenizer, ["Some text."], "view.html")
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model). This wing imports ``transformers`` (the ``pretrained`` extra) and
+switching a model), ``load`` (a local model folder, nothing downloaded), ``tools`` (the head
+view with the model's tokenizer, a traced forward, the next-token loss of importance). This wing imports ``transformers`` (the ``pretrained`` extra) and
 headwise's ``attend`` and ``weights``; nothing in headwise imports it.
 """
 
 from headwise.hf.interface import attention_forward, register
+from headwise.hf.load import load
 from headwise.hf.model import NAME, attention_layers, use
 from headwise.hf.select import weights
+from headwise.hf.tools import explain, head_view, next_token_loss
 
 __all__ = ["NAME", "attention_forward", "attention_layers", "register", "use", "weights"]
+__all__ += ["explain", "head_view", "load", "next_token_loss"]  # the head tools' HF side
 
 register()

@@ -13,7 +13,7 @@ import inspect
 
 from torch import nn
 
-__all__ = ["NAME", "attention_layers", "head_count", "use"]
+__all__ = ["NAME", "attention_layers", "head_count", "kind", "kv_head_count", "running", "use"]
 
 NAME = "headwise"  # the attn_implementation name
 
@@ -40,6 +40,38 @@ def head_count(module: nn.Module) -> int:
             return value
     raise ValueError(f"headwise.hf: cannot tell how many heads {type(module).__name__} has "
                      "(no num_heads, num_attention_heads or config.num_attention_heads)")
+
+
+def kv_head_count(module: nn.Module) -> int:
+    """The key/value heads ``g`` of one attention layer: ``h`` divided by its
+    ``num_key_value_groups`` (query heads per key/value head; 1 where the family has none)."""
+    return head_count(module) // getattr(module, "num_key_value_groups", 1)
+
+
+def kind(model: nn.Module) -> str:
+    """The attention kind of ``model``'s layers in headwise's views (the head view, the
+    catalogue): ``"decoder_self"`` when every layer is causal (a decoder), ``"encoder_self"``
+    when none is; ValueError for a mix (an encoder-decoder)."""
+    causal = {bool(getattr(m, "is_causal", False)) for m in attention_layers(model)}
+    if len(causal) != 1:
+        raise ValueError(f"headwise.hf: {type(model).__name__} mixes causal and non-causal "
+                         "attention layers (an encoder-decoder); the head view and the catalogue "
+                         "take a decoder or an encoder")
+    return "decoder_self" if causal == {True} else "encoder_self"
+
+
+def running(model, where: str) -> list[nn.Module]:
+    """``model``'s attention layers when it runs ``attn_implementation="headwise"`` (only then
+    do its layers report to headwise's observers and weights selections), else a ValueError
+    saying how to switch it."""
+    layers = refuse_unless_served(model, where)
+    implementation = model.config._attn_implementation
+    if implementation != NAME:
+        raise ValueError(f"{where}: the model runs attn_implementation={implementation!r}; "
+                         f"call headwise.hf.use(model) first (or load it with "
+                         f"attn_implementation={NAME!r}): only then do its heads report to "
+                         "headwise")
+    return layers
 
 
 def refuse_unless_served(model, where: str) -> list[nn.Module]:

@@ -17,7 +17,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from headwise.hf.model import NAME, head_count, refuse_unless_served
+from headwise.hf.model import head_count, running
 from headwise.weights import Selection
 
 __all__ = ["asked", "deliver", "weights"]
@@ -69,12 +69,7 @@ def weights(model, spec=True):
         a dict ``{layer: (b, hs, is, js)}``, filled by each forward inside the block (the last
         forward's weights; during ``generate`` the last step's).
     """
-    layers = refuse_unless_served(model, "headwise.hf.weights")
-    implementation = model.config._attn_implementation
-    if implementation != NAME:
-        raise ValueError(f"headwise.hf.weights: the model runs attn_implementation="
-                         f"{implementation!r}; call headwise.hf.use(model) first (or load it "
-                         f"with attn_implementation={NAME!r})")
+    layers = running(model, "headwise.hf.weights")
     picked, selection = _parse(spec, len(layers))
     found: dict[int, torch.Tensor] = {}
     for n in picked:

@@ -15,7 +15,8 @@ from torch import nn
 
 from headwise.layers import MultiHeadAttention
 
-__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks"]
+__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks",
+           "transformers_model"]
 
 Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
 
@@ -25,11 +26,12 @@ def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
     :class:`Transformer`, :class:`Encoder`, :class:`Decoder`, :class:`BertModel`: each says
     where its attentions are in its own ``attention_layers`` method), or ``{"layers": [...]}``:
     the attention layers of a transformers model, numbered as :mod:`headwise.hf` numbers them
-    (they report their per-head outputs once it runs ``attn_implementation="headwise"``)."""
+    (they report to headwise only while it runs ``attn_implementation="headwise"``: a model on
+    another implementation is a ValueError, as its heads would be silently out of sight)."""
     layers = getattr(model, "attention_layers", None)
-    if _transformers_model(model):
-        from headwise.hf import attention_layers as hf_layers
-        return {"layers": hf_layers(model)}
+    if transformers_model(model):
+        from headwise.hf.model import running
+        return {"layers": running(model, "headwise's head tools")}
     if not isinstance(model, nn.Module) or not callable(layers):
         raise TypeError(f"expected a headwise model (TransformerLM, Transformer, Encoder, "
                         f"Decoder or BertModel), got {type(model).__name__}; load a checkpoint "
@@ -37,7 +39,7 @@ def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
     return layers()
 
 
-def _transformers_model(model) -> bool:
+def transformers_model(model) -> bool:
     """A transformers PreTrainedModel (transformers is not imported to find out)."""
     transformers = sys.modules.get("transformers")
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)

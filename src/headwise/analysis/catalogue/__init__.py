@@ -36,6 +36,7 @@ from headwise import stats as _stats
 from headwise import weights as _weights
 from headwise.analysis.catalogue.inputs import Prepared, attention_modules, prepare
 from headwise.analysis.catalogue.result import SCORES, SELF_ONLY, Catalogue
+from headwise.models._heads import head_count
 
 __all__ = ["Catalogue", "catalogue", "SCORES"]
 
@@ -111,7 +112,7 @@ def catalogue(model: torch.nn.Module, batches, *, tokens: Callable | None = None
     """
     _check_args(window, grid, top_tokens)
     modules = attention_modules(model)
-    acc = {(kind, l): _Layer(m.num_heads, 2 * window + 3, grid)
+    acc = {(kind, l): _Layer(head_count(m), 2 * window + 3, grid)
            for kind, layers in modules.items() for l, m in enumerate(layers)}
     where = {id(m): (kind, l) for kind, layers in modules.items() for l, m in enumerate(layers)}
     current: list[Prepared] = []
@@ -190,7 +191,7 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
                               selection=_weights.Selection(rows=slice(r0, r1))).float()
         w = w * rows[:, :, r0:r1, None]  # padded query rows and dead rows count for nothing
         col += w.sum(2)
-        uni += _uniform(r0, r1, nq, nk, k_lens, causal, valid[:, r0:r1]).sum(1)
+        uni += _uniform(r0, r1, nq, nk, k_lens, causal, mask, valid[:, r0:r1]).sum(1)
         _add_mirror(layer, w, r0, k_lens)
         _add_pattern(layer, w, r0, q_lens, k_lens, valid[:, r0:r1])
         if is_self:
@@ -198,14 +199,19 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
     _add_tokens(layer, col, uni, k_ids, k_lens)
 
 
-def _uniform(r0, r1, nq, nk, k_lens, causal, valid) -> torch.Tensor:
+def _uniform(r0, r1, nq, nk, k_lens, causal, mask, valid) -> torch.Tensor:
     """``(b, c, j)`` the weights of uniform attention over the keys each row may see (the
-    input's keys; with ``causal`` only those up to the query)."""
+    input's keys; with ``causal`` only those up to the query; with a mask, only those it allows:
+    a Hugging Face model's mask carries causality itself, ``causal`` is then False)."""
     keys = torch.arange(nk, device=k_lens.device)
     allowed = (keys[None, None] < k_lens[:, None, None]).expand(-1, r1 - r0, -1)
     if causal:
         pos = torch.arange(r0, r1, device=keys.device) + (nk - nq)
         allowed = allowed & (keys[None, :] <= pos[:, None])[None]
+    if mask is not None:  # broadcastable to (b, h, i, j); its first head (masks hold one)
+        may = mask if mask.dtype == torch.bool else mask > float("-inf")
+        may = torch.broadcast_to(may, (allowed.shape[0], may.shape[1], nq, nk))
+        allowed = allowed & may[:, 0, r0:r1]
     u = allowed.float() / allowed.sum(-1, keepdim=True).clamp(min=1)
     return u * valid[..., None]
 

@@ -21,11 +21,17 @@ __all__ = ["Prepared", "attention_modules", "prepare"]
 
 def attention_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
     """``{kind: [MultiHeadAttention per layer]}`` of a model the catalogue can run (the models'
-    own rule: :func:`headwise.models.attention_layers`)."""
+    own rule: :func:`headwise.models.attention_layers`); a Hugging Face model running
+    ``attn_implementation="headwise"`` gives ``{"decoder_self" or "encoder_self": [its
+    attention layers]}`` (:func:`headwise.hf.model.kind`)."""
     from headwise.models import Transformer, TransformerLM, attention_layers
+    from headwise.models._heads import transformers_model
     from headwise.models.bert import BertModel
 
-    layers = attention_layers(model)  # TypeError for anything but a headwise model
+    layers = attention_layers(model)  # TypeError for anything but a headwise or HF model
+    if transformers_model(model):  # its layers, as the views name a decoder's or an encoder's
+        from headwise.hf.model import kind
+        return {kind(model): layers["layers"]}
     if not isinstance(model, (Transformer, TransformerLM, BertModel)):
         raise TypeError(f"catalogue: runs a whole Transformer, TransformerLM or BertModel, got "
                         f"{type(model).__name__} (an Encoder or Decoder alone has no batches "
@@ -84,13 +90,16 @@ def prepare(model: nn.Module, batch) -> Prepared:
             lens = torch.full((ids.shape[0],), ids.shape[1], device=device)
         return Prepared(lambda: model(ids), {"tgt": (ids, lens)}, ids.shape[0])
     if isinstance(model, BertModel):
-        return _prepare_bert(model, batch, device)
-    attention_modules(model)  # raises the TypeError naming what is expected
-    raise AssertionError("unreachable")
+        return _prepare_ids(model, batch, device, "src", "BERT")
+    kinds = attention_modules(model)  # raises the TypeError naming what is expected
+    side = KINDS[next(iter(kinds))][0]  # a Hugging Face model: a decoder's or an encoder's ids
+    return _prepare_ids(model, batch, device, side, type(model).__name__)
 
 
-def _prepare_bert(model, batch, device) -> Prepared:
-    where = "BERT takes {'input_ids', 'attention_mask'} dicts or (b, n) token ids"
+def _prepare_ids(model, batch, device, side: str, name: str) -> Prepared:
+    """A batch of ``input_ids`` (a dict of the forward's arguments, or ids alone) whose
+    ``attention_mask`` marks a prefix of each row."""
+    where = f"{name} takes {{'input_ids', 'attention_mask'}} dicts or (b, n) token ids"
     if isinstance(batch, Mapping):
         unknown = set(batch) - {"input_ids", "attention_mask", "token_type_ids"}
         if unknown or "input_ids" not in batch:
@@ -109,7 +118,7 @@ def _prepare_bert(model, batch, device) -> Prepared:
         if not torch.equal(prefix, mask):
             raise ValueError("catalogue: attention_mask must mark a prefix of each row (padding "
                              "on the right, as tokenizer.batch(...) gives)")
-    return Prepared(lambda: model(**kwargs), {"src": (ids, lens)}, ids.shape[0])
+    return Prepared(lambda: model(**kwargs), {side: (ids, lens)}, ids.shape[0])
 
 
 def _ids(batch, where: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from headwise.analysis.head_scores import as_tables
+from headwise.models._heads import head_count
 
 __all__ = ["Catalogue", "SCORES", "SELF_ONLY"]
 
@@ -69,7 +70,7 @@ class Catalogue:
         scores = dict(SCORES, **({"importance": "importance scores given"} if imp else {}))
         meta = {"model": name, "dataset": dataset, **counts, "window": window, "grid": grid,
                 "scores": scores,
-                "kinds": {kind: [m.num_heads for m in mods] for kind, mods in modules.items()}}
+                "kinds": {kind: [head_count(m) for m in mods] for kind, mods in modules.items()}}
         return cls(meta, heads)
 
     def head(self, kind: str, layer: int, head: int) -> dict:
@@ -170,7 +171,7 @@ def _importance(importance, modules) -> dict | None:
     ``{kind: {(layer, head): float | None}}``."""
     if importance is None:
         return None
-    heads = {kind: [m.num_heads for m in ms] for kind, ms in modules.items()}
+    heads = {kind: [head_count(m) for m in ms] for kind, ms in modules.items()}
     shapes = {kind: (len(n), max(n)) for kind, n in heads.items()}
     return {kind: {(l, h): (None if math.isnan(t[l, h]) else float(t[l, h]))
                    for l, n in enumerate(heads[kind]) for h in range(n)}

@@ -1,0 +1,105 @@
+"""A local Hugging Face model, loaded for headwise's tools with nothing downloaded: what
+``headwise explain --hf DIR`` and ``headwise heads catalogue|score --hf DIR`` run.
+
+``DIR`` is a folder as ``save_pretrained`` writes it (``config.json``, the weights as
+safetensors, the tokenizer files), or one ``.gguf`` file (transformers reads its config,
+weights and tokenizer: ``gguf_file=``). Every check that needs no weights comes first, each one
+readable line: a missing path, a folder without ``config.json``, a configuration transformers
+does not know, a model class whose attention does not go through the attention interface
+(built on the meta device, so no weights are read), no tokenizer. Everything is read with
+``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from headwise.hf.model import NAME, refuse_unless_served
+
+__all__ = ["CONFIG", "check_source", "load"]
+
+CONFIG = "config.json"
+
+
+def check_source(source, where: str = "headwise.hf.load") -> Path:
+    """``source`` as a path that can hold a model (a folder with ``config.json`` or a ``.gguf``
+    file), else a ValueError naming what is missing. Reads nothing but the directory listing."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ValueError(f"{where}: {str(source)!r} does not exist; pass a local Hugging Face "
+                         "model folder (config.json, model.safetensors, tokenizer files, as "
+                         "save_pretrained writes them) or a .gguf file")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"{where}: {str(source)!r} is a file, not a model folder; pass the "
+                             f"folder that holds {CONFIG} (or a .gguf file)")
+        return path
+    if not (path / CONFIG).is_file():
+        raise ValueError(f"{where}: {str(source)!r} has no {CONFIG}, so it is not a Hugging Face "
+                         "model folder; pass the folder save_pretrained wrote (config.json, "
+                         "model.safetensors, tokenizer files)")
+    return path
+
+
+def _files(path: Path) -> dict:
+    """``from_pretrained``'s location arguments: the folder, or a GGUF file's folder + name."""
+    if path.is_file():
+        return {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name,
+                "local_files_only": True}
+    return {"pretrained_model_name_or_path": path, "local_files_only": True}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _model_class(config, where: str):
+    """The class named in ``config.architectures`` (transformers' own), else ``AutoModel``'s
+    for that config type."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    try:
+        return transformers.AutoModel._model_mapping[type(config)]
+    except KeyError:
+        raise ValueError(f"{where}: transformers has no model class for "
+                         f"{type(config).__name__}") from None
+
+
+def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+         where: str = "headwise.hf.load"):
+    """``(model, tokenizer)`` of a local model folder (or ``.gguf`` file), the model running
+    ``attn_implementation="headwise"``, in eval mode, on ``device`` in ``dtype``.
+
+    Raises ValueError (one line, before any weights are read) for a missing path, a folder
+    without ``config.json``, a configuration or tokenizer transformers cannot read, or a model
+    class headwise cannot serve."""
+    import transformers
+
+    path = check_source(source, where)
+    files = _files(path)
+    try:
+        config = transformers.AutoConfig.from_pretrained(**files)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{where}: cannot read the configuration of {str(source)!r}: "
+                         f"{_one_line(e)}") from None
+    cls = _model_class(config, where)
+    with torch.device("meta"):  # the structure alone: which attention it calls, no weights
+        refuse_unless_served(cls(config), where)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(**files)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{where}: no tokenizer could be read from {str(source)!r} (save it "
+                         f"beside the model: tokenizer.save_pretrained(DIR)): "
+                         f"{_one_line(e)}") from None
+    try:
+        model = cls.from_pretrained(**files, attn_implementation=NAME, dtype=dtype)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read the weights of {str(source)!r}: "
+                         f"{_one_line(e)}") from None
+    return model.to(device).eval(), tokenizer
