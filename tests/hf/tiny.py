@@ -80,3 +80,32 @@ def batch(padding: str, b: int = 2, n: int = 9, seed: int = 1):
         mask[0, -3:] = 0
     ids = ids.masked_fill(mask == 0, 0)
     return ids, mask
+
+
+WORDS = ("the cat sat on mat a dog ran to house heads see one by in line and it was".split())
+
+
+def tokenizer():
+    """A word-level tokenizer over :data:`WORDS` built offline (the ``tokenizers`` library),
+    wrapped as transformers' PreTrainedTokenizerFast: ids 0-3 are [PAD] [BOS] [EOS] [UNK]
+    (``TOKENS``' ids), words from 4; it adds [BOS] in front of each text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3}
+    vocab.update({w: 4 + n for n, w in enumerate(WORDS)})
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="[BOS] $A",
+                                                        special_tokens=[("[BOS]", 1)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
+                                                bos_token="[BOS]", eos_token="[EOS]",
+                                                unk_token="[UNK]")
+
+
+def save(name: str, folder, seed: int = 0):
+    """``build(name)`` and :func:`tokenizer` written to ``folder`` with ``save_pretrained``
+    (config.json, model.safetensors, tokenizer files); returns the model."""
+    model = build(name, seed=seed)
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return model

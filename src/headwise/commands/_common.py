@@ -7,7 +7,7 @@ from pathlib import Path
 
 from headwise._device import parse_device
 
-__all__ = ["parse_device", "report_paths"]  # the one device rule lives in headwise._device
+__all__ = ["default_png", "indices", "parse_device", "report_paths"]  # the one device rule lives in headwise._device
 
 
 REPORTS = Path("headwise-reports")
@@ -29,3 +29,30 @@ def report_paths(output: str | None, command: str, label: str,
     slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40] or "input"
     folder = Path(output) if output is not None else REPORTS / f"{command}-{slug}"
     return folder / files[0], folder / files[1]
+
+
+def indices(spec: str | None, size: int, flag: str) -> list[int] | None:
+    """``"0,2,5"`` / ``"0-3"`` / ``"-1"`` -> sorted indices within ``range(size)``."""
+    if spec is None:
+        return None
+    chosen: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
+                chosen += range(int(lo), int(hi) + 1)
+            else:
+                chosen.append(int(part))
+    except ValueError:
+        raise ValueError(f"{flag} {spec!r}: expected indices like 0,2,5 or a range 0-3") from None
+    bad = [i for i in chosen if not -size <= i < size]
+    if bad:
+        raise ValueError(f"{flag} {spec!r}: {bad} out of range; the model has {size} "
+                         f"({flag.lstrip('-')} 0..{size - 1})")
+    return sorted({i % size for i in chosen})
+
+
+def default_png(html: Path) -> Path:
+    """The heatmaps beside ``-o FILE.html``: ``FILE-heads.png``."""
+    return html.with_name(html.stem + "-heads.png")

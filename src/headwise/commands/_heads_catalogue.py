@@ -5,12 +5,14 @@ offline HTML page and its JSON).
     headwise heads catalogue --model minilm --examples 512 -o reports/minilm-heads
     headwise heads catalogue --model minilm --sentences my_sentences.txt -o minilm.html
     headwise heads catalogue --model smollm2 --examples 16 --length 128
+    headwise heads catalogue --hf path/to/saved_model --examples 16
 
 Data: a checkpoint's own task (its held-out set: ``eval_set``); for ``--model minilm`` the
 English side of the Ding German-English sentence pairs (``make corpora``) or ``--sentences
 FILE`` (one sentence per line); for ``--model smollm2`` (SmolLM2-135M-Instruct's causal
 self-attention) consecutive windows of ``--length`` tokens of Austen's *Emma* (``make corpora``)
-or of ``--sentences FILE`` read as one text. Output: ``headwise-reports/heads-catalogue-<model>/``
+or of ``--sentences FILE`` read as one text; ``--hf DIR`` (any local Hugging Face model, its own
+tokenizer) as SmolLM2 for a causal LM and as MiniLM for an encoder. Output: ``headwise-reports/heads-catalogue-<model>/``
 (``catalogue.html`` + ``catalogue.json``), ``-o DIR``, or ``-o FILE.html`` (JSON beside it).
 """
 
@@ -39,12 +41,18 @@ def register(subparsers) -> None:
     source.add_argument("--model", choices=MODELS,
                         help="minilm = all-MiniLM-L6-v2 (the 'pretrained' extra) on English "
                              "sentences; smollm2 = SmolLM2-135M-Instruct on windows of text")
+    source.add_argument("--hf", metavar="DIR",
+                        help="any local Hugging Face model folder (or .gguf file) on "
+                             "attn_implementation='headwise', with its own tokenizer: a causal "
+                             "LM on windows of text (as smollm2), an encoder on sentences (as "
+                             "minilm); nothing downloads")
     p.add_argument("--sentences", metavar="FILE",
-                   help="--model minilm: one sentence per line (default: the English side of "
-                        "the Ding pairs, `make corpora`); --model smollm2: one text, cut into "
-                        "windows (default: Austen's Emma)")
+                   help="--model minilm (or an --hf encoder): one sentence per line (default: "
+                        "the English side of the Ding pairs, `make corpora`); --model smollm2 "
+                        "(or an --hf causal LM): one text, cut into windows (default: Austen's "
+                        "Emma)")
     p.add_argument("--length", type=int, default=128,
-                   help="--model smollm2: tokens per window (default 128)")
+                   help="--model smollm2 or an --hf causal LM: tokens per window (default 128)")
     p.add_argument("--examples", type=int, default=256, help="inputs to run (default 256)")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass")
     p.add_argument("--window", type=int, default=8,
@@ -67,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     device = parse_device(args.device)
-    load = _checkpoint if args.checkpoint else _smollm2 if args.model == "smollm2" else _minilm
+    load = (_checkpoint if args.checkpoint else _hf if args.hf else
+            _smollm2 if args.model == "smollm2" else _minilm)
     model, batches, names, label, dataset = load(args, device)
     cat = catalogue(model, batches, tokens=names, window=args.window,
                     top_tokens=args.top_tokens, name=label, dataset=dataset)
@@ -172,3 +181,12 @@ def _smollm2(args, device):
     batches = list(ids.split(args.batch_size))
     return (chat.model, batches, chat.tokenizer.tokens, "SmolLM2-135M-Instruct",
             f"{dataset}, {windows} windows of {n} tokens")
+
+
+def _hf(args, device):
+    from headwise.commands import _hf as hf
+
+    data = hf.read_data(args)  # the text first: a missing corpus is one line, before weights
+    model, tokenizer = hf.load(args.hf, device, "heads catalogue")
+    batches, dataset = hf.batches(model, tokenizer, data, args, device)
+    return model, batches, tokenizer.convert_ids_to_tokens, Path(args.hf).name, dataset

@@ -3,9 +3,12 @@
     headwise heads score --checkpoint headwise-demo/checkpoint
     headwise heads score --checkpoint runs/lm --method ablation --ablation mean -o scores/
     headwise heads score --checkpoint headwise-demo/checkpoint --compare
+    headwise heads score --hf path/to/saved_model --sentences my_text.txt --examples 8
 
 The data are held-out examples of the task the checkpoint was trained on (its saved training
-config). Prints how the scores were made (method, examples, agreement with single-head zero
+config); with ``--hf DIR`` (any local Hugging Face model, :mod:`headwise.commands._hf`) windows
+of its own tokens of *Emma* or of ``--sentences FILE``, scored by its next-token loss (an
+encoder: a behaviour method on sentences). Prints how the scores were made (method, examples, agreement with single-head zero
 ablation on the same examples, computed for every method that estimates it), the
 ``(layers, heads)`` grid of each attention kind and the most and least important heads; writes
 ``importance.json`` and ``importance.png`` to the report folder
@@ -38,7 +41,20 @@ def register(subparsers) -> None:
         description="Score every head of a checkpoint on held-out examples of its training "
                     "task: print the (layers, heads) grid per attention kind and the most and "
                     "least important heads; write importance.json and importance.png.")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint folder")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR", help="checkpoint folder")
+    source.add_argument("--hf", metavar="DIR",
+                        help="any local Hugging Face model folder (or .gguf file) on "
+                             "attn_implementation='headwise', with its own tokenizer: a causal "
+                             "LM scored by its next-token loss on windows of --length tokens of "
+                             "Emma (`make corpora`) or of --sentences FILE; an encoder has no "
+                             "loss: use a behaviour method on its sentences; nothing downloads")
+    p.add_argument("--sentences", metavar="FILE",
+                   help="--hf: the text (a causal LM: cut into windows; an encoder: one "
+                        "sentence per line)")
+    p.add_argument("--length", type=int, default=128,
+                   help="--hf causal LM: tokens per window (default 128)")
+    p.add_argument("--batch-size", type=int, default=32, help="--hf: inputs per forward pass")
     p.add_argument("--method", default="greedy",
                    help="greedy (default: heads zeroed one by one, each time the one whose "
                         "removal raises the loss least), ablation (the loss change when the head "
@@ -66,27 +82,52 @@ def run(args: argparse.Namespace) -> int:
     from headwise import checkpoint, limits
     from headwise.analysis.scoring import importance
 
-    for flag, value in (("--examples", args.examples), ("--top", args.top)):
+    for flag, value in (("--examples", args.examples), ("--top", args.top),
+                        ("--batch-size", args.batch_size)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.hf and args.compare:
+        raise ValueError("--compare measures a checkpoint's task metric; with --hf, score one "
+                         "method at a time (--method)")
+    if args.hf is None and args.sentences is not None:
+        raise ValueError("--sentences goes with --hf (a checkpoint is scored on its own task)")
     limits.size(args.examples, "--examples", "batch", "heads score")  # before the task is built
-    folder = _folder(args.output, args.checkpoint)
-    loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
-    data = held_out(loaded, args.examples, args.checkpoint)
-    scores = importance(loaded.model, data, method=args.method, ablation=args.ablation)
+    folder = _folder(args.output, args.checkpoint or args.hf)
+    if args.hf:
+        model, data = _hf(args)
+    else:
+        loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
+        model, data = loaded.model, held_out(loaded, args.examples, args.checkpoint)
+    scores = importance(model, data, method=args.method, ablation=args.ablation)
     if args.method in ESTIMATES:
-        scores = scores.with_agreement(importance(loaded.model, data, method="ablation"))
+        scores = scores.with_agreement(importance(model, data, method="ablation"))
     print(f"importance: {scores.describe()}")
     print_grid(scores)
     _print_extremes(scores, args.top)
     json_path = folder / "importance.json"
     scores.to_json(json_path)
+    name = Path(args.checkpoint or args.hf).name
     png = scores.plot(folder / "importance.png",
-                      title=f"{Path(args.checkpoint).name}: head importance ({scores.method})")
+                      title=f"{name}: head importance ({scores.method})")
     print(f"importance: {json_path} and {png}")
     if args.compare:
         _compare(loaded, args, folder)
     return 0
+
+
+def _hf(args):
+    """``--hf DIR``: the model and its batches (the text read before the weights load); an
+    encoder, which has no loss of its own, only with a behaviour method."""
+    from headwise.analysis.scoring import BEHAVIOURS
+    from headwise.commands import _hf as hf
+
+    data = hf.read_data(args)
+    if data[0] == "encoder_self" and args.method not in BEHAVIOURS:
+        raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss for method "
+                         f"{args.method!r}; pass --method with one of {', '.join(BEHAVIOURS)}")
+    device = parse_device(args.device)
+    model, tokenizer = hf.load(args.hf, device, "heads score")
+    return model, hf.batches(model, tokenizer, data, args, device)[0]
 
 
 ESTIMATES = ("greedy", "attribution", "gradient")  # rankings checked against zero ablation

@@ -4,11 +4,14 @@
     headwise explain "Who is there?" --pair "The heads are." --model-dir path/to/bert -o pair/
     headwise explain "first text" "second text" --layers 0,5 --heads 0-3 -o view.html
     headwise explain --model smollm2 "The capital of France is" --generate 8
+    headwise explain --hf path/to/saved_model "Any text."
 
 BERT (all-MiniLM-L6-v2, or any BERT folder) shows encoder self-attention; ``--model smollm2``
 (SmolLM2-135M-Instruct's GGUF, or ``--gguf FILE``) shows the decoder's causal self-attention,
 its 9 query heads grouped under the 3 key/value heads they share; ``--generate N`` continues
 the text greedily and shows prompt + continuation in one view, the generated tokens marked.
+``--hf DIR`` runs any local Hugging Face model folder on ``attn_implementation="headwise"``
+with its own tokenizer (:mod:`headwise.commands._hf`).
 
 Writes the interactive head view (every layer and head, offline HTML) and a PNG grid of
 heatmaps into a report folder (``headwise-reports/explain-<text>/``; a decoder's
@@ -25,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headwise.commands._common import parse_device, report_paths
+from headwise.commands._common import default_png, indices, parse_device, report_paths
 
 if TYPE_CHECKING:  # imported when the command runs: `headwise explain --help` stays fast
     import torch
@@ -54,6 +57,11 @@ def register(subparsers) -> None:
                              "tokenizer.json)")
     source.add_argument("--gguf", metavar="FILE",
                         help="a llama-architecture GGUF file instead of SmolLM2's")
+    source.add_argument("--hf", metavar="DIR",
+                        help="any local Hugging Face model folder (config.json, safetensors, "
+                             "tokenizer files; or a .gguf file) on attn_implementation="
+                             "'headwise': its own tokenizer, grouped-query heads grouped; "
+                             "nothing downloads")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="smollm2: continue the text by up to N greedy tokens and show prompt + "
                         "continuation in one view (the generated tokens marked)")
@@ -83,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     from headwise.tracing import trace
 
     _refuse_empty(args.text)
+    if args.hf:
+        from headwise.commands._hf import explain
+        return explain(args)
     if args.model == "smollm2" or args.gguf:
         return _run_decoder(args)
     if args.generate or args.chat:
@@ -100,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     encoder = pretrained.load_sentence_encoder(folder, device=device)
     model, tokenizer = encoder.model, encoder.tokenizer
     n_layers, n_heads = model.config.num_layers, model.config.num_heads
-    layers = _indices(args.layers, n_layers, "--layers")
-    heads = _indices(args.heads, n_heads, "--heads")
+    layers = indices(args.layers, n_layers, "--layers")
+    heads = indices(args.heads, n_heads, "--heads")
 
     inputs = tokenizer.batch(texts, pairs, device=device)
     _note_cut(tokenizer, texts, pairs)
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     html, png = report_paths(args.output, "explain", texts[0])
     html = viz.head_view(attentions, {"src": tokens}, html,
                          title=f"{name}: {texts[0][:60]}" + ("..." if len(texts[0]) > 60 else ""))
-    png = Path(args.heatmaps) if args.heatmaps else png or _default_png(html.path)
+    png = Path(args.heatmaps) if args.heatmaps else png or default_png(html.path)
     b, n = args.example, lengths[args.example]
     chosen = [w[b, :, :n, :n].float().cpu() for w in attentions["encoder_self"]]
     viz.heatmaps(chosen, query_tokens=tokens[b], key_tokens=tokens[b], path=png, layers=layers,
@@ -167,12 +178,12 @@ def _run_decoder(args: argparse.Namespace) -> int:
     answer = dv.continue_greedily(chat, prompt, args.generate)
     run = dv.forward(chat, prompt, answer)
     c = chat.config
-    layers = _indices(args.layers, c.num_layers, "--layers") or [c.num_layers - 1]
-    heads = _indices(args.heads, c.num_heads, "--heads")
+    layers = indices(args.layers, c.num_layers, "--layers") or [c.num_layers - 1]
+    heads = indices(args.heads, c.num_heads, "--heads")
     source = Path(args.gguf).stem if args.gguf else "smollm2"  # not MiniLM's folder
     html, png = report_paths(args.output, "explain", f"{source}-{text}")
     view = dv.write_view(chat, run, html, f"{c.name}: {text[:60]}" + "..." * (len(text) > 60))
-    png = Path(args.heatmaps) if args.heatmaps else png or _default_png(view.path)
+    png = Path(args.heatmaps) if args.heatmaps else png or default_png(view.path)
     chosen = [w[0].float().cpu() for w in run.attentions["decoder_self"]]
     viz.heatmaps(chosen, query_tokens=run.tokens, key_tokens=run.tokens, path=png,
                  layers=layers, heads=heads, title=f"{c.name}: {len(run.tokens)} tokens")
@@ -200,29 +211,3 @@ def _print_similarities(hidden: torch.Tensor, attention_mask: torch.Tensor, enco
     print(f"sentence embeddings ({encoder.pooling} pooling), cosine similarity:")
     for i, row in enumerate(sims.tolist()):
         print(f"  example {i}: " + "  ".join(f"{x:+.3f}" for x in row))
-
-
-def _indices(spec: str | None, size: int, flag: str) -> list[int] | None:
-    """``"0,2,5"`` / ``"0-3"`` / ``"-1"`` -> sorted indices within ``range(size)``."""
-    if spec is None:
-        return None
-    chosen: list[int] = []
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part[1:]:
-                lo, hi = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
-                chosen += range(int(lo), int(hi) + 1)
-            else:
-                chosen.append(int(part))
-    except ValueError:
-        raise ValueError(f"{flag} {spec!r}: expected indices like 0,2,5 or a range 0-3") from None
-    bad = [i for i in chosen if not -size <= i < size]
-    if bad:
-        raise ValueError(f"{flag} {spec!r}: {bad} out of range; the model has {size} "
-                         f"({flag.lstrip('-')} 0..{size - 1})")
-    return sorted({i % size for i in chosen})
-
-
-def _default_png(html: Path) -> Path:
-    return html.with_name(html.stem + "-heads.png")

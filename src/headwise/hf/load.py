@@ -18,7 +18,7 @@ import torch
 
 from headwise.hf.model import NAME, refuse_unless_served
 
-__all__ = ["CONFIG", "check_source", "load"]
+__all__ = ["CONFIG", "check_source", "load", "skeleton"]
 
 CONFIG = "config.json"
 
@@ -71,6 +71,25 @@ def _model_class(config, where: str):
                          f"{type(config).__name__}") from None
 
 
+def skeleton(source, where: str = "headwise.hf.load"):
+    """The model of ``source`` built from its configuration alone on the meta device (no
+    weights are read): which attention layers it has, which kind; a ValueError (one line) for
+    a missing path, a configuration transformers cannot read or a class headwise cannot
+    serve."""
+    import transformers
+
+    files = _files(check_source(source, where))
+    try:
+        config = transformers.AutoConfig.from_pretrained(**files)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{where}: cannot read the configuration of {str(source)!r}: "
+                         f"{_one_line(e)}") from None
+    with torch.device("meta"):
+        model = _model_class(config, where)(config)
+    refuse_unless_served(model, where)
+    return model
+
+
 def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
          where: str = "headwise.hf.load"):
     """``(model, tokenizer)`` of a local model folder (or ``.gguf`` file), the model running
@@ -81,16 +100,8 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     class headwise cannot serve."""
     import transformers
 
-    path = check_source(source, where)
-    files = _files(path)
-    try:
-        config = transformers.AutoConfig.from_pretrained(**files)
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{where}: cannot read the configuration of {str(source)!r}: "
-                         f"{_one_line(e)}") from None
-    cls = _model_class(config, where)
-    with torch.device("meta"):  # the structure alone: which attention it calls, no weights
-        refuse_unless_served(cls(config), where)
+    cls = type(skeleton(source, where))
+    files = _files(check_source(source, where))
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(**files)
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from headwise.hf.model import kind, kv_head_count, running
 
-__all__ = ["Explained", "explain", "head_view", "next_token_loss"]
+__all__ = ["Explained", "encode", "explain", "head_view", "next_token_loss"]
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Explained:
     inputs: dict[str, torch.Tensor]
 
 
-def _encode(tokenizer, texts: Sequence[str], max_length: int | None,
+def encode(tokenizer, texts: Sequence[str], max_length: int | None,
             device) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
     """``texts`` as right-padded ``input_ids``/``attention_mask`` ``(b, n)`` and each text's
     ids (cut to ``max_length`` tokens)."""
@@ -80,7 +80,7 @@ def explain(model, tokenizer, texts: Sequence[str]) -> Explained:
     view_kind = kind(model)
     limit = getattr(model.config, "max_position_embeddings", None)
     device = next(model.parameters()).device
-    inputs, per_text = _encode(tokenizer, texts, limit, device)
+    inputs, per_text = encode(tokenizer, texts, limit, device)
     with torch.no_grad():
         record = trace(model, **inputs, output_attentions=True)
     weights = list(record.output.attentions)

@@ -1,0 +1,138 @@
+"""``--hf DIR`` for ``explain``, ``heads catalogue`` and ``heads score``: a local Hugging Face
+model (a folder as ``save_pretrained`` writes it, or one ``.gguf`` file) running
+``attn_implementation="headwise"``, and the data the head tools run it on.
+
+Nothing downloads: ``HF_HUB_OFFLINE=1`` is set before transformers is imported and every file
+is read with ``local_files_only=True``; a missing folder, a folder without ``config.json`` or a
+model class headwise cannot serve is one line (exit 2) before any weights are read.
+
+Data: a causal language model reads consecutive windows of ``--length`` of its own tokens of
+Austen's *Emma* (``make corpora``) or of ``--sentences FILE`` read as one text; an encoder reads
+sentences, one per line of ``--sentences FILE`` (default: the English side of the Ding pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from headwise.commands._common import default_png, indices, parse_device, report_paths
+
+__all__ = ["batches", "explain", "load", "read_data"]
+
+
+def _offline() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing downloads
+
+
+def load(source: str, device, where: str):
+    """``(model, tokenizer)`` of ``--hf source``: checked, offline, ``attn_implementation=
+    "headwise"``, eval, float32."""
+    _offline()
+    from headwise.hf.load import load as load_hf
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a command prints its own lines
+    return load_hf(source, device=device, where=f"--hf {source}")
+
+
+def read_data(args) -> tuple[str, str, str]:
+    """``(kind, text, label)`` of ``--hf DIR``, read before any weights load (a missing file or
+    corpus is one line): ``--sentences FILE`` or the default corpus of the model's kind
+    (``decoder_self``: Austen's *Emma*; ``encoder_self``: the English Ding sentences, one per
+    line)."""
+    _offline()
+    from headwise.hf.load import skeleton
+    from headwise.hf.model import kind
+
+    found = kind(skeleton(args.hf, f"--hf {args.hf}"))
+    if args.length < 1:
+        raise ValueError(f"--length must be >= 1, got {args.length}")
+    if args.sentences:
+        from headwise.data import read_text
+        return found, read_text(args.sentences), Path(args.sentences).name
+    if found == "decoder_self":
+        from headwise.data.corpora import austen_text
+        return found, austen_text(("emma",)), "Austen's Emma"
+    from headwise.data.corpora import ding_pairs
+    return found, "\n".join(en for _, en in ding_pairs()), "English side of the Ding de-en pairs"
+
+
+def batches(model, tokenizer, data: tuple[str, str, str], args, device) -> tuple[list, str]:
+    """``(batches, dataset description)`` of :func:`read_data`'s ``data``: ``--examples``
+    windows of ``--length`` tokens (a causal LM) or sentences (an encoder), ``--batch-size`` at
+    a time (dicts of ``input_ids`` and ``attention_mask``; sentences padded on the right)."""
+    found, text, label = data
+    if found == "decoder_self":
+        return _windows(model, tokenizer, text, label, args, device)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{label}: no non-empty lines")
+    step = max(1, len(lines) // args.examples)  # spread over the whole file, deterministic
+    lines = lines[::step][:args.examples]
+    from headwise.hf.tools import encode
+
+    limit = getattr(model.config, "max_position_embeddings", None)
+    out = [encode(tokenizer, lines[s:s + args.batch_size], limit, device)[0]
+           for s in range(0, len(lines), args.batch_size)]
+    return out, f"{label}, {len(lines)} sentences"
+
+
+def _windows(model, tokenizer, text, label, args, device):
+    import torch
+
+    n, want = args.length, args.examples
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and n > limit:
+        raise ValueError(f"--length {n} is longer than the model's context ({limit} tokens); "
+                         f"pass --length {limit} or less")
+    ids = tokenizer(text[:(n * want + 1) * 16], add_special_tokens=False)["input_ids"]
+    windows = min(want, len(ids) // n)
+    if windows < 1:
+        raise ValueError(f"{label}: {len(ids)} tokens, fewer than one window of --length {n}; "
+                         "give a longer text or a smaller --length")
+    ids = torch.tensor(ids[:windows * n], device=device).view(windows, n)
+    out = [{"input_ids": part, "attention_mask": torch.ones_like(part)}
+           for part in ids.split(args.batch_size)]
+    return out, f"{label}, {windows} windows of {n} tokens"
+
+
+def explain(args: argparse.Namespace) -> int:
+    """``headwise explain --hf DIR TEXT...``: the head view (query heads grouped under their
+    key/value heads), the heatmaps and the trace summary, as ``explain --model`` writes them."""
+    from headwise import viz
+    from headwise.hf.tools import explain as run_model
+
+    if args.pair or args.generate or args.chat:
+        raise ValueError("--hf reads its texts as they are: --pair, --generate and --chat "
+                         "apply to --model / --gguf")
+    if not 0 <= args.example < len(args.text):
+        raise ValueError(f"--example {args.example} is out of range for {len(args.text)} texts")
+    model, tokenizer = load(args.hf, parse_device(args.device), "explain")
+    run = run_model(model, tokenizer, args.text)
+    (kind, weights), = run.attentions.items()
+    h, g = weights[0].shape[1], run.kv_heads
+    causal = kind == "decoder_self"
+    layers = indices(args.layers, len(weights), "--layers") or (
+        [len(weights) - 1] if causal else None)
+    heads = indices(args.heads, h, "--heads")
+    name = Path(args.hf).name
+    text = args.text[0]
+    html, png = report_paths(args.output, "explain", f"{name}-{text}")
+    view = viz.head_view(run.attentions, run.tokens, html, kv_heads=g,
+                         title=f"{name}: {text[:60]}" + "..." * (len(text) > 60))
+    png = Path(args.heatmaps) if args.heatmaps else png or default_png(view.path)
+    b, toks = args.example, run.tokens[args.example]
+    chosen = [w[b, :, :len(toks), :len(toks)].float().cpu() for w in weights]
+    viz.heatmaps(chosen, query_tokens=toks, key_tokens=toks, path=png, layers=layers,
+                 heads=heads, title=f"{name}: example {b}, {len(toks)} tokens")
+    shared = f" sharing {g} key/value heads ({h // g} each)" if g < h else ""
+    print(f"{name} ({type(model).__name__}): {len(weights)} layers x {h} query heads{shared}, "
+          f"{'causal' if causal else 'bidirectional'} self-attention, attn_implementation="
+          f"'headwise', on {parse_device(args.device)}")
+    for i, t in enumerate(run.tokens):
+        print(f"example {i} ({len(t)} tokens): " + " ".join(map(str, t)))
+    print(f"head view: {view.path}\nheatmaps:  {png}")
+    print(run.record.render() if args.trace else run.record.summary())
+    return 0
