@@ -30,8 +30,9 @@ def load(source: str, device, where: str):
     """``(model, tokenizer)`` of ``--hf source``: checked, offline, ``attn_implementation=
     "headwise"``, eval, float32."""
     _offline()
-    from headwise.hf.load import load as load_hf
     from transformers.utils import logging
+
+    from headwise.hf.load import load as load_hf
 
     logging.disable_progress_bar()  # a command prints its own lines
     return load_hf(source, device=device, where=f"--hf {source}")
