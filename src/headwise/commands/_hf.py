@@ -128,7 +128,7 @@ def explain(args: argparse.Namespace) -> int:
     chosen = [w[b, :, :len(toks), :len(toks)].float().cpu() for w in weights]
     viz.heatmaps(chosen, query_tokens=toks, key_tokens=toks, path=png, layers=layers,
                  heads=heads, title=f"{name}: example {b}, {len(toks)} tokens")
-    shared = f" sharing {g} key/value heads ({h // g} each)" if g < h else ""
+    shared = f" sharing {g} key/value heads ({h // g} each)" if g else ""
     print(f"{name} ({type(model).__name__}): {len(weights)} layers x {h} query heads{shared}, "
           f"{'causal' if causal else 'bidirectional'} self-attention, attn_implementation="
           f"'headwise', on {parse_device(args.device)}")

@@ -41,14 +41,15 @@ class Explained:
         tokens: each text's token strings (the model's tokenizer; no padding).
         attentions: ``{kind: [(b, h, i, j) per layer]}``, kind ``"decoder_self"`` (causal) or
             ``"encoder_self"``: what :func:`headwise.viz.head_view` takes.
-        kv_heads: the key/value heads ``g`` per layer (grouped-query attention when ``< h``).
+        kv_heads: the key/value heads ``g`` per layer under grouped-query attention (fewer
+            than the query heads ``h``), else None: what ``head_view(kv_heads=)`` takes.
         inputs: the ``input_ids`` and ``attention_mask`` ``(b, n)`` the model ran on.
     """
 
     record: Any
     tokens: list[list[str]]
     attentions: dict[str, list[torch.Tensor]]
-    kv_heads: int
+    kv_heads: int | None
     inputs: dict[str, torch.Tensor]
 
 
@@ -88,7 +89,8 @@ def explain(model, tokenizer, texts: Sequence[str]) -> Explained:
         raise ValueError(f"headwise.hf.explain: {type(model).__name__} returned "
                          f"{len(weights)} attention tensors for {len(layers)} attention layers")
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in per_text]
-    return Explained(record, tokens, {view_kind: weights}, kv_head_count(layers[0]), inputs)
+    g, h = kv_head_count(layers[0]), weights[0].shape[1]
+    return Explained(record, tokens, {view_kind: weights}, g if g < h else None, inputs)
 
 
 def head_view(model, tokenizer, texts: Sequence[str], path=None, **options):
