@@ -32,7 +32,7 @@ def load(source: str, device, where: str):
     _offline()
     from transformers.utils import logging
 
-    from headwise.hf.load import load as load_hf
+    from headwise.hf.local import load as load_hf
 
     logging.disable_progress_bar()  # a command prints its own lines
     return load_hf(source, device=device, where=f"--hf {source}")
@@ -44,7 +44,7 @@ def read_data(args) -> tuple[str, str, str]:
     (``decoder_self``: Austen's *Emma*; ``encoder_self``: the English Ding sentences, one per
     line)."""
     _offline()
-    from headwise.hf.load import skeleton
+    from headwise.hf.local import skeleton
     from headwise.hf.model import kind
 
     found = kind(skeleton(args.hf, f"--hf {args.hf}"))

@@ -12,13 +12,14 @@ per-head weights only where asked.
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model), ``load`` (a local model folder, nothing downloaded), ``tools`` (the head
-view with the model's tokenizer, a traced forward, the next-token loss of importance). This wing imports ``transformers`` (the ``pretrained`` extra) and
+switching a model), ``local`` (a local model folder or GGUF file, nothing downloaded),
+``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
+importance). This wing imports ``transformers`` (the ``pretrained`` extra) and
 headwise's ``attend`` and ``weights``; nothing in headwise imports it.
 """
 
 from headwise.hf.interface import attention_forward, register
-from headwise.hf.load import load
+from headwise.hf.local import load
 from headwise.hf.model import NAME, attention_layers, use
 from headwise.hf.select import weights
 from headwise.hf.tools import explain, head_view, next_token_loss

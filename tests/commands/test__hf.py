@@ -1,0 +1,173 @@
+"""``--hf DIR`` end to end: ``explain``, ``heads catalogue`` and ``heads score`` on tiny random
+models written by ``save_pretrained`` with an offline word-level tokenizer; nothing downloads,
+and what cannot run is one line (exit 2) before any weights are read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from headwise.cli import main
+
+tiny = pytest.importorskip("tests.hf.tiny", reason="the hf wing needs transformers")
+TEXT = " ".join(["the cat sat on the mat and it was a dog the dog ran to the house"] * 4)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-cli")
+    for name in ("llama", "bert"):
+        tiny.save(name, root / name)
+    (root / "text.txt").write_text(TEXT + "\n" + "heads see one by one\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def weights_read(monkeypatch):
+    """Every from_pretrained of a transformers model, recorded (and still run)."""
+    import transformers
+
+    calls = []
+    real = transformers.PreTrainedModel.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        calls.append(cls.__name__)
+        return real(cls, *args, **kwargs)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(spy))
+    return calls
+
+
+def test_explain_hf_writes_the_view_heatmaps_and_trace_offline(folders, tmp_path, capsys,
+                                                                monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    out = tmp_path / "report"
+    assert main(["explain", "--hf", str(folders / "llama"), "the cat sat", "a dog ran to Paris",
+                 "-o", str(out), "--heads", "0-1"]) == 0
+    printed = capsys.readouterr().out
+    import os
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert (out / "head_view.html").is_file()
+    assert (out / "heatmaps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ("llama (LlamaForCausalLM): 2 layers x 4 query heads sharing 2 key/value heads "
+            "(2 each), causal self-attention") in printed
+    assert "example 0 (4 tokens): [BOS] the cat sat" in printed
+    assert "example 1 (6 tokens): [BOS] a dog ran to [UNK]" in printed
+    assert "model.layers.0-1.self_attn (2 calls)" in printed  # the trace summary
+    page = (out / "head_view.html").read_text()
+    assert '"kvHeads":2' in page and "http://" not in page
+
+
+def test_explain_hf_on_an_encoder(folders, tmp_path, capsys):
+    assert main(["explain", "--hf", str(folders / "bert"), "heads see one by one", "-o",
+                 str(tmp_path / "v.html"), "--trace"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 layers x 4 query heads, bidirectional self-attention" in printed
+    assert (tmp_path / "v-heads.png").is_file()
+    assert "BertSelfAttention" in printed  # the full trace names the modules
+
+
+def test_heads_catalogue_hf_causal_and_encoder(folders, tmp_path, capsys):
+    out = tmp_path / "cat"
+    assert main(["heads", "catalogue", "--hf", str(folders / "llama"), "--sentences",
+                 str(folders / "text.txt"), "--length", "16", "--examples", "3",
+                 "--batch-size", "2", "-o", str(out)]) == 0
+    data = json.loads((out / "catalogue.json").read_text())
+    assert data["meta"]["dataset"] == "text.txt, 3 windows of 16 tokens"
+    assert data["meta"]["kinds"] == {"decoder_self": [4, 4]} and data["meta"]["batches"] == 2
+    assert {e["kind"] for e in data["heads"]} == {"decoder_self"} and len(data["heads"]) == 8
+    out = tmp_path / "enc.html"
+    assert main(["heads", "catalogue", "--hf", str(folders / "bert"), "--sentences",
+                 str(folders / "text.txt"), "-o", str(out)]) == 0
+    data = json.loads((tmp_path / "enc.json").read_text())
+    assert data["meta"]["dataset"] == "text.txt, 2 sentences"
+    assert data["meta"]["kinds"] == {"encoder_self": [4, 4]}
+    # the top tokens are the model's own tokenizer's strings
+    tokens = {t["token"] for e in data["heads"] for t in e["top_tokens"]}
+    assert tokens <= set(tiny.WORDS) | {"[BOS]", "[UNK]"} and "the" in tokens
+    capsys.readouterr()
+
+
+def test_heads_score_hf_writes_the_scores_of_its_next_token_loss(folders, tmp_path, capsys):
+    out = tmp_path / "score"
+    assert main(["heads", "score", "--hf", str(folders / "llama"), "--sentences",
+                 str(folders / "text.txt"), "--length", "8", "--examples", "4",
+                 "--method", "ablation", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "importance.json").read_text())
+    assert saved["method"] == "ablation" and saved["examples"] == 4
+    assert "layers: ablation importance" in printed and (out / "importance.png").is_file()
+    # the same scores as headwise.importance on the same windows, in Python
+    import headwise as hw
+    model, tok = tiny.transformers.AutoModelForCausalLM.from_pretrained(
+        folders / "llama", attn_implementation="headwise").eval(), tiny.tokenizer()
+    ids = torch.tensor(tok(TEXT, add_special_tokens=False)["input_ids"][:32]).view(4, 8)
+    want = hw.importance(model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}],
+                         method="ablation")["layers"]
+    torch.testing.assert_close(torch.tensor(saved["scores"]["layers"], dtype=torch.float64),
+                               want, atol=1e-6, rtol=0)
+
+
+def test_heads_score_hf_on_an_encoder_takes_a_behaviour(folders, tmp_path, capsys,
+                                                        weights_read):
+    code = main(["heads", "score", "--hf", str(folders / "bert"), "--sentences",
+                 str(folders / "text.txt"), "-o", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is an encoder: it has no next-token loss for method 'greedy'" in err
+    assert weights_read == []  # refused before the weights load
+    assert main(["heads", "score", "--hf", str(folders / "bert"), "--sentences",
+                 str(folders / "text.txt"), "--method", "sink", "-o", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "importance.json").read_text())["method"] == "sink"
+
+
+def _bloom(folder):
+    import transformers
+    folder.mkdir()
+    config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=4,
+                                      architectures=["BloomForCausalLM"])
+    config.save_pretrained(folder)
+
+
+@pytest.mark.parametrize("command", [["explain", "--hf", "{dir}", "the cat"],
+                                     ["heads", "catalogue", "--hf", "{dir}"],
+                                     ["heads", "score", "--hf", "{dir}"]])
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "does not exist; pass a local Hugging Face model folder"),
+    (lambda d: d.mkdir(), "has no config.json, so it is not a Hugging Face model folder"),
+    (_bloom, "BloomForCausalLM does not call transformers' attention interface"),
+])
+def test_what_cannot_run_is_one_line_before_any_weights_load(tmp_path, capsys, weights_read,
+                                                             command, make, message):
+    folder = tmp_path / "model"
+    make(folder)
+    code = main([str(folder) if part == "{dir}" else part for part in command])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert weights_read == []
+
+
+def test_a_missing_corpus_is_named_before_the_weights_load(folders, tmp_path, capsys,
+                                                           monkeypatch, weights_read):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("HEADWISE_CORPORA", str(tmp_path / "empty"))
+    code = main(["heads", "catalogue", "--hf", str(folders / "llama")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "make corpora" in err and len(err.splitlines()) == 1, err
+    assert weights_read == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["heads", "score", "--hf", "{llama}", "--compare"], "--compare measures a checkpoint's"),
+    (["heads", "score", "--checkpoint", "x", "--sentences", "f"], "--sentences goes with --hf"),
+    (["explain", "--hf", "{llama}", "the cat", "--generate", "3"], "--hf reads its texts"),
+    (["heads", "catalogue", "--hf", "{llama}", "--length", "0"], "--length must be >= 1"),
+    (["heads", "catalogue", "--hf", "{llama}", "--sentences", "{text}", "--length", "999"],
+     "longer than the model's context (64 tokens)"),
+])
+def test_bad_flags_with_hf_are_one_line(folders, capsys, argv, message):
+    argv = [str(folders / "llama") if a == "{llama}" else
+            str(folders / "text.txt") if a == "{text}" else a for a in argv]
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
