@@ -55,17 +55,19 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _model_class(config, where: str):
-    """The class named in ``config.architectures`` (transformers' own), else ``AutoModel``'s
-    for that config type."""
+def _model_class(config, where: str, gguf: bool):
+    """The class named in ``config.architectures`` (transformers' own), else the causal-LM
+    class of a GGUF file's config (GGUF files hold decoders; their configs name none), else
+    ``AutoModel``'s for that config type."""
     import transformers
 
     for name in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, name, None)
         if cls is not None:
             return cls
+    auto = transformers.AutoModelForCausalLM if gguf else transformers.AutoModel
     try:
-        return transformers.AutoModel._model_mapping[type(config)]
+        return auto._model_mapping[type(config)]
     except KeyError:
         raise ValueError(f"{where}: transformers has no model class for "
                          f"{type(config).__name__}") from None
@@ -85,7 +87,7 @@ def skeleton(source, where: str = "headwise.hf.load"):
         raise ValueError(f"{where}: cannot read the configuration of {str(source)!r}: "
                          f"{_one_line(e)}") from None
     with torch.device("meta"):
-        model = _model_class(config, where)(config)
+        model = _model_class(config, where, "gguf_file" in files)(config)
     refuse_unless_served(model, where)
     return model
 
