@@ -84,8 +84,8 @@ def test_nested_flags_are_checked_with_did_you_mean(capsys):
         main(["heads", "catalog"])
     assert "did you mean 'catalogue'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["heads", "catalogue"])  # one of --checkpoint / --model is required
-    assert "one of the arguments --checkpoint --model is required" in capsys.readouterr().err
+        main(["heads", "catalogue"])  # one of --checkpoint / --model / --hf is required
+    assert "one of the arguments --checkpoint --model --hf is required" in capsys.readouterr().err
 
 
 _TEXT = ("Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy "
