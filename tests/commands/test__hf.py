@@ -162,6 +162,10 @@ def test_a_missing_corpus_is_named_before_the_weights_load(folders, tmp_path, ca
     (["heads", "score", "--checkpoint", "x", "--sentences", "f"], "--sentences goes with --hf"),
     (["explain", "--hf", "{llama}", "the cat", "--generate", "3"], "--hf reads its texts"),
     (["heads", "catalogue", "--hf", "{llama}", "--length", "0"], "--length must be >= 1"),
+    (["explain", "--hf", "{llama}", "the cat", "--layers", "2"],
+     "--layers '2': [2] out of range; the model has 2"),
+    (["explain", "--hf", "{llama}", "the cat", "--heads", "0-4"],
+     "--heads '0-4': [4] out of range; the model has 4"),
     (["heads", "catalogue", "--hf", "{llama}", "--sentences", "{text}", "--length", "999"],
      "longer than the model's context (64 tokens)"),
 ])

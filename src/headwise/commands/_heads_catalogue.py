@@ -189,4 +189,7 @@ def _hf(args, device):
     data = hf.read_data(args)  # the text first: a missing corpus is one line, before weights
     model, tokenizer = hf.load(args.hf, device, "heads catalogue")
     batches, dataset = hf.batches(model, tokenizer, data, args, device)
-    return model, batches, tokenizer.convert_ids_to_tokens, Path(args.hf).name, dataset
+    from functools import partial
+
+    from headwise.hf.tools import token_names
+    return model, batches, partial(token_names, tokenizer), Path(args.hf).name, dataset

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from headwise.hf.model import kind, kv_head_count, running
 
-__all__ = ["Explained", "encode", "explain", "head_view", "next_token_loss"]
+__all__ = ["Explained", "encode", "explain", "head_view", "next_token_loss", "token_names"]
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Explained:
     Attributes:
         record: the :class:`headwise.Trace` of the forward (``record.output``: the model's own
             output, its ``attentions`` every layer's weights).
-        tokens: each text's token strings (the model's tokenizer; no padding).
+        tokens: each text's tokens as strings (:func:`token_names`; no padding).
         attentions: ``{kind: [(b, h, i, j) per layer]}``, kind ``"decoder_self"`` (causal) or
             ``"encoder_self"``: what :func:`headwise.viz.head_view` takes.
         kv_heads: the key/value heads ``g`` per layer under grouped-query attention (fewer
@@ -72,6 +72,12 @@ def encode(tokenizer, texts: Sequence[str], max_length: int | None,
     return {"input_ids": ids, "attention_mask": mask}, per_text
 
 
+def token_names(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each id as the text it stands for, decoded alone (a byte-level BPE's ``"Ġcapital"`` is
+    ``" capital"``; WordPiece's ``"##ing"`` and special tokens stay as they are)."""
+    return [tokenizer.decode([i]) for i in ids]
+
+
 def explain(model, tokenizer, texts: Sequence[str]) -> Explained:
     """Run ``model`` once over ``texts`` under :func:`headwise.trace`, with every layer's
     weights (``output_attentions=True``, from the fused kernel's log-sum-exp)."""
@@ -88,7 +94,7 @@ def explain(model, tokenizer, texts: Sequence[str]) -> Explained:
     if len(weights) != len(layers) or any(w is None for w in weights):
         raise ValueError(f"headwise.hf.explain: {type(model).__name__} returned "
                          f"{len(weights)} attention tensors for {len(layers)} attention layers")
-    tokens = [tokenizer.convert_ids_to_tokens(row) for row in per_text]
+    tokens = [token_names(tokenizer, row) for row in per_text]
     g, h = kv_head_count(layers[0]), weights[0].shape[1]
     return Explained(record, tokens, {view_kind: weights}, g if g < h else None, inputs)
 
