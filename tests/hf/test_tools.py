@@ -86,6 +86,32 @@ def test_importance_by_ablation_equals_zeroing_the_o_proj_slice_by_hand(family):
     assert want.abs().max() > 1e-3  # removing heads moves the loss
 
 
+def test_attribution_and_gradient_equal_the_o_proj_input_gradient_by_hand():
+    """Attribution: ``sum dL/dx * (0 - x)`` over each head's slice ``x`` of the o_proj input;
+    gradient (Michel et al.): ``mean_b |sum dL/dx * x|``, over each layer's L2 norm; both from
+    HF eager's gradient at o_proj's input, taken by hand with a pre-hook."""
+    model, eager = build("qwen3", "headwise"), build("qwen3", "eager")
+    data = _inputs("right")
+    found: dict[int, torch.Tensor] = {}
+    for n, layer in enumerate(hh.attention_layers(eager)):
+        def keep(_, args, n=n):
+            args[0].retain_grad()
+            found[n] = args[0]
+        layer.o_proj.register_forward_pre_hook(keep)
+    hh.next_token_loss(eager, data).backward()
+    attribution, gradient = [], []
+    for n in range(2):
+        x, dx = (rearrange(t, "b i (h d) -> b h i d", h=4).double()
+                 for t in (found[n], found[n].grad))
+        attribution.append((dx * -x).sum((0, 2, 3)))
+        per_example = (dx * x).sum((2, 3)).abs().mean(0)  # (h,)
+        gradient.append(per_example / per_example.norm())
+    torch.testing.assert_close(hw.importance(model, [data], method="attribution")["layers"],
+                               torch.stack(attribution).detach(), atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(hw.importance(model, [data], method="gradient")["layers"],
+                               torch.stack(gradient).detach(), atol=1e-6, rtol=1e-4)
+
+
 def test_the_greedy_default_removes_first_the_head_whose_lone_removal_costs_least():
     model = build("llama", "headwise")
     data = [_inputs("right")]
