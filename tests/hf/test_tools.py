@@ -160,6 +160,23 @@ def test_catalogue_statistics_equal_hf_eagers_weights_in_float64(family, padding
             torch.testing.assert_close(got, mean, atol=2e-6, rtol=0, msg=score)
 
 
+def test_a_padded_batch_catalogues_as_its_rows_alone():
+    """Padding changes nothing: every score and every top token's share and lift equal those of
+    the rows run alone, unpadded. (The lift's uniform baseline must read HF's mask, which
+    carries causality itself: ignoring it moved lifts by up to 2.)"""
+    model = build("llama", "headwise")
+    inputs = _inputs("right")
+    n = int(inputs["attention_mask"][0].sum())
+    ids = inputs["input_ids"]
+    padded, alone = hw.catalogue(model, [inputs]), hw.catalogue(model, [ids[:1, :n], ids[1:]])
+    for a, b in zip(padded.heads, alone.heads, strict=True):
+        for score, value in a["scores"].items():
+            assert value == pytest.approx(b["scores"][score], abs=1e-5), score
+        assert [t["id"] for t in a["top_tokens"]] == [t["id"] for t in b["top_tokens"]]
+        for x, y in zip(a["top_tokens"], b["top_tokens"], strict=True):
+            assert (x["share"], x["lift"]) == pytest.approx((y["share"], y["lift"]), abs=2e-4)
+
+
 def test_explain_gives_eagers_weights_the_models_tokens_and_its_key_value_heads():
     model, tok = build("llama", "headwise"), tiny.tokenizer()
     texts = ["the cat sat on the mat", "a dog ran"]
