@@ -59,6 +59,14 @@ def test_explain_hf_writes_the_view_heatmaps_and_trace_offline(folders, tmp_path
     assert '"kvHeads":2' in page and "http://" not in page
 
 
+def test_explain_hf_notes_a_text_longer_than_the_model_reads(folders, tmp_path, capsys):
+    long = " ".join(["the cat"] * 40)  # 81 tokens with [BOS]; the tiny model reads 64
+    assert main(["explain", "--hf", str(folders / "llama"), long, "-o", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "note: text 0 is longer than the model reads (64 tokens)" in captured.err
+    assert "example 0 (64 tokens)" in captured.out
+
+
 def test_explain_hf_on_an_encoder(folders, tmp_path, capsys):
     assert main(["explain", "--hf", str(folders / "bert"), "heads see one by one", "-o",
                  str(tmp_path / "v.html"), "--trace"]) == 0

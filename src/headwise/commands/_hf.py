@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from headwise.commands._common import default_png, indices, parse_device, report_paths
@@ -112,6 +113,11 @@ def explain(args: argparse.Namespace) -> int:
         raise ValueError(f"--example {args.example} is out of range for {len(args.text)} texts")
     model, tokenizer = load(args.hf, parse_device(args.device), "explain")
     run = run_model(model, tokenizer, args.text)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    for i, text in enumerate(args.text):  # as explain notes a text MiniLM cuts
+        if limit is not None and len(tokenizer(text)["input_ids"]) > limit:
+            print(f"headwise explain: note: text {i} is longer than the model reads ({limit} "
+                  f"tokens); the view shows its first {limit}", file=sys.stderr)
     (kind, weights), = run.attentions.items()
     h, g = weights[0].shape[1], run.kv_heads
     causal = kind == "decoder_self"
