@@ -11,14 +11,17 @@ per-head weights only where asked.
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model). This wing imports ``transformers`` (the ``pretrained`` extra) and
-headwise's ``attend`` and ``weights``; nothing in headwise imports it.
+switching a model), ``prune`` (cutting heads out of Llama-family layers, and loading a pruned
+checkpoint). This wing imports ``transformers`` (the ``pretrained`` extra) and
+headwise's ``attend``, ``weights`` and ``heads``; nothing in headwise imports it.
 """
 
 from headwise.hf.interface import attention_forward, register
 from headwise.hf.model import NAME, attention_layers, use
+from headwise.hf.prune import load_pruned, prune_heads
 from headwise.hf.select import weights
 
-__all__ = ["NAME", "attention_forward", "attention_layers", "register", "use", "weights"]
+__all__ = ["NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
+           "use", "weights"]
 
 register()
