@@ -21,8 +21,9 @@ import headwise as hw  # noqa: E402
 from headwise.heads import layer_plan  # noqa: E402
 from headwise.hf.model import head_count  # noqa: E402
 
-LLAMA_FAMILY = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss", "phi3"]
-H, G = 4, 2  # the tiny models' query and key/value heads (tests/hf/tiny.py)
+PRUNABLE = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss", "phi3", "gpt2",
+            "bert"]
+H, G = 4, 2  # the tiny models' query and key/value heads (tests/hf/tiny.py; GPT-2, BERT: 4, 4)
 
 
 def _valid(removed) -> bool:
@@ -34,7 +35,7 @@ def _valid(removed) -> bool:
 
 
 # every selection of a layer's heads the grouped-query rule allows (whole groups, or the same
-# number of heads from every group), and those it refuses
+# number of heads from every group), and those it refuses (with 4 groups of 1 all are allowed)
 ALLOWED = [s for n in range(1, H) for s in itertools.combinations(range(H), n) if _valid(s)]
 REFUSED = [s for n in range(1, H) for s in itertools.combinations(range(H), n) if not _valid(s)]
 
@@ -64,13 +65,13 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert ((got - want).abs() <= bound).all(), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILY)
+@pytest.mark.parametrize("family", PRUNABLE)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_the_pruned_model_equals_the_model_with_those_heads_gated(family, dtype, padding):
     if family == "gpt_oss" and dtype == torch.float64:
         pytest.skip("gpt-oss's experts (torch grouped_mm) take no float64")
-    seed = LLAMA_FAMILY.index(family) * 4 + (dtype == torch.float64) * 2 + (padding == "left")
+    seed = PRUNABLE.index(family) * 4 + (dtype == torch.float64) * 2 + (padding == "left")
     model, pruned, selection = _pair(family, dtype, seed)
     ids, mask = batch(padding, seed=seed)
     with torch.no_grad():
@@ -91,7 +92,7 @@ def test_the_pruned_model_equals_the_model_with_those_heads_gated(family, dtype,
         torch.testing.assert_close(eager[real], gated[real], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3", "gpt2"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_the_pruned_model_generates_the_gated_models_tokens(family, cache):
     model, pruned, selection = _pair(family, seed=7)
@@ -107,31 +108,30 @@ def test_the_pruned_model_generates_the_gated_models_tokens(family, cache):
     assert torch.equal(got, want)
 
 
-def _attention_parameters(module) -> dict[str, int]:
-    return {name: p.numel() for name, p in module.named_parameters()}
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt_oss", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt_oss", "phi3", "gpt2", "bert"])
 def test_the_parameters_drop_by_exactly_the_cut_rows_and_columns(family):
     model, pruned, selection = _pair(family, seed=11)
-    m, d = model.config.hidden_size, model.config.head_dim
-    before = sum(p.numel() for p in model.parameters())
+    m = model.config.hidden_size
+    d = m // H
+    g = getattr(model.config, "num_key_value_heads", None) or H
+    before = dict(model.named_parameters())
     drop = 0
     for layer, module in enumerate(hh.attention_layers(model)):
         removed = [x % H for x in selection["layers"][layer]]
-        kv_removed = G - len(layer_plan(H, G, removed, "x")[1])
-        bias = dict(module.named_parameters()).get("q_proj.bias") is not None
+        kv_removed = g - len(layer_plan(H, g, removed, "x")[1])
+        qkv = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query", "key", "value"}
+        bias = any(n.endswith("bias") and n.split(".")[0] in qkv
+                   for n, _ in module.named_parameters())
         drop += len(removed) * d * (m + bias)          # q rows (and bias)
         drop += 2 * kv_removed * d * (m + bias)        # k and v rows (and bias)
         drop += len(removed) * d * m                   # o columns (its bias is per model dim)
         drop += len(removed) * hasattr(module, "sinks")
-    assert sum(p.numel() for p in pruned.parameters()) == before - drop
+    after = dict(pruned.named_parameters())
+    assert sum(p.numel() for p in after.values()) == sum(p.numel() for p in before.values()) - drop
     assert drop > 0
-    # everything outside the attention layers is untouched
-    rest = {n: p for n, p in model.named_parameters() if "self_attn" not in n}
-    pruned_rest = {n: p for n, p in pruned.named_parameters() if "self_attn" not in n}
-    assert rest.keys() == pruned_rest.keys()
-    assert all(torch.equal(rest[n], pruned_rest[n]) for n in rest)
+    # the same parameters, and every one whose shape did not change is untouched
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n], after[n]) for n in before if before[n].shape == after[n].shape)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "phi3", "gpt_oss"])
@@ -221,9 +221,9 @@ def test_every_selection_leaving_unequal_groups_is_refused(removed):
               build("mistral", "headwise"), {"layers": {0: list(removed)}})
 
 
-def test_a_model_whose_attention_is_not_llama_family_is_refused_by_name(transformers):
-    _one_line(ValueError, r"layer 0: GPT2Attention is not Llama-family attention .*"
-                          r"hw\.ablate", build("gpt2", "headwise"), {"layers": {0: [1]}})
+def test_a_model_whose_attention_is_laid_out_otherwise_is_refused_by_name(transformers):
+    _one_line(ValueError, r"layer 0: ModernBertAttention is laid out as none of Llama's .*"
+                          r"hw\.ablate", build("modernbert", "headwise"), {"layers": {0: [1]}})
     bloom = transformers.BloomForCausalLM(
         transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4))
     with pytest.raises(ValueError, match="BloomForCausalLM does not call transformers' "

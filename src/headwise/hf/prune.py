@@ -6,10 +6,13 @@ Axis legend: ``h`` query heads, ``g`` key/value heads, ``d`` head dim, ``m`` mod
 Head ``x`` owns rows ``x*d:(x+1)*d`` of ``q_proj`` (and its bias) and the same columns of
 ``o_proj``; key/value head ``y`` owns rows ``y*d:(y+1)*d`` of ``k_proj`` and ``v_proj``. Phi-3
 fuses the three into ``qkv_proj`` (rows: the ``h*d`` query rows, then ``g*d`` key rows, then
-``g*d`` value rows), cut part by part. gpt-oss's sinks are one number per query head. Qwen3's
-and Gemma 3's q/k norms act on the head dim and are shared by all heads: they stay. So the
-pruned model computes exactly what the unpruned one computes with those heads' slices of the
-``o_proj`` input gated to 0 (``hw.ablate``; tested to 1e-6 x max(1, |logits|)).
+``g*d`` value rows), cut part by part; GPT-2 likewise in ``c_attn``, a ``Conv1D`` (its weight is
+transposed: output features are columns), with ``c_proj`` as the output; BERT names them
+``query``/``key``/``value``, and its output projection ``dense`` sits in the attention block's
+``output``. gpt-oss's sinks are one number per query head. Qwen3's and Gemma 3's q/k norms act
+on the head dim and are shared by all heads: they stay. So the pruned model computes exactly
+what the unpruned one computes with those heads' slices of the output projection's input gated
+to 0 (``hw.ablate``; tested to 1e-6 x max(1, |logits|)).
 
 Grouped-query attention: the rule of :func:`headwise.heads.layer_plan`, the one headwise's own
 models follow. A key/value head goes only with all of its query heads, and every surviving
@@ -46,8 +49,11 @@ __all__ = ["KEY", "load_pruned", "prune_heads"]
 
 KEY = "headwise_pruned_heads"  # the config field: [pruned query heads per layer], original indices
 WHERE = "headwise.hf.prune_heads"
-SEPARATE = ("q_proj", "k_proj", "v_proj", "o_proj")  # Llama, Qwen, Mistral, Gemma, gpt-oss
-FUSED = ("qkv_proj", "o_proj")  # Phi-3
+# how a layer holds its heads: family -> (q/k/v projections, output projection, its owner)
+LAYOUTS = {"llama": (("q_proj", "k_proj", "v_proj"), "o_proj", "layer"),  # Qwen, Mistral, Gemma
+           "phi3": (("qkv_proj",), "o_proj", "layer"),  # q, k, v fused
+           "gpt2": (("c_attn",), "c_proj", "layer"),  # q, k, v fused, Conv1D
+           "bert": (("query", "key", "value"), "dense", "block output")}
 
 Plan = tuple[tuple[int, ...], tuple[int, ...]]  # (kept query heads, kept key/value heads)
 
@@ -56,16 +62,16 @@ def prune_heads(model, heads: Mapping[str, Mapping[int, Iterable[int]]]):
     """Remove heads from a transformers ``model`` in place and return it.
 
     Args:
-        model: a transformers model whose attention layers hold ``q_proj``/``k_proj``/
-            ``v_proj``/``o_proj`` (Llama, Qwen2/3, Mistral, Gemma 2/3, gpt-oss) or Phi-3's
-            ``qkv_proj``/``o_proj``, as ``nn.Linear``.
+        model: a transformers model whose attention layers are laid out as one of
+            :data:`LAYOUTS`: Llama's (Qwen2/3, Mistral, Gemma 2/3, gpt-oss), Phi-3's, GPT-2's
+            self-attention or BERT's.
         heads: ``{"layers": {layer: [heads]}}``, layer and head indices as the model is now
             (negative count from the end; ``True`` for every head, which is refused). Empty:
             nothing changes.
 
     Every chosen layer is checked before any is cut (a bad selection leaves the model as it
     was): a layer or head that does not exist, one named twice, a layer left with no head,
-    grouped heads left unequal, or a layer that is not Llama-family attention raise one
+    grouped heads left unequal, or a layer laid out otherwise raise one
     ``ValueError`` line; a selection of another form a ``TypeError``.
     ``model.config.headwise_pruned_heads`` records the result.
     """
@@ -77,15 +83,15 @@ def prune_heads(model, heads: Mapping[str, Mapping[int, Iterable[int]]]):
     cuts = []
     for layer, now in chosen.items():
         module = layers[layer]
-        _check_family(module, f"{WHERE}: layer {layer}")
+        output = _output(model, module, f"{WHERE}: layer {layer}")
         h, g = _counts(module)
         before = layer_plan(h, g, record[layer], f"{WHERE}: layer {layer}")
         removed = sorted({*record[layer], *(before[0][x] for x in now)})
         after = layer_plan(h, g, removed, f"{WHERE}: layer {layer} (original head indices)")
-        cuts.append((module, before, after))
+        cuts.append((module, output, before, after))
         record[layer] = removed
-    for module, before, after in cuts:
-        cut(module, before, after)
+    for module, output, before, after in cuts:
+        cut(module, output, before, after)
     setattr(model.config, KEY, record)
     return model
 
@@ -122,35 +128,42 @@ def restructure(model) -> None:
     for layer, removed in enumerate(_record(model.config, len(layers), where)):
         if removed:
             module = layers[layer]
-            _check_family(module, f"{where}[{layer}]")
+            output = _output(model, module, f"{where}[{layer}]")
             h, g = _counts(module)
             full = (tuple(range(h)), tuple(range(g)))
-            cut(module, full, layer_plan(h, g, removed, f"{where}[{layer}]"))
+            cut(module, output, full, layer_plan(h, g, removed, f"{where}[{layer}]"))
 
 
-def cut(module: nn.Module, before: Plan, after: Plan) -> None:
+def cut(module: nn.Module, output: tuple[nn.Module, str], before: Plan, after: Plan) -> None:
     """Keep the heads of ``after`` (original indices) in ``module``, which holds those of
-    ``before``: rows of q/k/v (and their biases), columns of ``o_proj``, sinks; then the
-    layer's own head counts."""
-    d = module.head_dim
+    ``before``: rows of q/k/v (and their biases), the input features of the output projection
+    (``output``: its owner and name), sinks; then the layer's own head counts."""
+    d = _head_dim(module)
     heads = [before[0].index(x) for x in after[0]]
     groups = [before[1].index(x) for x in after[1]]
     q_rows, kv_rows = _feature_rows(heads, d), _feature_rows(groups, d)
-    if hasattr(module, "qkv_proj"):
+    names = LAYOUTS[_family(module)][0]
+    if len(names) == 1:  # fused: the h*d query features, then g*d key and g*d value features
         hd, gd = len(before[0]) * d, len(before[1]) * d
-        module.qkv_proj = _keep(module.qkv_proj, rows=torch.cat([q_rows, hd + kv_rows,
-                                                                 hd + gd + kv_rows]))
+        rows = torch.cat([q_rows, hd + kv_rows, hd + gd + kv_rows])
+        setattr(module, names[0], _keep(getattr(module, names[0]), out=rows))
     else:
-        module.q_proj = _keep(module.q_proj, rows=q_rows)
-        module.k_proj = _keep(module.k_proj, rows=kv_rows)
-        module.v_proj = _keep(module.v_proj, rows=kv_rows)
-    module.o_proj = _keep(module.o_proj, cols=q_rows)
+        for name, rows in zip(names, (q_rows, kv_rows, kv_rows), strict=True):
+            setattr(module, name, _keep(getattr(module, name), out=rows))
+    owner, name = output
+    setattr(owner, name, _keep(getattr(owner, name), inp=q_rows))
     sinks = getattr(module, "sinks", None)
     if isinstance(sinks, nn.Parameter):
         module.sinks = nn.Parameter(sinks.detach()[heads].clone(),
                                     requires_grad=sinks.requires_grad)
     h, g = len(heads), len(groups)
+    # the layer's own counts (headwise.hf's head_count reads num_heads first), then the names
+    # each family's forward reads, where it has them
     module.num_heads, module.num_key_value_heads, module.num_key_value_groups = h, g, h // g
+    for attribute, value in (("num_attention_heads", h), ("split_size", h * d),
+                             ("all_head_size", h * d)):
+        if hasattr(module, attribute):
+            setattr(module, attribute, value)
     module.config = LayerConfig(_base(module.config), num_attention_heads=h,
                                 num_key_value_heads=g)
 
@@ -190,19 +203,48 @@ def _counts(module: nn.Module) -> tuple[int, int]:
     return h, getattr(config, "num_key_value_heads", None) or h
 
 
-def _check_family(module: nn.Module, where: str) -> None:
-    """Refuse an attention layer whose heads are not laid out as Llama's (or Phi-3's)."""
-    names = FUSED if hasattr(module, "qkv_proj") else SEPARATE
-    if (all(type(getattr(module, n, None)) is nn.Linear for n in names)
-            and isinstance(getattr(module, "head_dim", None), int)
-            and isinstance(getattr(_base(getattr(module, "config", None)),
-                                   "num_attention_heads", None), int)):
-        return
+def _family(module: nn.Module) -> str | None:
+    """Which of :data:`LAYOUTS` ``module`` follows (None: none)."""
+    from transformers.pytorch_utils import Conv1D  # GPT-2's transposed linear
+
+    def are(kind: type, *names: str) -> bool:
+        return all(type(getattr(module, n, None)) is kind for n in names)
+
+    if not isinstance(getattr(_base(getattr(module, "config", None)), "num_attention_heads",
+                              None), int) or not isinstance(_head_dim(module), int):
+        return None
+    if are(nn.Linear, "q_proj", "k_proj", "v_proj", "o_proj"):
+        return "llama"
+    if are(nn.Linear, "qkv_proj", "o_proj"):
+        return "phi3"
+    if are(Conv1D, "c_attn", "c_proj") and getattr(module, "q_attn", None) is None:
+        return "gpt2"  # (GPT-2's cross-attention has q_attn: its keys come from elsewhere)
+    if are(nn.Linear, "query", "key", "value"):
+        return "bert"
+    return None
+
+
+def _output(model: nn.Module, module: nn.Module, where: str) -> tuple[nn.Module, str]:
+    """``(owner, name)`` of the output projection of attention layer ``module``; ValueError for
+    a layer laid out as none of :data:`LAYOUTS`."""
+    family = _family(module)
+    if family is not None:
+        _, name, owner = LAYOUTS[family]
+        if owner == "layer":
+            return module, name
+        for block in model.modules():  # BERT: the block holding the layer as .self
+            if getattr(block, "self", None) is module and type(
+                    getattr(getattr(block, "output", None), name, None)) is nn.Linear:
+                return block.output, name
     raise ValueError(
-        f"{where}: {type(module).__name__} is not Llama-family attention (nn.Linear "
-        f"q_proj/k_proj/v_proj/o_proj, or Phi-3's qkv_proj/o_proj, with head_dim and "
-        f"config.num_attention_heads), so headwise cannot cut its heads; gate them instead "
-        f"with hw.ablate(model, {{'layers': {{layer: [heads]}}}})")
+        f"{where}: {type(module).__name__} is laid out as none of Llama's (q_proj/k_proj/v_proj/"
+        f"o_proj), Phi-3's (qkv_proj/o_proj), GPT-2's self-attention (c_attn/c_proj) or "
+        f"BERT's (query/key/value, output.dense), so headwise cannot cut its heads; gate them "
+        f"instead with hw.ablate(model, {{'layers': {{layer: [heads]}}}})")
+
+
+def _head_dim(module: nn.Module):
+    return getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)
 
 
 def _check_heads(heads, layers: list[nn.Module]) -> dict[int, list[int]]:
@@ -280,17 +322,22 @@ def _feature_rows(heads: list[int], d: int) -> torch.Tensor:
     return (torch.tensor(heads, dtype=torch.long)[:, None] * d + torch.arange(d)).reshape(-1)
 
 
-def _keep(old: nn.Linear, *, rows=None, cols=None) -> nn.Linear:
-    """A new ``nn.Linear`` holding the output ``rows`` (or input ``cols``) of ``old``, on its
-    device and in its dtype."""
+def _keep(old: nn.Module, *, out=None, inp=None) -> nn.Module:
+    """A new ``nn.Linear`` (or transformers ``Conv1D``, whose weight is ``(in, out)``) holding
+    the output features ``out`` (or input features ``inp``) of ``old``, on its device and in
+    its dtype."""
+    conv = type(old).__name__ == "Conv1D"
+    out_axis, in_axis = (1, 0) if conv else (0, 1)
     w = old.weight.detach()
     bias = None if old.bias is None else old.bias.detach()
-    if rows is not None:
-        w = w.index_select(0, rows.to(w.device))
-        bias = None if bias is None else bias.index_select(0, rows.to(w.device))
-    if cols is not None:
-        w = w.index_select(1, cols.to(w.device))
-    new = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
+    if out is not None:
+        w = w.index_select(out_axis, out.to(w.device))
+        bias = None if bias is None else bias.index_select(0, out.to(w.device))
+    if inp is not None:
+        w = w.index_select(in_axis, inp.to(w.device))
+    with torch.device("meta"):
+        new = (type(old)(w.shape[1], w.shape[0]) if conv
+               else nn.Linear(w.shape[1], w.shape[0], bias=bias is not None))
     new.weight = nn.Parameter(w.contiguous(), requires_grad=old.weight.requires_grad)
     if bias is not None:
         new.bias = nn.Parameter(bias.clone(), requires_grad=old.bias.requires_grad)
