@@ -235,3 +235,49 @@ def test_an_empty_selection_changes_nothing():
     model = build("llama", "headwise")
     assert hh.prune_heads(model, {"layers": {0: []}}) is model
     assert getattr(model.config, "headwise_pruned_heads", None) is None
+
+
+def test_a_pruned_model_copies_and_switches_implementation_with_its_layers():
+    """A pruned layer's config view (its own head counts) reads and writes everything else on
+    the model's config: a deep copy keeps one config, and set_attn_implementation reaches the
+    pruned layers."""
+    model, pruned, selection = _pair("phi3", seed=2)
+    twin = copy.deepcopy(pruned)
+    layer = hh.attention_layers(twin)[0]
+    assert layer.config.base is twin.config and layer.config.num_attention_heads == layer.num_heads
+    twin.set_attn_implementation("eager")
+    assert layer.config._attn_implementation == "eager"
+    assert hh.attention_layers(pruned)[0].config._attn_implementation == "headwise"
+    ids, mask = batch("right")
+    real = mask.bool()
+    with torch.no_grad():
+        want = pruned(input_ids=ids, attention_mask=mask).logits
+        got = twin(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+
+
+def test_load_pruned_passes_from_pretrained_options_and_refuses_a_damaged_record(tmp_path):
+    _, pruned, _ = _pair("qwen2", seed=4)
+    pruned.save_pretrained(tmp_path)
+    loaded = hh.load_pruned(tmp_path, dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in loaded.parameters())
+    assert all(torch.equal(a.double(), b) for a, b in zip(pruned.state_dict().values(),
+                                                          loaded.state_dict().values(), strict=True))
+    config = pruned.config
+    config.headwise_pruned_heads = [[0, 1]]  # one layer's record for two layers
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="config.headwise_pruned_heads must list the pruned "
+                                         "heads of each of the model's 2 attention layers"):
+        hh.load_pruned(tmp_path)
+
+
+def test_the_head_tools_address_a_pruned_layer_by_its_remaining_heads():
+    model, pruned, selection = _pair("llama", seed=9)
+    kept = hw.hf.model.head_count(hh.attention_layers(pruned)[1])
+    ids, mask = batch("none")
+    with torch.no_grad(), hh.weights(pruned, {"layers": [1], "heads": [kept - 1]}) as got:
+        pruned(input_ids=ids, attention_mask=mask)
+    assert got[1].shape == (2, 1, 9, 9)
+    with pytest.raises(ValueError, match=f"head {kept} of layers layer 1 does not exist"):
+        with hw.ablate(pruned, {"layers": {1: [kept]}}):
+            pass
