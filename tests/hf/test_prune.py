@@ -269,6 +269,11 @@ def test_load_pruned_passes_from_pretrained_options_and_refuses_a_damaged_record
     with pytest.raises(ValueError, match="config.headwise_pruned_heads must list the pruned "
                                          "heads of each of the model's 2 attention layers"):
         hh.load_pruned(tmp_path)
+    config.headwise_pruned_heads = [[0, 1], [5]]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"headwise_pruned_heads\[1\] names head 5 but the layer "
+                                         r"has 4 heads"):
+        hh.load_pruned(tmp_path)
 
 
 def test_the_head_tools_address_a_pruned_layer_by_its_remaining_heads():

@@ -66,8 +66,8 @@ def prune_heads(model, heads: Mapping[str, Mapping[int, Iterable[int]]]):
             :data:`LAYOUTS`: Llama's (Qwen2/3, Mistral, Gemma 2/3, gpt-oss), Phi-3's, GPT-2's
             self-attention or BERT's.
         heads: ``{"layers": {layer: [heads]}}``, layer and head indices as the model is now
-            (negative count from the end; ``True`` for every head, which is refused). Empty:
-            nothing changes.
+            (negative count from the end; ``True``, every head, is refused: a layer keeps at
+            least one). Empty: nothing changes.
 
     Every chosen layer is checked before any is cut (a bad selection leaves the model as it
     was): a layer or head that does not exist, one named twice, a layer left with no head,
@@ -130,6 +130,10 @@ def restructure(model) -> None:
             module = layers[layer]
             output = _output(model, module, f"{where}[{layer}]")
             h, g = _counts(module)
+            if removed[-1] >= h:
+                raise ValueError(f"{where}[{layer}] names head {removed[-1]} but the layer has "
+                                 f"{h} heads (0..{h - 1}); the config does not belong to these "
+                                 f"weights, or it was edited")
             full = (tuple(range(h)), tuple(range(g)))
             cut(module, output, full, layer_plan(h, g, removed, f"{where}[{layer}]"))
 
