@@ -31,7 +31,7 @@ def split(x: torch.Tensor, h: int) -> torch.Tensor:
     """:data:`SPLIT` unchecked, as two views (what ``rearrange(x, SPLIT, h=h)`` returns, without
     its ~10 us of pattern handling per call: the module path splits three times per forward,
     and a GPU forward is launch-bound below a few thousand tokens)."""
-    return x.unflatten(-1, (h, -1)).transpose(1, 2)
+    return x.view(*x.shape[:-1], h, x.shape[-1] // h).transpose(1, 2)
 
 
 def merge(x: torch.Tensor) -> torch.Tensor:
