@@ -5,15 +5,22 @@ of width ``h*d`` followed by this split *is* ``h`` independent projections of wi
 column block ``k`` of the big weight is head ``k``'s projection (:mod:`headwise.per_head` makes
 that literal). This module holds only the patterns: it imports no model code, so every layer
 may import it.
+
+Grouped-query attention (``g < h``): query head ``x`` reads key/value head ``x // (h / g)``
+(:func:`expand_kv`); :func:`layer_plan` is the one rule of which heads a layer keeps when some
+are pruned (headwise's models, :mod:`headwise.models.pruned`, and transformers models,
+:mod:`headwise.hf.prune`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from einops import repeat
 
-__all__ = ["split_heads", "merge_heads", "expand_kv", "split", "merge", "SPLIT", "MERGE",
-           "EXPAND_KV"]
+__all__ = ["split_heads", "merge_heads", "expand_kv", "layer_plan", "split", "merge", "SPLIT",
+           "MERGE", "EXPAND_KV"]
 
 SPLIT = "b n (h d) -> b h n d"
 MERGE = "b h n d -> b n (h d)"
@@ -24,7 +31,7 @@ def split(x: torch.Tensor, h: int) -> torch.Tensor:
     """:data:`SPLIT` unchecked, as two views (what ``rearrange(x, SPLIT, h=h)`` returns, without
     its ~10 us of pattern handling per call: the module path splits three times per forward,
     and a GPU forward is launch-bound below a few thousand tokens)."""
-    return x.unflatten(-1, (h, -1)).transpose(1, 2)
+    return x.view(*x.shape[:-1], h, x.shape[-1] // h).transpose(1, 2)
 
 
 def merge(x: torch.Tensor) -> torch.Tensor:
@@ -63,3 +70,29 @@ def expand_kv(x: torch.Tensor, h: int) -> torch.Tensor:
     after :func:`headwise.attend.attention` checked ``h % g == 0`` at its boundary."""
     g = x.shape[1]
     return x if g == h else repeat(x, EXPAND_KV, r=h // g)
+
+
+def layer_plan(h: int, g: int, removed: Iterable[int],
+               where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(kept query heads, kept key/value heads)`` of an attention with ``h`` query heads in
+    ``g`` groups once the query heads ``removed`` are gone; refuses an empty layer and unequal
+    groups with what remains and how to fix it."""
+    removed = set(removed)
+    kept = tuple(x for x in range(h) if x not in removed)
+    if not kept:
+        raise ValueError(f"{where}: pruning heads {sorted(removed)} would remove all {h} heads "
+                         f"of the layer (none would remain); keep at least one head, or drop "
+                         f"the layer itself instead of pruning its heads")
+    r = h // g  # query heads per key/value head
+    members = {group: [x for x in kept if x // r == group] for group in range(g)}
+    groups = tuple(group for group in range(g) if members[group])
+    sizes = {len(members[group]) for group in groups}
+    if len(sizes) > 1:
+        left = ", ".join(f"group {group} (heads {group * r}-{group * r + r - 1}): "
+                         f"{members[group]}" for group in range(g))
+        raise ValueError(
+            f"{where}: {h} query heads share {g} key/value heads in groups of {r}; removing "
+            f"heads {sorted(removed)} leaves {left}, but every key/value head must serve the "
+            f"same number of query heads; remove whole groups (all heads of a group) or the same "
+            f"number of heads from every surviving group")
+    return kept, groups

@@ -113,9 +113,11 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         return None  # (an Int4Linear's weight would be dequantized just to look)
     if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
         return None
-    if not applies(*(p for layer in layers for p in layer.parameters())):
+    whole = _joined(layers)  # (before the rule: not laid out is the common case, and cheaper)
+    if whole is None or not applies(*(t for layer in layers
+                                      for t in (layer.weight, layer.bias) if t is not None)):
         return None
-    return _joined(layers)
+    return whole
 
 
 def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -137,17 +139,20 @@ def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
 
 def _consecutive(ts, shape, strides, step):
     """``ts`` as one tensor of ``shape``/``strides`` over their common storage, each starting
-    where the one before ends (``step`` elements per leading index); None otherwise."""
+    where the one before ends (``step`` elements per leading index); None otherwise. The
+    addresses are compared first: separate tensors (every call outside a generation) are
+    told apart by two attribute reads."""
     first = ts[0]
-    if strides is None or any(t.dtype != first.dtype or t.device != first.device
-                              or t.untyped_storage().data_ptr()
-                              != first.untyped_storage().data_ptr() for t in ts):
+    if strides is None:
         return None
-    at = first.storage_offset()
+    at, size = first.data_ptr(), first.element_size()
     for t in ts:
-        if t.storage_offset() != at or t.stride() != strides[-t.dim():]:
+        if t.data_ptr() != at or t.dtype != first.dtype or t.stride() != strides[-t.dim():]:
             return None
-        at += t.shape[0] * step
+        at += t.shape[0] * step * size
+    if any(t.device != first.device or t.untyped_storage().data_ptr()
+           != first.untyped_storage().data_ptr() for t in ts[1:]):
+        return None
     return first.detach().as_strided(shape, strides, first.storage_offset())
 
 

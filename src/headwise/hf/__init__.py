@@ -12,19 +12,23 @@ per-head weights only where asked.
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model), ``local`` (a local model folder or GGUF file, nothing downloaded),
-``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
-importance). This wing imports ``transformers`` (the ``pretrained`` extra) and
-headwise's ``attend`` and ``weights``; nothing in headwise imports it.
+switching a model), ``prune`` (cutting heads out of Llama-family layers, and loading a pruned
+checkpoint), ``local`` (a local model folder or GGUF file, nothing downloaded), ``tools`` (the
+head view with the model's tokenizer, a traced forward, the next-token loss of importance).
+This wing imports ``transformers`` (the ``pretrained`` extra) and headwise's ``attend``,
+``weights`` and ``heads`` (``tools``: also ``tracing`` and ``viz``); the core never imports it,
+and the head tools reach it only for a transformers model.
 """
 
 from headwise.hf.interface import attention_forward, register
 from headwise.hf.local import load
 from headwise.hf.model import NAME, attention_layers, use
+from headwise.hf.prune import load_pruned, prune_heads
 from headwise.hf.select import weights
 from headwise.hf.tools import explain, head_view, next_token_loss
 
-__all__ = ["NAME", "attention_forward", "attention_layers", "register", "use", "weights"]
+__all__ = ["NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
+           "use", "weights"]
 __all__ += ["explain", "head_view", "load", "next_token_loss"]  # the head tools' HF side
 
 register()

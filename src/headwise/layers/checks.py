@@ -24,8 +24,10 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
         raise TypeError(f"MultiHeadAttention: cache must be one layer of a headwise.KVCache "
                         f"(cache.layers[i].self_attn or .cross_attn), got "
                         f"{type(cache).__name__}")
-    for name, t, dim in (("query", query, mha.embed_dim), ("key", key, mha.kdim),
-                         ("value", value, mha.vdim)):
+    named = (("query", query, mha.embed_dim), ("key", key, mha.kdim), ("value", value, mha.vdim))
+    if key is query and value is query and mha.kdim == mha.vdim == mha.embed_dim:
+        named = named[:1]  # self-attention: one tensor, checked once
+    for name, t, dim in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"MultiHeadAttention: {name} must be a torch.Tensor, got "
                             f"{type(t).__name__}")
@@ -40,7 +42,7 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
                              f"{ {'query': 'embed_dim', 'key': 'kdim', 'value': 'vdim'}[name]}"
                              f"={t.shape[-1]}")
         check_tensor_device(t, name, "MultiHeadAttention")
-    dtypes(mha, query, key, value)
+    dtypes(mha, *(t for _, t, _ in named))
     b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
     if key.shape[0] != b or value.shape[0] != b:
         raise ValueError(f"MultiHeadAttention: batch sizes differ: query {b}, key "
@@ -69,11 +71,12 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
     return mask
 
 
-def dtypes(mha, query, key, value) -> None:
-    """Inputs are floating point and, outside autocast, of the parameters' dtype."""
+def dtypes(mha, *inputs: torch.Tensor) -> None:
+    """Inputs (query, then key and value when they are other tensors) are floating point and,
+    outside autocast, of the parameters' dtype."""
     want = dtype_of(mha.q_proj)
-    autocast = torch.is_autocast_enabled(query.device.type)
-    for name, t in (("query", query), ("key", key), ("value", value)):
+    autocast = torch.is_autocast_enabled(inputs[0].device.type)
+    for name, t in zip(("query", "key", "value"), inputs):
         if not t.is_floating_point():
             raise TypeError(f"MultiHeadAttention: {name} must be floating point, got "
                             f"{t.dtype}; token ids go through an embedding first, other "

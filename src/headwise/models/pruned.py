@@ -15,44 +15,22 @@ number of query heads (:func:`layer_plan` says why a selection is refused).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from headwise.errors import CheckpointError
+from headwise.heads import layer_plan
 from headwise.models._heads import attention_layers
 
 __all__ = ["Plan", "check_pruned", "check_structure", "config_plans", "cut", "layer_plan",
            "restructure"]
 
 Plan = tuple[tuple[int, ...], tuple[int, ...]]  # (kept query heads, kept key/value heads)
-
-
-def layer_plan(h: int, g: int, removed: Iterable[int], where: str) -> Plan:
-    """``(kept query heads, kept key/value heads)`` of an attention with ``h`` query heads in
-    ``g`` groups once the query heads ``removed`` are gone; refuses an empty layer and unequal
-    groups with what remains and how to fix it."""
-    removed = set(removed)
-    kept = tuple(x for x in range(h) if x not in removed)
-    if not kept:
-        raise ValueError(f"{where}: pruning heads {sorted(removed)} would remove all {h} heads "
-                         f"of the layer (none would remain); keep at least one head, or drop "
-                         f"the layer itself instead of pruning its heads")
-    r = h // g  # query heads per key/value head
-    members = {group: [x for x in kept if x // r == group] for group in range(g)}
-    groups = tuple(group for group in range(g) if members[group])
-    sizes = {len(members[group]) for group in groups}
-    if len(sizes) > 1:
-        left = ", ".join(f"group {group} (heads {group * r}-{group * r + r - 1}): "
-                         f"{members[group]}" for group in range(g))
-        raise ValueError(
-            f"{where}: {h} query heads share {g} key/value heads in groups of {r}; removing "
-            f"heads {sorted(removed)} leaves {left}, but every key/value head must serve the "
-            f"same number of query heads; remove whole groups (all heads of a group) or the same "
-            f"number of heads from every surviving group")
-    return kept, groups
+# layer_plan (the grouped-query rule of what a layer keeps) lives in headwise.heads, where
+# headwise.hf.prune reads it too
 
 
 def check_pruned(pruned, kinds: Mapping[str, int], h: int, g: int, where: str):
