@@ -31,6 +31,20 @@ def test_a_saved_folder_loads_on_headwise_with_its_tokenizer_and_equal_logits(sa
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=0)
 
 
+def test_a_pruned_folder_loads_with_its_per_layer_head_counts(tmp_path):
+    model = tiny.build("llama")
+    hh.prune_heads(model, {"layers": {1: [0, 1]}})  # one whole key/value group of layer 1
+    model.save_pretrained(tmp_path)
+    tiny.tokenizer().save_pretrained(tmp_path)
+    loaded, _ = hh.load(tmp_path)
+    assert [hh.model.head_count(m) for m in hh.attention_layers(loaded)] == [4, 2]
+    ids, mask = tiny.batch("right")
+    with torch.no_grad():
+        got = loaded(input_ids=ids, attention_mask=mask).logits
+        want = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=0)
+
+
 def test_the_skeleton_reads_no_weights(saved, monkeypatch):
     folder, _ = saved
     import transformers

@@ -2,8 +2,9 @@
 ``headwise explain --hf DIR`` and ``headwise heads catalogue|score --hf DIR`` run.
 
 ``DIR`` is a folder as ``save_pretrained`` writes it (``config.json``, the weights as
-safetensors, the tokenizer files), or one ``.gguf`` file (transformers reads its config,
-weights and tokenizer: ``gguf_file=``). Every check that needs no weights comes first, each one
+safetensors, the tokenizer files; a model :func:`headwise.hf.prune_heads` pruned loads with its
+per-layer head counts, :func:`headwise.hf.load_pruned`), or one ``.gguf`` file (transformers
+reads its config, weights and tokenizer: ``gguf_file=``). Every check that needs no weights comes first, each one
 readable line: a missing path, a folder without ``config.json``, a configuration transformers
 does not know, a model class whose attention does not go through the attention interface
 (built on the meta device, so no weights are read), no tokenizer. Everything is read with
@@ -102,7 +103,9 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     class headwise cannot serve."""
     import transformers
 
-    cls = type(skeleton(source, where))
+    from headwise.hf.prune import load_pruned
+
+    structure = skeleton(source, where)
     files = _files(check_source(source, where))
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(**files)
@@ -110,8 +113,10 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
         raise ValueError(f"{where}: no tokenizer could be read from {str(source)!r} (save it "
                          f"beside the model: tokenizer.save_pretrained(DIR)): "
                          f"{_one_line(e)}") from None
-    try:
-        model = cls.from_pretrained(**files, attn_implementation=NAME, dtype=dtype)
+    try:  # a checkpoint headwise.hf.prune_heads pruned gets its per-layer head counts first
+        where_from = files.pop("pretrained_model_name_or_path")
+        model = load_pruned(where_from, type(structure), config=structure.config, **files,
+                            attn_implementation=NAME, dtype=dtype)
     except OSError as e:
         raise ValueError(f"{where}: cannot read the weights of {str(source)!r}: "
                          f"{_one_line(e)}") from None
