@@ -177,6 +177,14 @@ def test_a_padded_batch_catalogues_as_its_rows_alone():
             assert (x["share"], x["lift"]) == pytest.approx((y["share"], y["lift"]), abs=2e-4)
 
 
+@pytest.mark.parametrize("family, why", [("gemma2", "soft-caps its attention scores"),
+                                         ("gpt_oss", "has attention sinks")])
+def test_the_catalogue_refuses_layers_statistics_do_not_model(family, why):
+    with pytest.raises(ValueError, match=f"catalogue: .* {why}, which head statistics do not "
+                                         "model"):
+        hw.catalogue(build(family, "headwise"), [_inputs("none")])
+
+
 def test_explain_gives_eagers_weights_the_models_tokens_and_its_key_value_heads():
     model, tok = build("llama", "headwise"), tiny.tokenizer()
     texts = ["the cat sat on the mat", "a dog ran"]

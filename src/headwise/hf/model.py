@@ -13,7 +13,8 @@ import inspect
 
 from torch import nn
 
-__all__ = ["NAME", "attention_layers", "head_count", "kind", "kv_head_count", "running", "use"]
+__all__ = ["NAME", "attention_layers", "head_count", "kind", "kv_head_count", "running",
+           "unmodelled", "use"]
 
 NAME = "headwise"  # the attn_implementation name
 
@@ -58,6 +59,18 @@ def kind(model: nn.Module) -> str:
                          "attention layers (an encoder-decoder); the head view and the catalogue "
                          "take a decoder or an encoder")
     return "decoder_self" if causal == {True} else "encoder_self"
+
+
+def unmodelled(module: nn.Module) -> str | None:
+    """Why head statistics cannot describe one attention layer (None: they can): its scores are
+    soft-capped (Gemma 2) or its softmax has sinks (gpt-oss), which the statistics' softmax of
+    ``q k^T`` does not model, so :func:`headwise.hf.interface.attention_forward` reports no
+    call of it to statistics observers."""
+    if getattr(module, "attn_logit_softcapping", None) is not None:
+        return "soft-caps its attention scores"
+    if getattr(module, "sinks", None) is not None:
+        return "has attention sinks"
+    return None
 
 
 def running(model, where: str) -> list[nn.Module]:
