@@ -49,18 +49,18 @@ static inline void put(const q4_args* a, int b, long o, float s) {
 }
 
 /* The minima's part of the product, less the 128 the wide path's weights carry (below):
- * sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time, added to the lanes of z (the
- * row's sums: one reduction for both). */
-WIDE INLINE __m512 offsets_wide(const q4_args* a, long o, const float* xs, __m512 z) {
+ * sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time, added to the lanes of z[b] for
+ * each of the B rows of x (the row's sums: one reduction for both), m_g - 128 d_g made once. */
+WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
     const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
     for (long g = 0; g < a->groups; g += 16) {
         __mmask16 k = a->groups - g >= 16 ? 0xffff : (__mmask16)((1u << (a->groups - g)) - 1);
         __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g));
         __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
         __m512 e = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), dv, mv);
-        z = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, xs + g), z);
+        for (int b = 0; b < B; b++)
+            z[b] = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, a->xs + b * a->lds + g), z[b]);
     }
-    return z;
 }
 
 /* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
@@ -100,10 +100,10 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             }
         }
     }
-    for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++)
-            put(a, b, o[r], _mm512_reduce_add_ps(
-                offsets_wide(a, o[r], a->xs + b * a->lds, acc[r][b])));
+    for (int r = 0; r < S; r++) {
+        offsets_wide(a, o[r], B, acc[r]);
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+    }
 }
 
 /* [o0, o1): for one row of x, STREAMS contiguous parts, one row of W from each per pass (more
@@ -120,7 +120,16 @@ WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
         for (long r = o0 + STREAMS * per; r < o1; r++) rows_wide_s(a, &r, 1, 1);
         return;
     }
-    for (long o = o0; o < o1; o++) switch (B) {  /* a constant B in each call: unrolled */
+    long o = o0, pair[2];
+    for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
+        pair[0] = o, pair[1] = o + 1;
+        switch (B) {
+            case 2: rows_wide_s(a, pair, 2, 2); break;
+            case 3: rows_wide_s(a, pair, 2, 3); break;
+            default: rows_wide_s(a, pair, 2, 4); break;
+        }
+    }
+    if (o < o1) switch (B) {
         case 2: rows_wide_s(a, &o, 1, 2); break;
         case 3: rows_wide_s(a, &o, 1, 3); break;
         default: rows_wide_s(a, &o, 1, 4); break;
