@@ -19,9 +19,9 @@ How. The first call compiles :data:`SOURCES` with ``$CC``, else ``cc`` / ``gcc``
 written to a temporary file and renamed into place (concurrent first calls never load half a
 library). The build runs in a thread the first call waits :data:`WAIT_S` for: past that the
 process keeps the torch path, and the compiler, in its own process group, is killed with its
-children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels split output features over
-``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``). bfloat16, 4-bit and 8-bit
-weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
+children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels
+split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
+bfloat16, 4-bit and 8-bit weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
 ``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``).
 
 When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
@@ -80,8 +80,8 @@ def status() -> str:
 
 
 def isa() -> str | None:
-    """The path the bfloat16 and 4-bit products run: ``"avx512-bf16"`` or ``"avx2"`` (None
-    without the library: :func:`status` says why)."""
+    """The path the bfloat16, 4-bit and 8-bit products run: ``"avx512-bf16"`` or ``"avx2"``
+    (None without the library: :func:`status` says why)."""
     return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
 
 
