@@ -40,14 +40,17 @@ class Q8:
                              f"{codes.dtype} {tuple(codes.shape)}, {tuple(scales.shape)}, "
                              f"{source.dtype} {tuple(source.shape)}")
         self.codes, self.scales = codes.contiguous(), scales.to(torch.float16).contiguous()
-        if not torch.equal(self.dequantize(), source.detach()):
+        if not all(torch.equal(self.dequantize(rows), source.detach()[rows])  # (a few MiB
+                   for rows in _blocks(out)):                                  # at a time)
             raise ValueError("Q8: the codes do not dequantize to the weight they stand for; "
                              "attach the codes of this weight's own tensor")
         self.source, self.version = source, source._version
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 ``(out, in)`` the codes stand for (exact: 8 + 11 significant bits)."""
-        return self.codes.float().mul_(self.scales.float().repeat_interleave(GROUP, 1))
+    def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The float32 ``(out, in)`` the codes stand for (exact: 8 + 11 significant bits), or
+        those ``rows`` of it."""
+        return self.codes[rows].float().mul_(
+            self.scales[rows].float().repeat_interleave(GROUP, 1))
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                res: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -58,6 +61,10 @@ class Q8:
     def nbytes(self) -> int:
         """Bytes a product reads: the codes and the scales."""
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales))
+
+
+def _blocks(out: int, step: int = 4096):
+    return (slice(i, i + step) for i in range(0, out, step))
 
 
 def of(layer: nn.Module) -> Q8 | None:
