@@ -6,10 +6,12 @@ values in the same dtype (the fair "same weights" comparisons):
 
   fp32   headwise, dequantized float32          vs HF float32 (the same dequantized values)
   bf16   headwise, those weights in bfloat16    vs HF in bfloat16 (``.to(torch.bfloat16)``)
-  q4     headwise ``load_gguf(q4=True)``: the decode step multiplies by the file's own 4-bit
-         blocks (torch's int4 kernel; bfloat16 activations into those products, float32
-         elsewhere; the prompt runs in float32): vs HF float32 and vs HF bfloat16. HF has no
-         4-bit CPU path for this file.
+  q4     headwise ``load_gguf(q4=True)``: the prompt and the decode step multiply by the
+         file's own 4-bit blocks (headwise's kernel, torch's int4 kernel where it declines;
+         bfloat16 activations into those products, float32 elsewhere), and the step's
+         vocabulary head by the file's 8-bit Q8_0 codes of the tied embedding (exactly the
+         float32 table's values, :mod:`headwise.fast.q8`): vs HF float32 and vs HF bfloat16.
+         HF has no 4-bit CPU path for this file.
 
 All five models run interleaved in one process (rotating order; ratios are medians of per-round
 ratios), at each thread count:
@@ -21,9 +23,11 @@ ratios), at each thread count:
              ``ms/step`` = the same medians / 256 (per new token, the prefill included)
   prefill    one forward over 512 tokens (all logits), time ratio (>= 9 rounds)
   roof       the step's floor: the bytes of weights one decode step reads
-             (:func:`headwise.fast.roof.step_bytes`: every parameter once, the tied matrix once;
-             q4: the 4-bit codes + their float16 scales and minima instead of the float32
-             matrices) over the machine's read bandwidth (:func:`headwise.fast.roof.
+             (:func:`headwise.fast.roof.step_bytes`: every matrix it multiplies by once, in the
+             form it reads: fp32 and bf16 every parameter, the tied embedding/head once, 513 and
+             257 MiB; q4 the 4-bit codes + their float16 scales and minima and the head's Q8_0
+             codes + scales, 92 MiB; the embedding's float32 table is only looked up, one row
+             a token, and not counted) over the machine's read bandwidth (:func:`headwise.fast.roof.
              read_bandwidth`: a sum over 512 MiB) measured in the same run at the same thread
              count. ``step ms`` is the decode steps alone: (the 256-token call - a 1-token call
              of the same prompt, both medians of the interleaved rounds) / 255; ``% roof`` =

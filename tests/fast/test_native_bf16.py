@@ -99,3 +99,60 @@ def test_an_unknown_isa_setting_keeps_the_torch_path_and_says_how_to_fix_it(monk
     assert "HEADWISE_NATIVE_ISA='sse2': expected one of auto, avx2" in _native.status()
     assert _native.isa() is None
     assert _native.rows_matmul(torch.randn(1, 8).to(BF16), torch.randn(4, 8).to(BF16)) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), heads=st.integers(1, 5), half=st.integers(1, 40),
+       extra=st.integers(0, 5), tail=st.integers(0, 9), pos=st.integers(0, 500),
+       bad=st.sampled_from([None, float("nan"), float("inf")]), seed=st.integers(0, 2**31 - 1))
+def test_bf16_rope_rows_is_rotate_bit_for_bit_and_reports_finiteness(rows, heads, half, extra,
+                                                                     tail, pos, bad, seed):
+    """As the float32 kernel's test: partial rotary, features after the q/k heads untouched,
+    any position; bfloat16 rows and tables give RotaryEmbedding.rotate's bfloat16 result bit
+    for bit (each product and the sum rounded as torch's kernels round them)."""
+    from headwise.rope import RotaryEmbedding
+    if _native.status() != "ready":
+        pytest.skip(_native.status())
+    gen = torch.Generator().manual_seed(seed)
+    r, d = 2 * half, 2 * half + extra
+    rope = RotaryEmbedding(d, theta=10000.0, rotary_dim=r)
+    x = (torch.randn(rows, heads * d + tail, generator=gen) * 3).to(torch.bfloat16)
+    cos, sin = rope.angles(pos, 1, x)
+    if bad is not None:
+        x.view(-1)[int(torch.randint(0, x.numel(), (1,), generator=gen))] = bad
+    want = rope.rotate(x[:, :heads * d].reshape(rows, heads, 1, d), cos, sin).reshape(rows, -1)
+    got = x.clone()
+    finite = _native.rope_rows(got, cos, sin, heads, d, r)
+    assert finite is bool(torch.isfinite(got).all()) and finite is (bad is None)
+    torch.testing.assert_close(got[:, :heads * d], want, atol=0, rtol=0, equal_nan=True)
+    assert torch.equal(got[:, heads * d:].view(torch.int16), x[:, heads * d:].view(torch.int16))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), m=st.integers(1, 700), eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+       scale=st.sampled_from([1e-3, 1.0, 40.0]), seed=st.integers(0, 2**31 - 1))
+def test_bf16_rms_rows_is_the_modules_bf16_norm(rows, m, eps, scale, seed):
+    """bfloat16 rows and weight: the normalised row is the float64 one rounded to bfloat16 (up
+    to one bfloat16 step where float32 statistics put it on the other side of a rounding
+    boundary), times w rounded once: within two bfloat16 steps (2^-6 relative) of the module's
+    own bfloat16 forward and of the float64 norm with those roundings, and equal to the
+    module's on nearly every feature."""
+    from headwise.models.norms import RMSNorm
+    if _native.status() != "ready":
+        pytest.skip(_native.status())
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, m, generator=gen) * scale).to(torch.bfloat16)
+    norm = RMSNorm(m, eps=eps).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(m, generator=gen))
+    w = norm.weight.detach()
+    got = _native.rms_rows(x, w, eps)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, m)
+    x64 = x.double()
+    unit = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+    want = w.double() * unit.double()
+    with torch.no_grad():
+        module = norm(x)
+    for ref in (want, module.double()):
+        assert ((got.double() - ref).abs() <= 2**-6 * ref.abs()).all()
+    assert (got == module).float().mean() >= 0.97  # the same rounding, nearly everywhere

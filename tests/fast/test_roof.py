@@ -29,6 +29,23 @@ def test_step_bytes_counts_each_weight_once_and_codes_for_4bit_matrices():
     assert roof.step_bytes(coded) == 4 * 4 + coded[0].int4.nbytes() == 16 + 128 + 32
 
 
+def test_step_bytes_counts_8bit_codes_for_a_head_and_no_lookup_table():
+    """A tied embedding/head with Q8 codes: the step reads the codes (where the kernel is
+    built), not the float32 table; an embedding no product reads is looked up, not counted."""
+    from headwise.fast import native
+    from headwise.fast import q8 as _q8
+    from tests.fast.test_q8 import random_q8
+
+    codes, scales, w = random_q8(48, 2, 3)
+    embed, head, other = nn.Embedding(48, 64), nn.Linear(64, 48, bias=False), nn.Embedding(9, 4)
+    head.weight = embed.weight = nn.Parameter(w)
+    model = nn.ModuleList([embed, head, other])
+    assert roof.step_bytes(model) == 48 * 64 * 4  # the head reads the table as float32
+    head.q8 = _q8.Q8(codes, scales, head.weight)
+    coded = 48 * 64 + 48 * 2 * 2
+    assert roof.step_bytes(model) == (coded if native.isa() else 48 * 64 * 4)
+
+
 def test_cpu_names_the_features_the_paths_need():
     name, _, features = roof.cpu().partition("; ")
     assert name and features

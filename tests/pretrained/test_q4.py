@@ -149,3 +149,55 @@ def test_q4_model_still_returns_its_attention_weights(tmp_path):
         torch.testing.assert_close(b.sum(-1), torch.ones(2, 4, 9))
         assert torch.equal(b.triu(1), torch.zeros_like(b))  # causal
         assert 0 < (a - b).abs().max() < 0.05
+
+
+@settings(deadline=None, max_examples=15)
+@given(rows=st.integers(1, 5), blocks=st.integers(1, 4), scale=st.floats(0.01, 10),
+       seed=st.integers(0, 2**31 - 1))
+def test_fields_q8_reproduce_ggufs_q8_0_dequantization(rows, blocks, scale, seed):
+    import gguf
+
+    from headwise.pretrained.q4 import fields_q8
+
+    x = (np.random.default_rng(seed).standard_normal((rows, blocks * 32)) * scale).astype(
+        np.float32)
+    t = gguf.GGMLQuantizationType.Q8_0
+    raw = gguf.quants.quantize(x, t)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, t).copy())
+    codes, scales = fields_q8(raw)
+    assert codes.dtype == torch.int8 and scales.dtype == torch.float16
+    assert torch.equal(codes.float() * scales.float().repeat_interleave(32, 1), want)  # exact
+
+
+@pytest.mark.parametrize(("tied", "batch"), [(True, 1), (True, 4), (False, 2)])
+def test_a_q8_0_head_is_read_as_its_codes_by_the_step(tmp_path, tied, batch):
+    """A Q8_0 token table (tied: it is the head) or output matrix: the q4 model's head carries
+    the file's 8-bit codes beside its float32 weight, which they dequantize to exactly, and the
+    step's logits through them equal those through the float32 weight to float32 summation
+    (the codes removed: the step multiplies by the weight)."""
+    import gguf
+
+    from headwise.fast import native
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    weights = tiny_gguf.random_weights(layers=2, d_model=64, heads=4, kv_heads=2, d_ff=96,
+                                       seed=batch, tied=tied)
+    types = {tiny_gguf.gguf_name(k): gguf.GGMLQuantizationType.Q4_1
+             for k in weights if k.endswith("proj.weight")}
+    types["token_embd.weight" if tied else "output.weight"] = gguf.GGMLQuantizationType.Q8_0
+    file = read_gguf(tiny_gguf.write(tmp_path / "q8.gguf", weights, heads=4, kv_heads=2,
+                                     types=types))
+    model = load_gguf(file, q4=True).model
+    head = model.lm_head
+    assert (head.weight is model.embed.tokens.weight) is tied
+    assert torch.equal(head.q8.dequantize(), head.weight) and head.q8.source is head.weight
+    g = torch.Generator().manual_seed(batch)
+    ids, feed = (torch.randint(3, 261, (batch, n), generator=g) for n in (5, 8))
+    got = _step_logits(model, ids, feed)
+    del head.q8
+    want = _step_logits(model, ids, feed)
+    scale = want.abs().max()
+    if native.isa() is None:
+        assert torch.equal(got, want)  # (no kernel: the weight both times)
+    else:
+        assert 0 < (got - want).abs().max() <= 64 * 2**-24 * 8 * scale

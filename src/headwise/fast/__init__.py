@@ -1,7 +1,8 @@
 """The speed layer: what makes headwise's paths fast on a given device, changing no value.
 
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
-their loader (``native`` + ``step_kernels*.c``), the 4-bit GGUF weight form (``int4``), the
+their loader (``native`` + ``step_kernels*.c``; ``build`` runs the compiler), the 4-bit GGUF
+weight form (``int4``), 8-bit codes the step reads beside a float32 weight (``q8``), the
 memory roof a step is measured against (``roof``), huge-page and recycled buffers (``large``),
 inference that reuses its own buffers (``reuse``), the CPU flash kernel that returns its
 log-sum-exp (``flash_cpu``), the CUDA kernels' log-sum-exp (``cuda_lse``), the Triton kernels

@@ -7,23 +7,22 @@ Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight 
 are read once, so the product should run at the speed memory delivers them
 (:mod:`headwise.fast.roof`). MKL's float32 kernels for so few rows do not: one row streams
 SmolLM2-135M's matrices at 12-20 GB/s here, 2-4 rows at ~10, compute-bound; a core reads ~21.
-``step_kernels.c`` (beside this file) reads eight rows of ``W (out, in)`` per pass for one row, or
-eight rows of a ``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W``
-against every row of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four (``RESULTS.md`` at
-542c6ce). The newest query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer, mostly
-fixed costs) is 4 keys' scores at a time, a vector exp, values weighed 64 features at a time.
+``step_kernels.c`` reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a
+``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W`` against every row
+of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four (``RESULTS.md`` at 542c6ce). The newest
+query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer, mostly fixed costs) is 4 keys'
+scores at a time, a vector exp, values weighed 64 features at a time.
 
-How. The first call compiles the sources (:data:`SOURCES`) with ``$CC``, else ``cc`` / ``gcc``
-(``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
+How. The first call compiles :data:`SOURCES` with ``$CC``, else ``cc`` / ``gcc`` (``-O3 -mavx2
+-mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
 ``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), named by a hash of sources and flags,
 written to a temporary file and renamed into place (concurrent first calls never load half a
-library; later processes load it at once). The build runs in a thread the first call waits
-:data:`WAIT_S` for: past that the process keeps the torch path, and the compiler, in its own
-process group, is killed with its children after :data:`BUILD_TIMEOUT_S` or at exit. The kernels
+library). The build runs in a thread the first call waits :data:`WAIT_S` for: past that the
+process keeps the torch path, and the compiler, in its own process group, is killed with its
+children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels
 split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
-
-bfloat16 and 4-bit weights (``step_kernels_bf16.c``, ``_q4.c``) run AVX512-BF16 (``vdpbf16ps``)
-where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2`` forces it).
+bfloat16, 4-bit and 8-bit weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
+``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``).
 
 When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
 FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
@@ -33,29 +32,25 @@ a declined product's reason is kept (:func:`declined`).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
 import hashlib
 import os
 import platform
 import shutil
-import signal
 import subprocess
-import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import torch
 
-from headwise.fast import applies, host
+from headwise.fast import applies, build, host
 
-__all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "rms_rows",
-           "rope_rows", "rows_matmul", "status", "use_isa"]
+__all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "q8_matmul",
+           "rms_rows", "rope_rows", "rows_matmul", "status", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
-# the library's sources: SOURCE, the bfloat16 and 4-bit kernels, their shared header
-SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4")),
+# the library's sources: SOURCE, the bfloat16, 4-bit and 8-bit kernels, their shared header
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8")),
            SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
 ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -65,13 +60,14 @@ ROWS = 4  # the kernel's most rows
 WAIT_S = 8.0
 BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
-_F32, _BF16, _U8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.float16
+_F32, _BF16, _U8, _I8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.int8, torch.float16
 _lock = threading.Lock()
-# "fn": the library (ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
+# "fn": the library (a ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
 # AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc":
 # the build and its compiler while they run; "failed": why the build failed
 _state: dict = {}
 _declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
+_formed: dict[int, tuple] = {}  # id(codes) -> weak references to a 4/8-bit form found fit, in
 
 
 def status() -> str:
@@ -84,8 +80,8 @@ def status() -> str:
 
 
 def isa() -> str | None:
-    """The path the bfloat16 and 4-bit products run: ``"avx512-bf16"`` or ``"avx2"`` (None
-    without the library: :func:`status` says why)."""
+    """The path the bfloat16, 4-bit and 8-bit products run: ``"avx512-bf16"`` or ``"avx2"``
+    (None without the library: :func:`status` says why)."""
     return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
 
 
@@ -138,55 +134,69 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
     return y
 
 
-def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-              bias: torch.Tensor | None = None,
+def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+              mins: torch.Tensor | None, bias: torch.Tensor | None = None,
               res: torch.Tensor | None = None) -> torch.Tensor | None:
     """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> a new float32 ``(b, out)`` for float32
-    rows (any number: a prompt's in fours per block of W), ``W`` held as a :class:`headwise.fast.int4.Int4`'s ``codes (out,
-    in / 2)``, ``scales, mins (out, in / 32)`` (its layout). ``x`` is rounded to bfloat16 (as
-    torch's int4 kernel does), the sums are float32. None when the kernel does not apply."""
-    why = _takes_q4(x, codes, scales, mins, bias, res)
+    rows (any number: a prompt's in fours per block of W), ``W`` held as a
+    :class:`headwise.fast.int4.Int4`'s ``codes (out, in / 2)``, ``scales, mins (out, in / 32)``
+    (its layout). ``x`` is rounded to bfloat16 (as torch's int4 kernel does), the sums are
+    float32. With ``mins`` None, :func:`q8_matmul`. None when the kernel does not apply."""
+    name = "q4_matmul" if mins is not None else "q8_matmul"
+    why = _takes_q4(x, codes, scales, mins, bias, res, ROWS if mins is None else None)
     lib = None if why else _kernel()
     if lib is None or not _state["f16c"]:
-        return _decline("q4_matmul", why or _state["why"] or "this CPU has no F16C")
+        return _decline(name, why or _state["why"] or "this CPU has no F16C")
     (b, n), out = x.shape, codes.shape[0]
     y = torch.empty(b, out)
-    res_ptr, ldr = (None, 0) if res is None else (res.data_ptr(), res.stride(0))
-    failed = lib.headwise_q4_matmul(
-        x.data_ptr(), x.stride(0), codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
-        y.data_ptr(), out, res_ptr, ldr, None if bias is None else bias.data_ptr(), b, out, n,
-        torch.get_num_threads(), _state["wide"])
-    return _decline("q4_matmul", "no scratch memory for the rows") if failed else y
+    ptrs = [t.data_ptr() for t in (codes, scales, *([] if mins is None else [mins]), y)]
+    failed = getattr(lib, "headwise_" + name)(
+        x.data_ptr(), x.stride(0), *ptrs, out, *((None, 0) if res is None else (
+            res.data_ptr(), res.stride(0))), None if bias is None else bias.data_ptr(), b, out,
+        n, torch.get_num_threads(), _state["wide"])
+    return _decline(name, "no scratch memory for the rows") if failed else y
+
+
+def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+              bias: torch.Tensor | None = None,
+              res: torch.Tensor | None = None) -> torch.Tensor | None:
+    """:func:`q4_matmul` for 1 to :data:`ROWS` rows and ``W`` held as a :class:`headwise.fast.
+    q8.Q8`'s ``codes (out, in)`` int8, ``scales (out, in / 32)`` float16: the products of the
+    float32 matrix they dequantize to (exactly; ``x`` as it is), float32 sums."""
+    return q4_matmul(x, codes, scales, None, bias, res)
+
 
 def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
               r: int) -> bool | None:
     """RoPE on the first ``heads`` heads of ``d`` features of each row of ``rows (b, width)``
-    (a fused q|k|v projection: q and k heads first), in place, by ``cos, sin`` ``(1, 2, r/2)``
-    (:meth:`~headwise.rope.RotaryEmbedding.angles`), bit for bit what
-    :meth:`~headwise.rope.RotaryEmbedding.rotate` computes; returns whether every feature of
-    every row is finite afterwards. None (nothing done) when the kernel does not apply."""
+    (a q|k or q|k|v projection: q and k heads first), in place, by ``cos, sin`` ``(1, 2, r/2)``
+    (:meth:`~headwise.rope.RotaryEmbedding.angles`), all float32 or all bfloat16, bit for bit
+    what :meth:`~headwise.rope.RotaryEmbedding.rotate` computes; returns whether every feature
+    of every row is finite afterwards. None (nothing done) when the kernel does not apply."""
     tables = (cos, sin)
     if (rows.dim() != 2 or rows.stride(1) != 1 or heads * d > rows.shape[1]
-            or not applies(rows, *tables)
+            or not applies(rows, *tables, bf16=True)
             or any(t.numel() != r or not t.is_contiguous() for t in tables)):
         return None
     if (lib := _kernel()) is None:
         return None
-    return bool(lib.headwise_rope_rows(rows.data_ptr(), rows.shape[0], rows.stride(0), heads, d,
-                                       r, cos.data_ptr(), sin.data_ptr(), rows.shape[1]))
+    fn = lib.headwise_rope_rows if rows.dtype is _F32 else lib.headwise_rope_rows_bf16
+    return bool(fn(rows.data_ptr(), rows.shape[0], rows.stride(0), heads, d, r, cos.data_ptr(),
+                   sin.data_ptr(), rows.shape[1]))
 
 
 def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """RMSNorm of rows ``x (b, m)`` with weight ``w (m,)`` -> a new ``(b, m)``; None when the
-    kernel does not apply."""
+    """RMSNorm of rows ``x (b, m)`` with weight ``w (m,)`` -> a new ``(b, m)``, both float32 or
+    both bfloat16 (then in :class:`headwise.models.norms.RMSNorm`'s order: the normalised row
+    rounded to bfloat16 before ``w`` multiplies it); None when the kernel does not apply."""
     if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
-            or not applies(x, w)):
+            or not applies(x, w, bf16=True)):
         return None
     if (lib := _kernel()) is None:
         return None
-    y = torch.empty(x.shape[0], x.shape[1])
-    lib.headwise_rms_rows(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1],
-                          y.data_ptr())
+    y = torch.empty(x.shape[0], x.shape[1], dtype=x.dtype)
+    fn = lib.headwise_rms_rows if x.dtype is _F32 else lib.headwise_rms_rows_bf16
+    fn(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1], y.data_ptr())
     return y
 
 
@@ -236,15 +246,25 @@ def _takes(x, w, bias, res, wt: bool) -> str:
     return why
 
 
-def _takes_q4(x, codes, scales, mins, bias, res) -> str:
-    """Why :func:`q4_matmul` cannot take these tensors (``""``: it can)."""
+def _takes_q4(x, codes, scales, mins, bias, res, most=None) -> str:
+    """Why :func:`q4_matmul` (or, with ``mins`` None, :func:`q8_matmul`) cannot take these
+    tensors (``""``: it can). A form found fit is remembered (weakly) by its tensors, so a
+    model's matrices are checked once, not every step (~3 us a product)."""
     out, n = codes.shape[0], x.shape[-1]
-    if (n % 32 or codes.dtype is not _U8 or codes.shape != (out, n // 2)
-            or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in (scales, mins))
-            or not all(t.is_contiguous() for t in (codes, scales, mins))
-            or not host(codes, scales, mins)):
-        return "codes, scales or mins are not the 4-bit form of a (out, in) matrix"
-    why = _rows_ok(x, n, out, bias, res, x.shape[0] if x.dim() else 1)
+    seen = _formed.get(id(codes))
+    if seen is None or seen[0]() is not codes or seen[1]() is not scales or seen[2] != n or (
+            mins is not None and seen[3]() is not mins):
+        coded = (scales,) if mins is None else (scales, mins)
+        if (n % 32 or codes.shape != (out, n // 2 if mins is not None else n)
+                or codes.dtype is not (_I8 if mins is None else _U8)
+                or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in coded)
+                or not all(t.is_contiguous() for t in (codes, *coded))
+                or not host(codes, *coded)):
+            return f"codes and scales are not the {8 if mins is None else 4}-bit form of a matrix"
+        key = id(codes)
+        _formed[key] = (weakref.ref(codes, lambda _: _formed.pop(key, None)),
+                        weakref.ref(scales), n, weakref.ref(mins) if mins is not None else None)
+    why = _rows_ok(x, n, out, bias, res, most or (x.shape[0] if x.dim() else 1))
     if not why and not applies(x, *[t for t in (bias, res) if t is not None]):
         return "x, bias or the residual is not float32 on the CPU without autograd"
     return why
@@ -281,7 +301,8 @@ def _settle(wait: float) -> dict:
             return {"fn": None, "why": found}
         cc, path = found
         if not path.exists():
-            thread = _state.get("thread") or _start_build(cc, path)
+            thread = (_state.get("thread")
+                      or build.start(cc, SOURCES, FLAGS, path, _state, BUILD_TIMEOUT_S))
             thread.join(wait)
             if thread.is_alive():
                 return {"fn": None, "why": (
@@ -290,7 +311,7 @@ def _settle(wait: float) -> dict:
                     " and later processes load it")}
             if _state.get("failed"):
                 return {"fn": None, "why": _state["failed"]}
-        lib = _open(path)
+        lib = build.open_library(path, SIGNATURES)
         features = lib.headwise_features()  # bit 0: F16C, bit 1: the AVX512-BF16 path
         wide = features >> 1 & 1 and os.environ.get(ISA_ENV, "auto") != "avx2"
         return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1}
@@ -318,83 +339,14 @@ def _compiler():
     return cc, root / f"step_kernels-{key}.so"
 
 
-def _start_build(cc: str, path: Path) -> threading.Thread:
-    """Compile in a thread, so a slow or hung compiler never holds up the caller for more than
-    :data:`WAIT_S`; the outcome goes to this ``_state`` (``"failed"``: why, when it did)."""
-    state = _state
-
-    def build():
-        try:
-            state["failed"] = _compile(cc, path, state)
-        except (OSError, subprocess.SubprocessError) as e:
-            state["failed"] = f"could not build {SOURCE.name}: {e}"
-
-    state["thread"] = threading.Thread(target=build, name="headwise-cc", daemon=True)
-    state["thread"].start()
-    return state["thread"]
-
-
-def _compile(cc: str, path: Path, state: dict) -> str:
-    """Build the library at ``path``; ``""`` or why not. The compiler runs in its own process
-    group (session), so a hung one is killed with its children (cc1, as, ld) at the time limit
-    or when this process exits."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        built = Path(tmp) / path.name
-        proc = subprocess.Popen([cc, *FLAGS, *(str(p) for p in SOURCES if p.suffix == ".c"),
-                                 "-o", str(built)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        state["proc"] = proc
-        try:
-            _, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return (f"{cc} did not finish within {BUILD_TIMEOUT_S} s (killed with its "
-                    "children); set CC to a working compiler, or HEADWISE_NATIVE=0")
-        finally:
-            state.pop("proc", None)
-        if proc.returncode != 0:
-            return f"{cc} failed: {err.strip()[-300:]}"
-        os.replace(built, path)  # atomic: another process sees all of it or nothing
-    return ""
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the compiler's whole process group, and reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:  # no process groups (Windows): the compiler itself
-            proc.kill()
-    proc.communicate()
-
-
-@atexit.register
-def _kill_unfinished_build() -> None:
-    proc = _state.get("proc")
-    if proc is not None and proc.poll() is None:
-        _kill(proc)
-
-
-def _open(path: Path):
-    """The built library with its functions' C signatures."""
-    lib = ctypes.CDLL(str(path))
-    ptr, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    for name, args, result in (
-            ("headwise_rows_matmul",
-             [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32], i32),
-            ("headwise_rows_matmul_bf16",
-             [ptr, long, ptr, long, ptr, long, ptr, long, ptr, i32, long, long, i32, i32], i32),
-            ("headwise_q4_matmul", [ptr, long, ptr, ptr, ptr, ptr, long, ptr, long, ptr, i32,
-                                    long, long, i32, i32], i32),
-            ("headwise_features", [], i32),
-            ("headwise_row_matmul_t", [ptr, ptr, long, ptr, ptr, ptr, long, long, i32], None),
-            ("headwise_rope_rows", [ptr, long, long, long, long, long, ptr, ptr, long], i32),
-            ("headwise_rms_rows", [ptr, long, long, ptr, ctypes.c_float, long, ptr], None),
-            *((name, [ptr, long, ptr, ptr, long, long, long, long, long, long, long, long,
-                      ctypes.c_float, ptr, long, i32], i32)
-              for name in ("headwise_attend_rows", "headwise_attend_rows_bf16"))):
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, result
-    return lib
+# the library's functions and their C signatures (p: pointer, l: long, i: int, f: float; the
+# letter after ":" the result, none for void), set once it is loaded (build.open_library)
+SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
+              "headwise_rows_matmul_bf16": "plplplplpillii:i",
+              "headwise_q4_matmul": "plpppplplpillii:i",
+              "headwise_q8_matmul": "plppplplpillii:i",
+              "headwise_features": ":i", "headwise_row_matmul_t": "pplppplli:",
+              "headwise_rope_rows": "plllllppl:i", "headwise_rope_rows_bf16": "plllllppl:i",
+              "headwise_rms_rows": "pllpflp:", "headwise_rms_rows_bf16": "pllpflp:",
+              "headwise_attend_rows": "plppllllllllfpli:i",
+              "headwise_attend_rows_bf16": "plppllllllllfpli:i"}

@@ -7,8 +7,13 @@ speed as a fraction of it.
   caches reads, at the current torch thread count (torch's reduction splits it over them),
   best of a few: what the machine delivers to a reading loop, the step's kind of traffic (a
   copy's writes would count bytes the step never moves).
-- :func:`step_bytes`: the bytes of weights one step reads: each parameter once (a tied matrix
-  once), and a 4-bit matrix's codes, scales and minima (:class:`~headwise.fast.int4.Int4`).
+- :func:`step_bytes`: the bytes of weights one step reads: each matrix it multiplies by once
+  (a tied matrix once) in the form the step reads it: a 4-bit matrix's codes, scales and minima
+  (:class:`~headwise.fast.int4.Int4`), a float32 matrix with 8-bit codes beside it those codes
+  and scales (:func:`headwise.fast.q8.of`, where headwise's kernel is built), else the
+  parameter; every other parameter (norms, biases) once. An embedding table is looked up, one
+  row per token: not counted (``b * m`` values a step) unless a product reads it too (a tied
+  head).
 - :func:`cpu`: the CPU's name and the features the kernels' paths depend on.
 """
 
@@ -19,6 +24,8 @@ import time
 import torch
 from torch import nn
 
+from headwise.fast import native as _native
+from headwise.fast import q8 as _q8
 from headwise.limits import cpu_model
 
 __all__ = ["BUFFER_BYTES", "cpu", "cpu_flags", "read_bandwidth", "step_bytes"]
@@ -45,9 +52,19 @@ def read_bandwidth(repeats: int = 5, nbytes: int = BUFFER_BYTES) -> float:
 
 def step_bytes(model: nn.Module) -> int:
     """Bytes of weights one decoding step of ``model`` reads (module docstring)."""
-    return (sum(p.numel() * p.element_size() for p in model.parameters())
-            + sum(m.int4.nbytes() for m in model.modules()
-                  if getattr(m, "int4", None) is not None))
+    coded = _native.isa() is not None  # (the 8-bit kernel built: the step reads those codes)
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    read, total = set(), 0
+    for m in model.modules():
+        if getattr(m, "int4", None) is not None:
+            total += m.int4.nbytes()
+        elif isinstance(m, nn.Linear) and coded and (q8 := _q8.of(m)) is not None:
+            total += q8.nbytes()
+            tables.add(id(m.weight))
+        elif isinstance(m, nn.Linear):
+            read.add(id(m.weight))
+    return total + sum(p.numel() * p.element_size() for p in model.parameters()
+                       if id(p) in read or id(p) not in tables)
 
 
 def cpu_flags() -> set[str]:

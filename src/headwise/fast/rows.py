@@ -46,7 +46,10 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 - :class:`~headwise.fast.int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
   :class:`~headwise.fast.int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
   ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
-  copy), the product reads those, about 1/6 of the float32 bytes, whatever ``transpose`` says.
+  copy), the product reads those, about 1/6 of the float32 bytes, whatever ``transpose`` says;
+- :class:`~headwise.fast.q8.Q8`: 8-bit codes attached beside a float32 weight (SmolLM2's tied
+  vocabulary head, ``q4=True``): 1 to :data:`COLUMN_ROWS` rows read those (29 of 108 MiB),
+  other row counts or a declined kernel the weight as above (:data:`Q8` layout).
 """
 
 from __future__ import annotations
@@ -58,13 +61,15 @@ from torch import nn
 from headwise.fast import applies, host
 from headwise.fast import large as _large
 from headwise.fast import native as _native
+from headwise.fast import q8 as _q8
 
-__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "SPLIT_MIN", "Weight", "joined", "lay_out",
+__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "joined", "lay_out",
            "linear", "of_linear", "residual", "stored_transposed", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
-#                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4
-INT4 = "int4"
+#                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4; Q8:
+#                 (headwise.fast.q8.Q8, the float Weight a declined product multiplies by)
+INT4, Q8 = "int4", "q8"
 # Up to this many rows an untransposed weight multiplies through headwise.fast.native, or the rows
 # as columns (module docstring).
 COLUMN_ROWS = _native.ROWS
@@ -89,10 +94,12 @@ def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weigh
 
 def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
     """The :data:`Weight` of an ``nn.Linear`` (its :class:`~headwise.fast.int4.Int4` codes when it
-    carries some)."""
+    carries some; its :class:`~headwise.fast.q8.Q8` codes as :func:`headwise.fast.q8.of` says)."""
     codes = getattr(layer, "int4", None)
     if codes is not None:
         return codes, None if layer.bias is None else layer.bias.detach(), INT4
+    if (q8 := _q8.of(layer)) is not None:
+        return (q8, weight(layer.weight, layer.bias, transpose)), None, Q8
     return weight(layer.weight, layer.bias, transpose)
 
 
@@ -179,8 +186,8 @@ def lay_out(module: nn.Module, rows: int) -> int:
     groups = [g for m in module.modules() for g in getattr(m, "joint_linears", tuple)()]
     singles = [(m,) for m in module.modules() if isinstance(m, nn.Linear)]
     for layers in groups + singles:
-        if not all(isinstance(m, nn.Linear) for m in layers):
-            continue  # (before reading .weight: an Int4Linear's would be dequantized)
+        if not all(isinstance(m, nn.Linear) for m in layers) or any(map(_q8.of, layers)):
+            continue  # (an Int4Linear's .weight would be dequantized; the step reads Q8 codes)
         ws = [layer.weight for layer in layers]
         if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True):
             continue
@@ -283,6 +290,9 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         return m.matmul(x, bias)
+    if layout is Q8:
+        y = m[0].matmul(x, m[1][1])
+        return y if y is not None else linear(x, m[1])
     if (y := _native.rows_matmul(x, m, bias, wt=layout)) is not None:
         return y
     if (y := _split_product(x, m, layout, None)) is not None:
@@ -301,6 +311,9 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     m, bias, layout = w
     if layout is INT4:
         return m.matmul(y, bias, x)
+    if layout is Q8:
+        out = m[0].matmul(y, m[1][1], x)
+        return out if out is not None else residual(x, y, m[1])
     if (out := _native.rows_matmul(y, m, bias, x, wt=layout)) is not None:
         return out
     if (split := _split_product(y, m, layout, x)) is not None:

@@ -20,6 +20,8 @@
  * - AVX2: a bfloat16 is the high half of a float32, so 16 of them (one 256-bit load) widen by
  *   one shift (the even ones) and one AND (the odd ones) into two float32 vectors, which x
  *   matches by the same split; two FMAs. The tail (in % 32) one product at a time. */
+#include <math.h>
+
 #include "step_kernels.h"
 
 typedef struct {
@@ -161,4 +163,56 @@ int headwise_rows_matmul_bf16(const bf16* x, long ldx, const bf16* w, long ldw, 
     else
         OVER_OUTPUTS(out, rows_narrow(&a, rows, o0, o1));
     return 0;
+}
+
+/* ---- the step's other row operations in bfloat16 ----------------------------------------- */
+
+/* RoPE on bfloat16 rows: headwise_rope_rows (step_kernels.c) with each product and the sum
+ * rounded to bfloat16, as torch's bfloat16 mul, mul, add round them (a product of two
+ * bfloat16 is exact in float32, and so is rounding it once): bit for bit
+ * headwise.rope.RotaryEmbedding.rotate on bfloat16. Returns 1 when the first `check` features
+ * of every row are finite afterwards, else 0. */
+int headwise_rope_rows_bf16(bf16* x, long rows, long ldx, long heads, long d, long r,
+                            const bf16* cos, const bf16* sin, long check) {
+    long half = r / 2;
+    int finite = 1;
+    for (long i = 0; i < rows; i++) {
+        bf16* row = x + i * ldx;
+        for (long h = 0; h < heads; h++) {
+            bf16* a = row + h * d;
+            bf16* b = a + half;
+            for (long k = 0; k < half; k++) {
+                float av = from_bf16(a[k]), bv = from_bf16(b[k]);
+                float ta = from_bf16(to_bf16(av * from_bf16(cos[k])));
+                float tb = from_bf16(to_bf16(bv * from_bf16(sin[k])));
+                float ua = from_bf16(to_bf16(bv * from_bf16(cos[half + k])));
+                float ub = from_bf16(to_bf16(av * from_bf16(sin[half + k])));
+                a[k] = to_bf16(ta + tb);
+                b[k] = to_bf16(ua + ub);
+            }
+        }
+        for (long k = 0; k < check; k++) {
+            float v = from_bf16(row[k]);
+            finite &= (v - v) == 0.0f; /* NaN or inf: not 0 */
+        }
+    }
+    return finite;
+}
+
+/* RMSNorm of bfloat16 rows in Hugging Face's LlamaRMSNorm order (headwise.models.norms):
+ * statistics in float32 (here the mean of squares accumulated in double, as the float32 kernel
+ * does), x * (1 / sqrt(mean + eps)) rounded to bfloat16, then times w rounded to bfloat16. */
+void headwise_rms_rows_bf16(const bf16* x, long rows, long ldx, const bf16* w, float eps, long m,
+                            bf16* y) {
+    for (long i = 0; i < rows; i++) {
+        const bf16* xi = x + i * ldx;
+        double s = 0.0;
+        for (long k = 0; k < m; k++) {
+            double v = from_bf16(xi[k]);
+            s += v * v;
+        }
+        float inv = (float)(1.0 / sqrt(s / (double)m + (double)eps));
+        for (long k = 0; k < m; k++)
+            y[i * m + k] = to_bf16(from_bf16(w[k]) * from_bf16(to_bf16(from_bf16(xi[k]) * inv)));
+    }
 }

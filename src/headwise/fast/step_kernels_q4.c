@@ -48,63 +48,91 @@ static inline void put(const q4_args* a, int b, long o, float s) {
     a->y[b * a->ldy + o] = s;
 }
 
-/* sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time: the minima's part of the
- * product, less the 128 the wide path's weights carry (below). */
-WIDE INLINE float offsets_wide(const q4_args* a, long o, const float* xs) {
+/* The minima's part of the product, less the 128 the wide path's weights carry (below):
+ * sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time, added to the lanes of z[b] for
+ * each of the B rows of x (the row's sums: one reduction for both), m_g - 128 d_g made once. */
+WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
     const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
-    __m512 z = _mm512_setzero_ps();
     for (long g = 0; g < a->groups; g += 16) {
         __mmask16 k = a->groups - g >= 16 ? 0xffff : (__mmask16)((1u << (a->groups - g)) - 1);
         __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g));
         __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
         __m512 e = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), dv, mv);
-        z = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, xs + g), z);
+        for (int b = 0; b < B; b++)
+            z[b] = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, a->xs + b * a->lds + g), z[b]);
     }
-    return _mm512_reduce_add_ps(z);
 }
 
-/* Row o of W against the B rows of x: 4 groups (64 bytes of codes) per step. */
-WIDE INLINE void row_wide(const q4_args* a, long o, int B) {
+/* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
+ * four rows of x's bfloat16 loaded once for all S rows of W. */
+WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
     const __m512i low = _mm512_set1_epi8(0x0f), bias128 = _mm512_set1_epi8(0x43);
     /* lane j of the 16 float32 sums belongs to group j / 4 of the four */
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 acc[4];
-    for (int b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
-    const uint8_t* c = a->codes + o * a->ldc;
-    const uint16_t* d = a->d + o * a->ldd;
+    __m512 acc[4][4];
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
     for (long g = 0; g < a->groups; g += 4) {
         long ng = a->groups - g < 4 ? a->groups - g : 4;
         __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
-        __m512i cv = _mm512_maskz_loadu_epi8(cm, c + g * 16);
-        __m512i lo = _mm512_and_si512(cv, low);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(cv, 4), low);
-        __m512bh q0 = (__m512bh)_mm512_unpacklo_epi8(lo, bias128);
-        __m512bh q1 = (__m512bh)_mm512_unpackhi_epi8(lo, bias128);
-        __m512bh q2 = (__m512bh)_mm512_unpacklo_epi8(hi, bias128);
-        __m512bh q3 = (__m512bh)_mm512_unpackhi_epi8(hi, bias128);
-        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1), d + g));
-        __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+        __m512bh xv[4][4];
         for (int b = 0; b < B; b++) {
             const bf16* xb = a->xq + b * a->ldq + g * GROUP;
-            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0,
-                                         (__m512bh)_mm512_loadu_si512(xb));
-            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
-                                         (__m512bh)_mm512_loadu_si512(xb + 64));
-            s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
-            s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
-            acc[b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[b]);
+            for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
+        }
+        for (int r = 0; r < S; r++) {
+            __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+            __m512i lo = _mm512_and_si512(cv, low);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(cv, 4), low);
+            __m512bh q0 = (__m512bh)_mm512_unpacklo_epi8(lo, bias128);
+            __m512bh q1 = (__m512bh)_mm512_unpackhi_epi8(lo, bias128);
+            __m512bh q2 = (__m512bh)_mm512_unpacklo_epi8(hi, bias128);
+            __m512bh q3 = (__m512bh)_mm512_unpackhi_epi8(hi, bias128);
+            __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1),
+                                                           a->d + o[r] * a->ldd + g));
+            __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+            for (int b = 0; b < B; b++) {
+                __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
+                __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2, xv[b][2]);
+                s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
+                s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
+                acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
+            }
         }
     }
-    for (int b = 0; b < B; b++)
-        put(a, b, o, _mm512_reduce_add_ps(acc[b]) + offsets_wide(a, o, a->xs + b * a->lds));
+    for (int r = 0; r < S; r++) {
+        offsets_wide(a, o[r], B, acc[r]);
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+    }
 }
 
+/* [o0, o1): for one row of x, STREAMS contiguous parts, one row of W from each per pass (more
+ * sums in flight, the x loads shared; step_kernels_bf16.c's one-row kernel does the same);
+ * for 2-4 rows of x, row by row. */
+#define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
-    for (long o = o0; o < o1; o++) switch (B) {  /* a constant B in each call: unrolled */
-        case 1: row_wide(a, o, 1); break;
-        case 2: row_wide(a, o, 2); break;
-        case 3: row_wide(a, o, 3); break;
-        default: row_wide(a, o, 4); break;
+    if (B == 1) {
+        long per = (o1 - o0) / STREAMS, o[STREAMS];
+        for (long i = 0; i < per; i++) {
+            for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
+            rows_wide_s(a, o, STREAMS, 1);
+        }
+        for (long r = o0 + STREAMS * per; r < o1; r++) rows_wide_s(a, &r, 1, 1);
+        return;
+    }
+    long o = o0, pair[2];
+    for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
+        pair[0] = o, pair[1] = o + 1;
+        switch (B) {
+            case 2: rows_wide_s(a, pair, 2, 2); break;
+            case 3: rows_wide_s(a, pair, 2, 3); break;
+            default: rows_wide_s(a, pair, 2, 4); break;
+        }
+    }
+    if (o < o1) switch (B) {
+        case 2: rows_wide_s(a, &o, 1, 2); break;
+        case 3: rows_wide_s(a, &o, 1, 3); break;
+        default: rows_wide_s(a, &o, 1, 4); break;
     }
 }
 

@@ -104,6 +104,10 @@ class AttentionRow:
         else:
             qk = torch.cat([_rows.linear(x, w) for w in (self.q, self.k)], dim=-1)
             v = _rows.linear(x, self.v)
+            if self.rope is not None:  # (its answer covers q and k; v's is asked here)
+                turned = _native.rope_rows(qk, *rot, h + g, d, self.rope.rotary_dim)
+                if turned and self.vouch:
+                    turned = finite(v) is True
         qk = qk.view(b, h + g, 1, d)
         if self.rope is not None and turned is None:
             qk = self.rope.rotate(qk, *rot)

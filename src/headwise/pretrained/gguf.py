@@ -320,13 +320,17 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
     """Replace every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 by an
     :class:`~headwise.fast.int4.Int4Linear` holding the file's own codes (:mod:`headwise.pretrained.q4`)
     and no float copy; returns how many. q and k rows go back to rotate-half order as the
-    dequantized ones do."""
+    dequantized ones do. Q8_0 matrices' codes go beside the float32 weight they dequantize to
+    (:func:`headwise.pretrained.q4.attach_q8`: the vocabulary head's, for the step)."""
     from headwise.fast.int4 import Int4, Int4Linear
-    from headwise.pretrained.q4 import BLOCK, KINDS, fields
+    from headwise.pretrained.q4 import BLOCK, KINDS, attach_q8, fields
 
     c, done = file.config, 0
     for t in file.reader.tensors:
         target = headwise_name(t.name)
+        if t.tensor_type.name == "Q8_0" and target is not None and not t.name.endswith(
+                (".attn_q.weight", ".attn_k.weight")):  # (those rows are permuted)
+            attach_q8(model, model.get_parameter(target), t.data)
         if t.tensor_type.name not in KINDS or target is None:
             continue
         parent, _, name = target.removesuffix(".weight").rpartition(".")

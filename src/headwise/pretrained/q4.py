@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["BLOCK", "KINDS", "fields"]
+__all__ = ["BLOCK", "KINDS", "attach_q8", "fields", "fields_q8"]
 
 BLOCK = 32
 KINDS = ("Q4_0", "Q4_1")  # the block formats that map onto Int4 as they are
@@ -60,3 +60,26 @@ def fields(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torc
         mins = -8 * d
     return (torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
             torch.from_numpy(mins))
+
+
+def fields_q8(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``raw (rows, blocks * 34)`` of a Q8_0 tensor as :class:`~headwise.fast.q8.Q8`'s ``codes
+    (rows, cols)`` int8 and ``scales (rows, blocks)`` float16 (``w = q * scale``): a block is
+    ``d`` (float16) then 32 int8 codes (llama.cpp's ``block_q8_0``)."""
+    blocks = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, 2 + BLOCK)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(raw.shape[0], -1)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
+def attach_q8(model: torch.nn.Module, weight: torch.Tensor, raw: np.ndarray) -> int:
+    """Give every float32 ``nn.Linear`` of ``model`` whose weight is ``weight`` (a tied
+    embedding's head too) the Q8_0 codes ``raw`` of that weight as ``layer.q8``
+    (:class:`~headwise.fast.q8.Q8`, which checks they dequantize to it exactly); how many."""
+    from headwise.fast.q8 import Q8
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)
+              and m.weight is weight and weight.dtype is torch.float32]
+    for layer in layers:
+        layer.q8 = Q8(*fields_q8(raw), weight)
+    return len(layers)

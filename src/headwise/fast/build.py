@@ -1,0 +1,101 @@
+"""Building and loading a C library of kernels (:mod:`headwise.fast.native` decides what to build
+and when; this module only runs the compiler and opens the result).
+
+- :func:`start`: compile in a thread, so a slow or hung compiler never holds up the caller
+  longer than it chooses to wait; the compiler runs in its own process group (session), so a
+  hung one is killed with its children (cc1, as, ld) at the time limit or when this process
+  exits; the library is written to a temporary file and renamed into place (another process
+  sees all of it or nothing).
+- :func:`open_library`: ``ctypes`` with each function's C signature, from a compact table.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["TYPES", "compile_library", "kill", "open_library", "start"]
+
+# the letters of a signature (open_library): pointer, long, int, float
+TYPES = {"p": ctypes.c_void_p, "l": ctypes.c_long, "i": ctypes.c_int, "f": ctypes.c_float}
+_started: list[dict] = []  # the states of builds this process started (killed at exit)
+
+
+def start(cc: str, sources, flags, path: Path, state: dict, timeout: float) -> threading.Thread:
+    """Build ``sources`` (the ``.c`` ones; the others are headers) with ``cc`` and ``flags``
+    into ``path`` in a thread, stored as ``state["thread"]``; the compiler process is
+    ``state["proc"]`` while it runs, and ``state["failed"]`` says why it failed (``""``: it
+    did not)."""
+
+    def build():
+        try:
+            state["failed"] = compile_library(cc, sources, flags, path, state, timeout)
+        except (OSError, subprocess.SubprocessError) as e:
+            state["failed"] = f"could not build {Path(sources[0]).name}: {e}"
+
+    _started.append(state)
+    state["thread"] = threading.Thread(target=build, name="headwise-cc", daemon=True)
+    state["thread"].start()
+    return state["thread"]
+
+
+def compile_library(cc: str, sources, flags, path: Path, state: dict, timeout: float) -> str:
+    """Build the library at ``path``; ``""`` or why not (module docstring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        built = Path(tmp) / path.name
+        proc = subprocess.Popen([cc, *flags, *(str(p) for p in sources if Path(p).suffix == ".c"),
+                                 "-o", str(built)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        state["proc"] = proc
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+            return (f"{cc} did not finish within {timeout:g} s (killed with its "
+                    "children); set CC to a working compiler, or HEADWISE_NATIVE=0")
+        finally:
+            state.pop("proc", None)
+        if proc.returncode != 0:
+            return f"{cc} failed: {err.strip()[-300:]}"
+        os.replace(built, path)  # atomic: another process sees all of it or nothing
+    return ""
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the compiler's whole process group, and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # no process groups (Windows): the compiler itself
+            proc.kill()
+    proc.communicate()
+
+
+@atexit.register
+def _kill_unfinished_builds() -> None:
+    for state in _started:
+        proc = state.get("proc")
+        if proc is not None and proc.poll() is None:
+            kill(proc)
+
+
+def open_library(path: Path, signatures: dict[str, str]):
+    """The library at ``path`` with each function's C signature set: ``signatures`` maps a name
+    to its argument letters (:data:`TYPES`), ``":"``, and its result's letter (none: void),
+    e.g. ``"plf:i"`` for ``int f(void*, long, float)``."""
+    lib = ctypes.CDLL(str(path))
+    for name, spec in signatures.items():
+        args, _, result = spec.partition(":")
+        fn = getattr(lib, name)
+        fn.argtypes = [TYPES[c] for c in args]
+        fn.restype = TYPES[result] if result else None
+    return lib
