@@ -45,6 +45,7 @@ BENCHMARKS = {
     "prune": ([], ["--quick"]),
     "busy": ([], ["--rounds", "1", "--settings", "default", "threads1", "--train-seconds", "20"]),
     "importance": ([], ["--quick", "--models", "reverse,minilm"]),
+    "hf": ([], ["--seqs", "512", "--batches", "1", "--threads", "1", "--budget", "10"]),
 }
 
 

@@ -54,6 +54,21 @@ def test_a_large_fresh_tensor_is_advised_to_huge_pages():
     _large.release()
 
 
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(),
+                    reason="no transparent huge pages on this machine")
+def test_huge_pages_false_gives_fresh_memory_no_advice_and_still_recycles():
+    _large.release()
+    t = _large.empty((64, 1 << 18), torch.float32, "cpu", huge_pages=False)  # 64 MiB
+    t.fill_(2.0)
+    assert not [m for m in _mappings(t) if "hg" in m.get("VmFlags", "").split()]
+    if _large._USE_COUNT is not None:
+        address = _address(t)
+        del t
+        again = _large.empty((64, 1 << 18), torch.float32, "cpu", huge_pages=False)
+        assert _address(again) == address
+    _large.release()
+
+
 def _address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 

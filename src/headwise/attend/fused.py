@@ -162,7 +162,9 @@ def _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask, i
     source = None
     if selection is not None:
         rows = min(q.shape[2], _weights.chunk_rows(_selected(selection.keys, k.shape[2]),
-                                                   _weights.BLOCK_ELEMENTS))
+                                                   _weights.BLOCK_ELEMENTS) if plan == "lse"
+                   else _weights.chunk_rows(_selected(selection.heads, q.shape[1]) * k.shape[2],
+                                            _weights.ROW_BLOCK_ELEMENTS))  # every head at once
         if gpu(q) and lse_kernel is not None:  # the CUDA kernel that made output and LSE;
             kernel = f"{lse_kernel.upper()}_ATTENTION"  # Triton writes every row at once
             rows = None if _triton_writes(q) else rows

@@ -66,10 +66,11 @@ _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # absent: no recycli
 _lock = threading.Lock()
 
 
-def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, *,
+          huge_pages: bool = True) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)``; on a CPU and for at least 16 MiB,
-    a kept storage of this size that nobody uses any more, else fresh memory advised to huge
-    pages (on Linux) and kept for later requests."""
+    a kept storage of this size that nobody uses any more, else fresh memory, advised to huge
+    pages (on Linux) unless ``huge_pages=False``, and kept for later requests."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if torch.device(device).type != "cpu" or nbytes < _MIN_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)
@@ -78,7 +79,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
             if _kept[i].nbytes() == nbytes and _unused(i):
                 _kept.append(_kept.pop(i))  # most recently used last
                 return torch.empty(0, dtype=dtype).set_(_kept[-1], 0, shape)
-        t = _fresh(shape, dtype, nbytes)
+        t = _fresh(shape, dtype, nbytes) if huge_pages else torch.empty(shape, dtype=dtype)
         if _USE_COUNT is not None and nbytes <= KEEP_MAX:
             _kept.append(t.untyped_storage())
             while len(_kept) > KEEP_COUNT or sum(s.nbytes() for s in _kept) > KEEP_MAX:
