@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
     data = held_out(loaded, args.examples, args.checkpoint)
     scores = importance(loaded.model, data, method=args.method, ablation=args.ablation)
-    if args.method in ESTIMATES:
+    if args.method in ESTIMATES and scores.agreement is None:  # greedy (zero) brings its own
         scores = scores.with_agreement(importance(loaded.model, data, method="ablation"))
     print(f"importance: {scores.describe()}")
     print_grid(scores)
