@@ -7,12 +7,14 @@ answer is measured by removing them; issue 30):
 - ``"greedy"`` (default): iterative ablation, Michel et al.'s iterative pruning with the
   measured loss in place of the gradient: remove the head whose removal raises the loss least,
   then try the rest again with it removed, and so on; the score is the step at which a head
-  goes (0 = first; ``details["losses"]``: the loss after each step), up to half of the heads;
-  the other half, which no pruning of up to half reaches, follow by the loss last measured.
+  goes (0 = first; ``details["losses"]``: the loss after each step), up to half of the heads
+  or ``steps``; the rest, which no pruning that far reaches, follow by the loss last measured.
   It sees what single-head ablation cannot: heads that stand in for each other, each harmless
-  to lose alone, harmful together. Evaluated lazily (see :func:`_greedy`): 1.5-3 forward
-  passes per head per batch on the reversal models and SmolLM2, 13 on all-MiniLM-L6-v2, where
-  single-head ablation takes one.
+  to lose alone, harmful together. Its first round is single-head zero ablation, returned as
+  ``details["alone"]`` and as the agreement. Evaluated lazily (see :func:`_greedy`): 1.5-3
+  forward passes per head per batch on the reversal models and SmolLM2, 13 on
+  all-MiniLM-L6-v2 (going to half the heads), where single-head ablation takes one; stopping
+  at the k you will remove (``steps=k``) keeps the first k and skips the rest of the search.
 - ``"ablation"``: how much the loss rises when the head alone is removed (``ablation="zero"``,
   the default: its output is 0, exactly what pruning it does; ``"mean"``: its mean output over
   the same batches), averaged over batches. Negative: the model does better without it. One

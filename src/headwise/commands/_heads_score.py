@@ -98,11 +98,15 @@ def _compare(loaded, args, folder: Path) -> None:
     other held-out examples; printed and written to ``compare.md``."""
     from headwise.analysis.removal import compare
     from headwise.analysis.scoring import importance
+    from headwise.models import head_counts
 
     data, measured, task = held_out(loaded, args.examples, args.checkpoint,
                                     measured=args.examples)
     metric, name, higher = task_metric(task, measured)
-    ranked = {m: importance(loaded.model, data, method=m, ablation=args.ablation)
+    heads = sum(sum(c) for c in head_counts(loaded.model).values())
+    most = max(1, round(0.25 * heads))  # compare's largest k: greedy need go no further
+    ranked = {m: importance(loaded.model, data, method=m, ablation=args.ablation,
+                            **({"steps": most} if m == "greedy" else {}))
               for m in COMPARED}
     found = compare(loaded.model, ranked, metric, higher=higher)
     text = (f"{Path(args.checkpoint).name}: rankings on {args.examples} held-out examples, "
