@@ -35,6 +35,10 @@ Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance
 
     python benchmarks/importance.py [--models reverse,de-en,austen,minilm,smollm2] [--quick]
         [--threads 2]
+
+The whole table for the record (a quiet 2-core box, ~40 min by estimate: training the three
+small models ~10, MiniLM ~5, SmolLM2 at 4 / 4 windows of 128 tokens ~20):
+``python benchmarks/run_all.py --only importance`` (= ``importance.py --threads 2``).
 """
 
 from __future__ import annotations
