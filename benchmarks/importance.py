@@ -20,13 +20,25 @@ Models, scoring data / metric data:
 - ``minilm``: all-MiniLM-L6-v2; the loss is the mean squared change of the pairwise cosine
   similarities of 64 English Ding sentences; metric: Spearman of the pairwise similarities of
   256 other Ding sentences with the unablated model's.
-- ``smollm2``: SmolLM2-135M-Instruct; 2 / 4 other windows of 128 tokens of *Emma* (``--quick``:
-  1 / 2; ``--smollm2-tokens``); loss per token.
+- ``smollm2``: SmolLM2-135M-Instruct; 4 / 4 other windows of 128 tokens of *Emma*
+  (``--smollm2-windows``, ``--smollm2-tokens``; ``--quick``: 2 / 2); loss per token. The
+  scoring and the metric data are the same size, so the oracle (full ablation, scored on the
+  metric data) and the default see as much data, on different windows.
+
+The default stops its one-by-one removal at the largest k the table asks (``steps=k``: the
+same first k heads in the same order as the full search, for fewer passes), and "ablation
+(loss)" is its first round (single-head zero ablation of the loss on the scoring data, which
+greedy measures anyway: ``details["alone"]``).
 
 Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance-bench``);
 ``--checkpoint NAME=DIR`` uses a checkpoint folder instead.
 
     python benchmarks/importance.py [--models reverse,de-en,austen,minilm,smollm2] [--quick]
+        [--threads 2]
+
+The whole table for the record (a quiet 2-core box, ~40 min by estimate: training the three
+small models ~10, MiniLM ~5, SmolLM2 at 4 / 4 windows of 128 tokens ~20):
+``python benchmarks/run_all.py --only importance`` (= ``importance.py --threads 2``).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from headwise.analysis.run import default_loss  # noqa: E402
 from headwise.models import head_counts  # noqa: E402
 
 MODELS = ("reverse", "de-en", "austen", "minilm", "smollm2")
+FRACTIONS = (0.1, 0.25)  # k = 10% and 25% of the heads (issue 30)
 TRAIN_STEPS = {"reverse": None, "de-en": None, "austen": None}  # None: the preset's
 
 
@@ -157,17 +170,19 @@ def _smollm2(args) -> Case:
     from headwise.pretrained import load_smollm2
 
     chat = load_smollm2()
-    n, windows = args.smollm2_tokens, (1, 2) if args.quick else (2, 4)
-    ids = chat.tokenizer.encode(austen_text(("emma",))[:40000])
-    total = windows[0] + windows[1]
-    tokens = torch.tensor(ids[:n * total]).view(total, n)
-    scoring, measured = tokens[:windows[0]], tokens[windows[0]:]
+    n, w = args.smollm2_tokens, max(1, args.smollm2_windows // (2 if args.quick else 1))
+    ids = chat.tokenizer.encode(austen_text(("emma",)))
+    if len(ids) < 2 * w * n:
+        sys.exit(f"smollm2: Emma has {len(ids)} tokens, fewer than 2 x {w} windows of {n}")
+    stride = len(ids) // (2 * w)  # windows spread over the whole novel, alternately used
+    tokens = torch.stack([torch.tensor(ids[i * stride:i * stride + n]) for i in range(2 * w)])
+    scoring, measured = tokens[0::2], tokens[1::2]
 
     def metric(mod):
         return float(default_loss(mod, measured))
 
     return Case("smollm2", chat.model.eval(), scoring, None, metric, "loss/token", False,
-                f"{windows[0]} / {windows[1]} other Emma windows of {n} tokens")
+                f"{w} / {w} other Emma windows of {n} tokens")
 
 
 def _full_ablation(case: Case) -> HeadScores:
@@ -208,14 +223,20 @@ def _backward(case: Case) -> float:
 def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     """The case's removal rows, Spearman line and cost line."""
     timed, cost = {}, {}
-    for method in ("greedy", "ablation", "gradient", "attribution"):
+    heads = sum(sum(c) for c in head_counts(case.model).values())
+    steps = max(1, round(max(FRACTIONS) * heads))  # the largest k the table asks
+    timed["greedy"], cost["greedy"] = _cpu(lambda: hw.importance(
+        case.model, case.scoring, loss=case.loss, steps=steps))
+    timed["ablation"] = HeadScores("ablation", timed["greedy"].details["alone"])
+    for method in ("gradient", "attribution"):
         timed[method], cost[method] = _cpu(lambda m=method: hw.importance(
             case.model, case.scoring, method=m, loss=case.loss))
     full, cost["full ablation"] = _cpu(lambda: _full_ablation(case))
     backward = _backward(case)
     ranked = {"default (greedy)": timed["greedy"], "full ablation": full,
               "ablation (loss)": timed["ablation"], "gradient": timed["gradient"]}
-    found = compare(case.model, ranked, case.metric, draws=draws, higher=case.higher)
+    found = compare(case.model, ranked, case.metric, fractions=FRACTIONS, draws=draws,
+                    higher=case.higher)
     rows = []
     for k, by, random in found.rows:
         harm = {m: found.harm(v) for m, v in by.items()}
@@ -228,11 +249,13 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     spear = (f"{case.name}: Spearman with full ablation: " + ", ".join(
         f"{m} {found.spearman[(m, 'full ablation')]:.2f}" for m in ranked if m != "full ablation")
         + f"; attribution {timed['attribution'].spearman(full):.2f}")
-    costs = " | ".join([case.name, f"{1000 * backward:.0f}",
+    greedy = timed["greedy"].details
+    costs = " | ".join([case.name, case.data, f"{1000 * backward:.0f}",
                         *(f"{cost[m]:.2f} ({cost[m] / backward:.0f}x)"
-                          for m in ("greedy", "ablation", "gradient", "attribution",
-                                    "full ablation")),
-                        str(timed["greedy"].details["passes"])])
+                          for m in ("greedy", "gradient", "attribution", "full ablation")),
+                        f"{greedy['passes']} ({greedy['passes'] / heads:.1f} per head; "
+                        f"{heads} = the first round, single-head ablation)",
+                        f"{greedy['steps']} of {heads}"])
     return "\n".join(rows), [spear], [costs]
 
 
@@ -243,10 +266,15 @@ def main() -> None:
     parser.add_argument("--draws", type=int, help="random draws per k (default 10; --quick 3)")
     parser.add_argument("--smollm2-tokens", type=int, default=128,
                         help="tokens per SmolLM2 window (default 128)")
+    parser.add_argument("--smollm2-windows", type=int, default=4,
+                        help="SmolLM2 windows to score on, and as many other windows for the "
+                             "metric (default 4; --quick halves it)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1; CPU times then do not count other jobs)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     names = [x for x in args.models.split(",") if x]
     unknown = [x for x in names if x not in MODELS]
     if unknown:
@@ -269,10 +297,11 @@ def main() -> None:
     print("\n## Removing the least important heads (metric on data the scores never saw)\n")
     print("\n".join(table))
     print("\n" + "\n".join(spears))
-    print("\n## Cost (process CPU seconds, 1 thread; ratio to one forward + backward)\n")
-    print("model | forward+backward ms | greedy (default) | ablation | gradient | attribution"
-          " | full ablation (metric) | greedy passes")
-    print("--- | --- | --- | --- | --- | --- | --- | ---")
+    print(f"\n## Cost (process CPU seconds, {args.threads} thread(s); ratio to one forward + "
+          "backward of the loss on the scoring data)\n")
+    print("model | scoring / metric data | forward+backward ms | greedy (default) | gradient | "
+          "attribution | full ablation (metric) | greedy passes | greedy steps")
+    print("--- | --- | --- | --- | --- | --- | --- | --- | ---")
     print("\n".join(costs))
 
 

@@ -44,7 +44,7 @@ BENCHMARKS = {
                           "--budget", "5"]),
     "prune": ([], ["--quick"]),
     "busy": ([], ["--rounds", "1", "--settings", "default", "threads1", "--train-seconds", "20"]),
-    "importance": ([], ["--quick", "--models", "reverse,minilm"]),
+    "importance": (["--threads", "2"], ["--quick", "--models", "reverse,minilm"]),
     "hf": ([], ["--seqs", "512", "--batches", "1", "--threads", "1", "--budget", "10"]),
 }
 

@@ -7,12 +7,14 @@ answer is measured by removing them; issue 30):
 - ``"greedy"`` (default): iterative ablation, Michel et al.'s iterative pruning with the
   measured loss in place of the gradient: remove the head whose removal raises the loss least,
   then try the rest again with it removed, and so on; the score is the step at which a head
-  goes (0 = first; ``details["losses"]``: the loss after each step), up to half of the heads;
-  the other half, which no pruning of up to half reaches, follow by the loss last measured.
+  goes (0 = first; ``details["losses"]``: the loss after each step), up to half of the heads
+  or ``steps``; the rest, which no pruning that far reaches, follow by the loss last measured.
   It sees what single-head ablation cannot: heads that stand in for each other, each harmless
-  to lose alone, harmful together. Evaluated lazily (see :func:`_greedy`): 1.5-3 forward
-  passes per head per batch on the reversal models and SmolLM2, 13 on all-MiniLM-L6-v2, where
-  single-head ablation takes one.
+  to lose alone, harmful together. Its first round is single-head zero ablation, returned as
+  ``details["alone"]`` and as the agreement. Evaluated lazily (see :func:`_greedy`): 1.5-3
+  forward passes per head per batch on the reversal models and SmolLM2, 13 on
+  all-MiniLM-L6-v2 (going to half the heads), where single-head ablation takes one; stopping
+  at the k you will remove (``steps=k``) keeps the first k and skips the rest of the search.
 - ``"ablation"``: how much the loss rises when the head alone is removed (``ablation="zero"``,
   the default: its output is 0, exactly what pruning it does; ``"mean"``: its mean output over
   the same batches), averaged over batches. Negative: the model does better without it. One
@@ -47,6 +49,7 @@ better). Scores are computed in eval mode (no dropout); the model's mode is rest
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -73,7 +76,7 @@ _SELF_ONLY = ("prev_token", "induction")
 
 def importance(model: nn.Module, batches, *, method: str = DEFAULT_METHOD,
                loss: Callable | None = None, ablation: str = "zero",
-               normalize: bool = True) -> HeadScores:
+               normalize: bool = True, steps: int | None = None) -> HeadScores:
     """Score every head of ``model`` on ``batches`` (see the module docstring for the methods).
 
     Args:
@@ -86,6 +89,10 @@ def importance(model: nn.Module, batches, *, method: str = DEFAULT_METHOD,
         ablation: ``"zero"`` or ``"mean"``: what removing a head means (methods
             ``"greedy"``, ``"ablation"`` and ``"attribution"``).
         normalize: method ``"gradient"``: divide each layer's scores by their L2 norm.
+        steps: method ``"greedy"``: how many heads go one by one (default: half of them); the
+            rest follow by the loss last measured. A caller that will remove at most ``k``
+            heads loses nothing with ``steps=k``: the first ``k`` are the same heads in the
+            same order, for fewer forward passes.
 
     Returns:
         :class:`HeadScores` with ``{kind: (layers, heads)}`` and the number of examples.
@@ -97,6 +104,10 @@ def importance(model: nn.Module, batches, *, method: str = DEFAULT_METHOD,
                                                     if close else ""))
     if ablation not in ABLATIONS:
         raise ValueError(f"importance: ablation must be one of {ABLATIONS}, got {ablation!r}")
+    if steps is not None and (method != "greedy" or not isinstance(steps, int)
+                              or isinstance(steps, bool) or steps < 1):
+        raise ValueError(f"importance: steps is for method 'greedy', an int >= 1 (the most "
+                         f"heads you will remove), got steps={steps!r} with method {method!r}")
     if loss is not None and not callable(loss):
         raise TypeError(f"importance: loss must be a callable loss(model, batch) -> scalar "
                         f"tensor, got {type(loss).__name__}")
@@ -111,7 +122,7 @@ def importance(model: nn.Module, batches, *, method: str = DEFAULT_METHOD,
         elif method == "ablation":
             scores = _ablation(model, layers, batches, loss, ablation)
         elif method == "greedy":
-            scores = _greedy(model, layers, batches, loss, ablation)
+            scores = _greedy(model, layers, batches, loss, ablation, steps)
         elif method == "attribution":
             scores = _attribution(model, layers, batches, loss, ablation)
         else:
@@ -237,23 +248,30 @@ def _ablation(model, layers, batches, loss, mode: str) -> HeadScores:
 
 
 @torch.no_grad()
-def _greedy(model, layers, batches, loss, mode: str) -> HeadScores:
+def _greedy(model, layers, batches, loss, mode: str, steps: int | None) -> HeadScores:
     """Iterative ablation, evaluated lazily (Minoux 1978): each head keeps the loss measured
     when it was last tried; the head with the lowest is measured again with every head removed
     so far, and goes when it still has the lowest. Exact greedy when removing other heads never
-    makes a head cheaper to lose; typically a few passes per step instead of one per head."""
+    makes a head cheaper to lose; typically a few passes per step instead of one per head.
+    The first round is single-head ablation: its loss rises come back as
+    ``details["alone"]`` and, for zero ablation, as the scores' agreement (at no extra cost)."""
     means = head_means(model, batches) if mode == "mean" else None
 
     def without(cells) -> float:
         with ablate(model, _selection(cells), mode=mode, means=means):
             return _mean_loss(model, batches, loss)
 
+    base = _mean_loss(model, batches, loss)
     left = [(kind, layer, head) for kind, mods in layers.items()
             for layer, mha in enumerate(mods) for head in range(head_count(mha))]
     known = {cell: (without([cell]), 0) for cell in left}  # cell -> (loss, step measured at)
+    alone = {kind: _table(layers, kind) for kind in layers}
+    for (kind, layer, head), (value, _) in known.items():
+        alone[kind][layer, head] = value - base
     gone: list[tuple[str, int, int]] = []
-    losses, passes, half = [], len(left), (len(left) + 1) // 2
-    while len(gone) < half:
+    losses, passes = [], len(left)
+    stop = min(len(left), steps) if steps is not None else (len(left) + 1) // 2
+    while len(gone) < stop:
         cell = min(left, key=lambda c: known[c][0])
         if known[cell][1] < len(gone):
             known[cell] = (without([*gone, cell]), len(gone))
@@ -262,13 +280,17 @@ def _greedy(model, layers, batches, loss, mode: str) -> HeadScores:
         left.remove(cell)
         gone.append(cell)
         losses.append(known[cell][0])
-    gone += sorted(left, key=lambda c: known[c][0])  # past half: by the loss last measured
+    gone += sorted(left, key=lambda c: known[c][0])  # past the stop: by the loss last measured
     scores = {kind: _table(layers, kind) for kind in layers}
     for step, (kind, layer, head) in enumerate(gone):
         scores[kind][layer, head] = step
-    return HeadScores("greedy", scores, {"batches": len(batches), "ablation": mode,
-                                         "baseline_loss": _mean_loss(model, batches, loss),
-                                         "losses": losses, "passes": passes})
+    found = HeadScores("greedy", scores, {"batches": len(batches), "ablation": mode,
+                                          "baseline_loss": base, "losses": losses,
+                                          "passes": passes, "steps": stop,
+                                          "alone": {k: [[None if math.isnan(v) else v for v in row]
+                                                     for row in t.tolist()]
+                                                 for k, t in alone.items()}})
+    return found.with_agreement(HeadScores("ablation", alone)) if mode == "zero" else found
 
 
 def _selection(cells) -> dict[str, dict[int, list[int]]]:

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
         model, data = loaded.model, held_out(loaded, args.examples, args.checkpoint)
     scores = importance(model, data, method=args.method, ablation=args.ablation)
-    if args.method in ESTIMATES:
+    if args.method in ESTIMATES and scores.agreement is None:  # greedy (zero) brings its own
         scores = scores.with_agreement(importance(model, data, method="ablation"))
     print(f"importance: {scores.describe()}")
     print_grid(scores)
@@ -139,11 +139,15 @@ def _compare(loaded, args, folder: Path) -> None:
     other held-out examples; printed and written to ``compare.md``."""
     from headwise.analysis.removal import compare
     from headwise.analysis.scoring import importance
+    from headwise.models import head_counts
 
     data, measured, task = held_out(loaded, args.examples, args.checkpoint,
                                     measured=args.examples)
     metric, name, higher = task_metric(task, measured)
-    ranked = {m: importance(loaded.model, data, method=m, ablation=args.ablation)
+    heads = sum(sum(c) for c in head_counts(loaded.model).values())
+    most = max(1, round(0.25 * heads))  # compare's largest k: greedy need go no further
+    ranked = {m: importance(loaded.model, data, method=m, ablation=args.ablation,
+                            **({"steps": most} if m == "greedy" else {}))
               for m in COMPARED}
     found = compare(loaded.model, ranked, metric, higher=higher)
     text = (f"{Path(args.checkpoint).name}: rankings on {args.examples} held-out examples, "
