@@ -86,8 +86,10 @@ def test_where_heads_add_up_lazy_greedy_is_exhaustive_greedy(seed):
     model, batches = lm(seed), lm_batches(seed)
     got = hw.importance(model, batches, loss=additive_loss, steps=6)
     assert order(got)[:6] == exhaustive_greedy(model, batches, additive_loss, 6)
-    # each step re-measures its head once (stale since the first round) and takes it
-    assert got.details["passes"] == 8 + 5
+    # every step after the first re-measures at least its head (stale since the first round);
+    # when the heads gone so far raised the loss, stale heads below the re-measured one are
+    # measured too, but never more than the exhaustive search's 8 + 7 + 6 + 5 + 4 + 3
+    assert 8 + 5 <= got.details["passes"] <= 8 + 7 + 6 + 5 + 4 + 3
 
 
 @settings(max_examples=2, deadline=None)
