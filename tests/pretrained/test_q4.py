@@ -197,7 +197,7 @@ def test_a_q8_0_head_is_read_as_its_codes_by_the_step(tmp_path, tied, batch):
     del head.q8
     want = _step_logits(model, ids, feed)
     scale = want.abs().max()
-    if native.isa() is None:
-        assert torch.equal(got, want)  # (no kernel: the weight both times)
-    else:
-        assert 0 < (got - want).abs().max() <= 64 * 2**-24 * 8 * scale
+    gap = (got - want).abs().max()
+    assert gap <= 64 * 2**-24 * 8 * scale
+    if native.isa() is not None:  # (no kernel: the weight both times, through torch's product
+        assert gap > 0            # for the Weight the codes carry, its layout possibly another)
