@@ -76,7 +76,7 @@ def dtypes(mha, *inputs: torch.Tensor) -> None:
     outside autocast, of the parameters' dtype."""
     want = dtype_of(mha.q_proj)
     autocast = torch.is_autocast_enabled(inputs[0].device.type)
-    for name, t in zip(("query", "key", "value"), inputs):
+    for name, t in zip(("query", "key", "value"), inputs, strict=False):  # (1 or 3 of them)
         if not t.is_floating_point():
             raise TypeError(f"MultiHeadAttention: {name} must be floating point, got "
                             f"{t.dtype}; token ids go through an embedding first, other "
