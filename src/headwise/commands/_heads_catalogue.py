@@ -187,7 +187,7 @@ def _hf(args, device):
     from headwise.commands import _hf as hf
 
     data = hf.read_data(args)  # the text first: a missing corpus is one line, before weights
-    model, tokenizer = hf.load(args.hf, device, "heads catalogue")
+    model, tokenizer = hf.load(args.hf, device)
     batches, dataset = hf.batches(model, tokenizer, data, args, device)
     from functools import partial
 

@@ -126,7 +126,7 @@ def _hf(args):
         raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss for method "
                          f"{args.method!r}; pass --method with one of {', '.join(BEHAVIOURS)}")
     device = parse_device(args.device)
-    model, tokenizer = hf.load(args.hf, device, "heads score")
+    model, tokenizer = hf.load(args.hf, device)
     return model, hf.batches(model, tokenizer, data, args, device)[0]
 
 

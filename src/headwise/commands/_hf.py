@@ -27,7 +27,7 @@ def _offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: nothing downloads
 
 
-def load(source: str, device, where: str):
+def load(source: str, device):
     """``(model, tokenizer)`` of ``--hf source``: checked, offline, ``attn_implementation=
     "headwise"``, eval, float32."""
     _offline()
@@ -73,10 +73,10 @@ def batches(model, tokenizer, data: tuple[str, str, str], args, device) -> tuple
         raise ValueError(f"{label}: no non-empty lines")
     step = max(1, len(lines) // args.examples)  # spread over the whole file, deterministic
     lines = lines[::step][:args.examples]
+    from headwise.hf.model import context
     from headwise.hf.tools import encode
 
-    limit = getattr(model.config, "max_position_embeddings", None)
-    out = [encode(tokenizer, lines[s:s + args.batch_size], limit, device)[0]
+    out = [encode(tokenizer, lines[s:s + args.batch_size], context(model), device)[0]
            for s in range(0, len(lines), args.batch_size)]
     return out, f"{label}, {len(lines)} sentences"
 
@@ -84,8 +84,10 @@ def batches(model, tokenizer, data: tuple[str, str, str], args, device) -> tuple
 def _windows(model, tokenizer, text, label, args, device):
     import torch
 
+    from headwise.hf.model import context
+
     n, want = args.length, args.examples
-    limit = getattr(model.config, "max_position_embeddings", None)
+    limit = context(model)
     if limit is not None and n > limit:
         raise ValueError(f"--length {n} is longer than the model's context ({limit} tokens); "
                          f"pass --length {limit} or less")
@@ -104,6 +106,7 @@ def explain(args: argparse.Namespace) -> int:
     """``headwise explain --hf DIR TEXT...``: the head view (query heads grouped under their
     key/value heads), the heatmaps and the trace summary, as ``explain --model`` writes them."""
     from headwise import viz
+    from headwise.hf.model import context
     from headwise.hf.tools import explain as run_model
 
     if args.pair or args.generate or args.chat:
@@ -111,9 +114,9 @@ def explain(args: argparse.Namespace) -> int:
                          "apply to --model / --gguf")
     if not 0 <= args.example < len(args.text):
         raise ValueError(f"--example {args.example} is out of range for {len(args.text)} texts")
-    model, tokenizer = load(args.hf, parse_device(args.device), "explain")
+    model, tokenizer = load(args.hf, parse_device(args.device))
     run = run_model(model, tokenizer, args.text)
-    limit = getattr(model.config, "max_position_embeddings", None)
+    limit = context(model)
     for i, text in enumerate(args.text):  # as explain notes a text MiniLM cuts
         if limit is not None and len(tokenizer(text)["input_ids"]) > limit:
             print(f"headwise explain: note: text {i} is longer than the model reads ({limit} "

@@ -13,7 +13,7 @@ import inspect
 
 from torch import nn
 
-__all__ = ["NAME", "attention_layers", "head_count", "kind", "kv_head_count", "running",
+__all__ = ["NAME", "attention_layers", "context", "head_count", "kind", "kv_head_count", "running",
            "unmodelled", "use"]
 
 NAME = "headwise"  # the attn_implementation name
@@ -47,6 +47,12 @@ def kv_head_count(module: nn.Module) -> int:
     """The key/value heads ``g`` of one attention layer: ``h`` divided by its
     ``num_key_value_groups`` (query heads per key/value head; 1 where the family has none)."""
     return head_count(module) // getattr(module, "num_key_value_groups", 1)
+
+
+def context(model) -> int | None:
+    """The most positions ``model`` reads (its config's ``max_position_embeddings``), or None
+    where the config names no limit."""
+    return getattr(model.config, "max_position_embeddings", None)
 
 
 def kind(model: nn.Module) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from headwise.hf.model import kind, kv_head_count, running
+from headwise.hf.model import context, kind, kv_head_count, running
 
 __all__ = ["Explained", "encode", "explain", "head_view", "next_token_loss", "token_names"]
 
@@ -85,9 +85,8 @@ def explain(model, tokenizer, texts: Sequence[str]) -> Explained:
 
     layers = running(model, "headwise.hf.explain")
     view_kind = kind(model)
-    limit = getattr(model.config, "max_position_embeddings", None)
     device = next(model.parameters()).device
-    inputs, per_text = encode(tokenizer, texts, limit, device)
+    inputs, per_text = encode(tokenizer, texts, context(model), device)
     with torch.no_grad():
         record = trace(model, **inputs, output_attentions=True)
     weights = list(record.output.attentions)
