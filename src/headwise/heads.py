@@ -9,18 +9,20 @@ may import it.
 Grouped-query attention (``g < h``): query head ``x`` reads key/value head ``x // (h / g)``
 (:func:`expand_kv`); :func:`layer_plan` is the one rule of which heads a layer keeps when some
 are pruned (headwise's models, :mod:`headwise.models.pruned`, and transformers models,
-:mod:`headwise.hf.prune`).
+:mod:`headwise.hf.prune`), and :func:`check_heads` the one reading of a head selection
+``{kind: {layer: [heads]}}`` that every head tool takes (ablate, patch, record, prune; kind
+``"layers"`` on transformers models).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from einops import repeat
 
-__all__ = ["split_heads", "merge_heads", "expand_kv", "layer_plan", "split", "merge", "SPLIT",
-           "MERGE", "EXPAND_KV"]
+__all__ = ["split_heads", "merge_heads", "expand_kv", "layer_plan", "check_heads", "split", "merge",
+           "SPLIT", "MERGE", "EXPAND_KV"]
 
 SPLIT = "b n (h d) -> b h n d"
 MERGE = "b h n d -> b n (h d)"
@@ -96,3 +98,54 @@ def layer_plan(h: int, g: int, removed: Iterable[int],
             f"same number of query heads; remove whole groups (all heads of a group) or the same "
             f"number of heads from every surviving group")
     return kept, groups
+
+
+def check_heads(heads, counts: Mapping[str, Sequence[int]], where: str,
+                once: bool = False) -> dict[str, dict[int, list[int]]]:
+    """A head selection ``{kind: {layer: heads}}`` as ``{kind: {layer: sorted heads}}``.
+
+    ``heads``: per layer a head index, a list of them, or True (every head); negative layer and
+    head indices count from the end. ``counts``: kind -> query heads per layer of the model.
+    A kind, layer or head that does not exist is a ValueError, another form a TypeError.
+    ``once``: a layer or head named twice (``[1, -3]`` of 4 heads) is a ValueError (pruning,
+    where it is likely a mistake); else the names are merged (ablation, patching)."""
+    if not isinstance(heads, Mapping):
+        example = "{'layers': {1: [0, 2]}}" if set(counts) == {"layers"} else "{'cross': {1: [0, 2]}}"
+        raise TypeError(f"{where}: heads must be a dict {{kind: {{layer: [heads]}}}} such as "
+                        f"{example}, got {type(heads).__name__}")
+    out: dict[str, dict[int, list[int]]] = {}
+    for kind, per_layer in heads.items():
+        if kind not in counts:
+            raise ValueError(f"{where}: unknown attention kind {kind!r}; this model has "
+                             f"{sorted(counts)}")
+        if not isinstance(per_layer, Mapping):
+            raise TypeError(f"{where}: heads[{kind!r}] must be a dict {{layer: [heads]}}, got "
+                            f"{type(per_layer).__name__}")
+        name = "layer" if kind == "layers" else f"{kind} layer"
+        for layer, chosen in per_layer.items():
+            index = _index(layer, len(counts[kind]), name, where)
+            if once and index in out.get(kind, {}):
+                raise ValueError(f"{where}: {name} {layer!r} names {name} {index} twice; name "
+                                 f"each layer once")
+            h = counts[kind][index]
+            if chosen is True:
+                chosen = range(h)
+            elif isinstance(chosen, int) and not isinstance(chosen, bool):
+                chosen = [chosen]
+            elif not isinstance(chosen, Iterable) or isinstance(chosen, (str, bytes)):
+                raise TypeError(f"{where}: heads[{kind!r}][{layer!r}] must be a head index, a "
+                                f"list of them or True (all), got {chosen!r}")
+            picked = [_index(x, h, "head", where, f" of {name} {index}") for x in chosen]
+            if once and len(set(picked)) < len(picked):
+                raise ValueError(f"{where}: {name} {index} names a head twice ({list(chosen)!r} "
+                                 f"is heads {picked} of {h}); name each head once")
+            out.setdefault(kind, {})[index] = sorted(set(picked) | set(out.get(kind, {})
+                                                                   .get(index, [])))
+    return out
+
+
+def _index(value, size: int, what: str, where: str, of: str = "") -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -size <= value < size:
+        raise ValueError(f"{where}: {what} {value!r}{of} does not exist (there are {size}: "
+                         f"0..{size - 1}, or negative from the end)")
+    return value % size

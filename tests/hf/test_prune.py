@@ -206,7 +206,8 @@ def _one_line(error_type, match, model, heads):
     ({"layers": {0: [1, -3]}}, ValueError, "layer 0 names a head twice"),
     ({"layers": {0: [0], -2: [1]}}, ValueError, "names layer 0 twice"),
     ({"layers": {0: ["1"]}}, ValueError, "head '1' of layer 0 does not exist"),
-    ({0: [1]}, TypeError, r"heads must be \{'layers': \{layer: \[heads\]\}\}"),
+    ({0: [1]}, ValueError, r"unknown attention kind 0; this model has \['layers'\]"),
+    ([0], TypeError, r"heads must be a dict \{kind: \{layer: \[heads\]\}\} such as \{'layers'"),
     ({"layers": [0]}, TypeError, r"heads\['layers'\] must be a dict"),
     ({"layers": {0: [2, 3], 1: [0]}}, ValueError,
      r"layer 1 \(original head indices\): 4 query heads share 2 key/value heads in groups of 2"),
@@ -283,6 +284,6 @@ def test_the_head_tools_address_a_pruned_layer_by_its_remaining_heads():
     with torch.no_grad(), hh.weights(pruned, {"layers": [1], "heads": [kept - 1]}) as got:
         pruned(input_ids=ids, attention_mask=mask)
     assert got[1].shape == (2, 1, 9, 9)
-    with pytest.raises(ValueError, match=f"head {kept} of layers layer 1 does not exist"):
+    with pytest.raises(ValueError, match=f"head {kept} of layer 1 does not exist"):
         with hw.ablate(pruned, {"layers": {1: [kept]}}):
             pass

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from headwise.heads import layer_plan
+from headwise.heads import check_heads, layer_plan
 from headwise.hf.model import attention_layers, head_count, refuse_unless_served
 
 __all__ = ["KEY", "load_pruned", "prune_heads"]
@@ -70,13 +70,16 @@ def prune_heads(model, heads: Mapping[str, Mapping[int, Iterable[int]]]):
             least one). Empty: nothing changes.
 
     Every chosen layer is checked before any is cut (a bad selection leaves the model as it
-    was): a layer or head that does not exist, one named twice, a layer left with no head,
-    grouped heads left unequal, or a layer laid out otherwise raise one
-    ``ValueError`` line; a selection of another form a ``TypeError``.
+    was): a kind other than ``"layers"``, a layer or head that does not exist, one named twice,
+    a layer left with no head, grouped heads left unequal, or a layer laid out otherwise raise
+    one ``ValueError`` line; a selection of another form a ``TypeError``
+    (:func:`headwise.heads.check_heads`, the reading every head tool shares).
     ``model.config.headwise_pruned_heads`` records the result.
     """
     layers = refuse_unless_served(model, WHERE)
-    chosen = _check_heads(heads, layers)
+    chosen = {layer: now for layer, now in check_heads(
+        heads, {"layers": [head_count(m) for m in layers]}, WHERE, once=True).get(
+        "layers", {}).items() if now}
     if not chosen:
         return model
     record = _record(model.config, len(layers), WHERE)
@@ -249,45 +252,6 @@ def _output(model: nn.Module, module: nn.Module, where: str) -> tuple[nn.Module,
 
 def _head_dim(module: nn.Module):
     return getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)
-
-
-def _check_heads(heads, layers: list[nn.Module]) -> dict[int, list[int]]:
-    """``{"layers": {layer: heads}}`` as ``{layer: sorted heads}`` (indices as the model is
-    now), refusing another form, a layer or head that does not exist, and one named twice."""
-    if not isinstance(heads, Mapping) or set(heads) - {"layers"}:
-        raise TypeError(f"{WHERE}: heads must be {{'layers': {{layer: [heads]}}}} (the form "
-                        f"hw.ablate takes on transformers models), got {heads!r}")
-    per_layer = heads.get("layers", {})
-    if not isinstance(per_layer, Mapping):
-        raise TypeError(f"{WHERE}: heads['layers'] must be a dict {{layer: [heads]}}, got "
-                        f"{type(per_layer).__name__}")
-    out: dict[int, list[int]] = {}
-    for layer, picked in per_layer.items():
-        index = _index(layer, len(layers), "layer", "")
-        if index in out:
-            raise ValueError(f"{WHERE}: layer {layer!r} names layer {index} twice")
-        h = head_count(layers[index])
-        if picked is True:
-            picked = range(h)
-        elif isinstance(picked, int) and not isinstance(picked, bool):
-            picked = [picked]
-        elif not isinstance(picked, Iterable) or isinstance(picked, (str, bytes)):
-            raise TypeError(f"{WHERE}: heads['layers'][{layer!r}] must be a head index, a list "
-                            f"of them or True (all), got {picked!r}")
-        now = [_index(x, h, "head", f" of layer {index}") for x in picked]
-        if len(set(now)) < len(now):
-            raise ValueError(f"{WHERE}: layer {index} names a head twice ({list(picked)!r} is "
-                             f"heads {now} of {h}); name each head once")
-        if now:
-            out[index] = sorted(now)
-    return out
-
-
-def _index(value, size: int, what: str, of: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not -size <= value < size:
-        raise ValueError(f"{WHERE}: {what} {value!r}{of} does not exist (there are {size}: "
-                         f"0..{size - 1}, or negative from the end)")
-    return value % size
 
 
 def _record(config, n: int, where: str) -> list[list[int]]:

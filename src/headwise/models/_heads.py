@@ -8,11 +8,12 @@ Heads are query heads; a layer's head count is read from its module, so layers m
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
+from headwise import heads as heads_rule
 from headwise.layers import MultiHeadAttention
 
 __all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks",
@@ -53,43 +54,12 @@ def head_count(module: nn.Module) -> int:
     return head_count(module)
 
 
-def _index(value, size: int, what: str, where: str, of: str = "") -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not -size <= value < size:
-        raise ValueError(f"{where}: {what} {value!r}{of} does not exist (there are {size}: "
-                         f"0..{size - 1}, or negative from the end)")
-    return value % size
-
-
-def check_heads(heads, layers: Mapping[str, Sequence[MultiHeadAttention]],
-                where: str) -> Heads:
-    """Normalise a head selection ``{kind: {layer: heads}}`` (``heads``: an int, ints, or True
-    for every head of the layer; negative indices count from the end) to
-    ``{kind: {layer: sorted heads}}``; a kind, layer or head that does not exist is an error."""
-    if not isinstance(heads, Mapping):
-        raise TypeError(f"{where}: heads must be a dict {{kind: {{layer: [heads]}}}} such as "
-                        f"{{'cross': {{1: [0, 2]}}}}, got {type(heads).__name__}")
-    out: Heads = {}
-    for kind, per_layer in heads.items():
-        if kind not in layers:
-            raise ValueError(f"{where}: unknown attention kind {kind!r}; this model has "
-                             f"{sorted(layers)}")
-        if not isinstance(per_layer, Mapping):
-            raise TypeError(f"{where}: heads[{kind!r}] must be a dict {{layer: [heads]}}, got "
-                            f"{type(per_layer).__name__}")
-        for layer, chosen in per_layer.items():
-            layer = _index(layer, len(layers[kind]), f"{kind} layer", where)
-            h = head_count(layers[kind][layer])
-            if chosen is True:
-                chosen = range(h)
-            elif isinstance(chosen, int) and not isinstance(chosen, bool):
-                chosen = [chosen]
-            elif not isinstance(chosen, Iterable) or isinstance(chosen, (str, bytes)):
-                raise TypeError(f"{where}: heads[{kind!r}][{layer}] must be a head index, a "
-                                f"list of them or True (all), got {chosen!r}")
-            picked = {_index(x, h, "head", where, f" of {kind} layer {layer}") for x in chosen}
-            out.setdefault(kind, {})[layer] = sorted(picked | set(out.get(kind, {})
-                                                               .get(layer, [])))
-    return out
+def check_heads(heads, layers: Mapping[str, Sequence[nn.Module]], where: str,
+                once: bool = False) -> Heads:
+    """:func:`headwise.heads.check_heads` of a selection for the attention modules ``layers``
+    (:func:`attention_layers`): ``{kind: {layer: sorted heads}}``."""
+    counts = {kind: [head_count(m) for m in mods] for kind, mods in layers.items()}
+    return heads_rule.check_heads(heads, counts, where, once)
 
 
 def layer_head_masks(head_mask, layers: Mapping[str, Sequence[int]], batch: int,

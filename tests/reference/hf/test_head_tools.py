@@ -104,7 +104,7 @@ def test_hw_ablate_and_patch_on_an_hf_model_equal_the_hand_edit(family):
 
 def test_a_bad_head_of_an_hf_model_is_one_readable_error():
     model = build("llama", "headwise")
-    with pytest.raises(ValueError, match="head 4 of layers layer 1 does not exist"):
+    with pytest.raises(ValueError, match="head 4 of layer 1 does not exist"):
         with hw.ablate(model, {"layers": {1: [4]}}):
             pass
 
