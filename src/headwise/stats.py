@@ -25,6 +25,7 @@ Positions are bottom-right aligned as in causal attention: query ``i`` sits at k
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -335,9 +336,15 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
         found["blocks.0.self_attn"][0].per_head("entropy")   # (b, h)
 
     Yields a dict module path -> list of HeadStats (one per call). ``token_ids (b, n)`` feed
-    the induction score of self-attention calls whose key length is ``n``.
+    the induction score of self-attention calls whose key length is ``n``. A transformers model
+    must run ``attn_implementation="headwise"`` (:func:`headwise.hf.use`), else ValueError: on
+    another implementation its heads never report, and the dict would stay empty.
     """
     _check_ids(token_ids)
+    transformers = sys.modules.get("transformers")  # (a transformers model implies it)
+    if transformers is not None and isinstance(model, transformers.PreTrainedModel):
+        from headwise.hf.model import running
+        running(model, "headwise.stats.collect")
     paths = {id(m): name for name, m in model.named_modules()}
     found: dict[str, list[HeadStats]] = {}
 

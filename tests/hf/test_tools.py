@@ -127,10 +127,15 @@ def test_head_tools_refuse_a_model_not_running_headwise():
     model = build("llama", "sdpa")
     for tool in (lambda: hw.importance(model, [_inputs("none")], method="entropy"),
                  lambda: hw.catalogue(model, [_inputs("none")]),
-                 lambda: hh.explain(model, tiny.tokenizer(), ["the cat"])):
+                 lambda: hh.explain(model, tiny.tokenizer(), ["the cat"]),
+                 lambda: hw.stats.collect(model).__enter__()):
         with pytest.raises(ValueError, match="runs attn_implementation='sdpa'; call "
                                              r"headwise.hf.use\(model\) first"):
             tool()
+    hh.use(model)  # then the statistics come, one per layer
+    with hw.stats.collect(model) as found, torch.no_grad():
+        model(**_inputs("none"))
+    assert len(found) == model.config.num_hidden_layers
 
 
 def _eager_weights(family, inputs) -> list[torch.Tensor]:
