@@ -173,6 +173,16 @@ def test_pruning_twice_names_heads_as_the_model_is_now_and_records_original_indi
                                                  once.state_dict().values(), strict=True))
 
 
+def test_hw_prune_heads_hands_a_transformers_model_to_the_hf_pruner():
+    model = build("llama", "headwise")
+    ours = hw.prune_heads(copy.deepcopy(model), {"layers": {0: [0, 2], -1: [2, 3]}})
+    theirs = hh.prune_heads(copy.deepcopy(model), {"layers": {0: [0, 2], 1: [2, 3]}})
+    assert ours.config.headwise_pruned_heads == [[0, 2], [2, 3]]
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                 theirs.state_dict().values(), strict=True))
+    assert sum(p.numel() for p in ours.parameters()) < sum(p.numel() for p in model.parameters())
+
+
 def test_a_pruned_layers_weights_are_the_kept_heads_weights_of_the_gated_model():
     model, pruned, selection = _pair("qwen3", seed=3)
     ids, mask = batch("right")

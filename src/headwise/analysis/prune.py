@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-from headwise.models._heads import attention_layers, check_heads
+from headwise.models._heads import attention_layers, check_heads, transformers_model
 from headwise.models.pruned import config_plans, cut, layer_plan
 
 __all__ = ["prune_heads"]
@@ -40,7 +40,8 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Mapping[int, Iterable[int]
     Args:
         model: a headwise model (:class:`~headwise.models.TransformerLM`,
             :class:`~headwise.models.Transformer`, its ``Encoder``/``Decoder``, or
-            :class:`~headwise.models.bert.BertModel`).
+            :class:`~headwise.models.bert.BertModel`); a transformers model is handed to
+            :func:`headwise.hf.prune_heads` (``heads``: ``{"layers": {layer: [heads]}}``).
         heads: ``{kind: {layer: [heads]}}`` with kinds ``encoder_self``, ``decoder_self``,
             ``cross`` (those the model has), layer and head indices as the model is now
             (negative count from the end). Empty: nothing changes.
@@ -49,6 +50,9 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Mapping[int, Iterable[int]
     a kind, layer or head that does not exist, a layer left with no head, or grouped heads
     left unequal raise ``ValueError``. ``model.config.pruned_heads`` records the result.
     """
+    if transformers_model(model):
+        from headwise.hf.prune import prune_heads as prune_transformers
+        return prune_transformers(model, heads)
     modules = attention_layers(model)
     config = model.config
     chosen = {kind: {layer: x for layer, x in layers.items() if x}
