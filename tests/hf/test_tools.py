@@ -188,6 +188,9 @@ def test_the_catalogue_refuses_layers_statistics_do_not_model(family, why):
     with pytest.raises(ValueError, match=f"catalogue: .* {why}, which head statistics do not "
                                          "model"):
         hw.catalogue(build(family, "headwise"), [_inputs("none")])
+    with pytest.raises(ValueError, match=rf"importance\(method='entropy'\): .* {why}, which head "
+                                         "statistics do not model .*method 'greedy'"):
+        hw.importance(build(family, "headwise"), [_inputs("none")], method="entropy")
 
 
 def test_explain_gives_eagers_weights_the_models_tokens_and_its_key_value_heads():

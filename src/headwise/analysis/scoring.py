@@ -62,7 +62,7 @@ from headwise.analysis.ablation import ABLATIONS, ablate, edit_heads, head_means
 from headwise.analysis.head_scores import HeadScores
 from headwise.analysis.run import as_batches, batch_size, default_loss, run_batch
 from headwise.data import LMBatch, Seq2SeqBatch
-from headwise.models._heads import attention_layers, head_count
+from headwise.models._heads import attention_layers, head_count, transformers_model
 from headwise.train.evaluate import device_of
 
 __all__ = ["BEHAVIOURS", "DEFAULT_METHOD", "METHODS", "importance"]
@@ -322,6 +322,11 @@ def _ids_kind(layers) -> str:
 def _behaviour(model, layers, batches, method: str) -> HeadScores:
     """Per-head averages of one :class:`headwise.stats.HeadStats` field over rows and examples."""
     field = BEHAVIOURS[method]
+    if transformers_model(model):
+        from headwise.hf.model import refuse_unmodelled
+        refuse_unmodelled(model, layers["layers"], f"importance(method={method!r})",
+                          "score its heads by what removing them does (method 'greedy', "
+                          "'ablation' or 'attribution')")
     where = {id(mha): (kind, layer) for kind, mods in layers.items()
              for layer, mha in enumerate(mods)}
     paths = {name: where[id(m)] for name, m in model.named_modules() if id(m) in where}

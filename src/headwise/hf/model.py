@@ -14,7 +14,7 @@ import inspect
 from torch import nn
 
 __all__ = ["NAME", "attention_layers", "context", "head_count", "kind", "kv_head_count", "running",
-           "unmodelled", "use"]
+           "refuse_unmodelled", "unmodelled", "use"]
 
 NAME = "headwise"  # the attn_implementation name
 
@@ -77,6 +77,16 @@ def unmodelled(module: nn.Module) -> str | None:
     if getattr(module, "sinks", None) is not None:
         return "has attention sinks"
     return None
+
+
+def refuse_unmodelled(model, layers, where: str, instead: str) -> None:
+    """A ValueError naming the first of ``layers`` whose softmax head statistics do not model
+    (:func:`unmodelled`): every statistic of it would be missing, so a tool built on them
+    stops here instead, and says what to use ``instead``."""
+    why = next(filter(None, map(unmodelled, layers)), None)
+    if why:
+        raise ValueError(f"{where}: {type(model).__name__} {why}, which head statistics do not "
+                         f"model (every score would be empty); {instead}")
 
 
 def running(model, where: str) -> list[nn.Module]:

@@ -30,12 +30,9 @@ def attention_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
 
     layers = attention_layers(model)  # TypeError for anything but a headwise or HF model
     if transformers_model(model):  # its layers, as the views name a decoder's or an encoder's
-        from headwise.hf.model import kind, unmodelled
-        why = next(filter(None, map(unmodelled, layers["layers"])), None)
-        if why:
-            raise ValueError(f"catalogue: {type(model).__name__} {why}, which head statistics "
-                             "do not model (every score would be empty); use hw.hf.weights or "
-                             "output_attentions for its weights")
+        from headwise.hf.model import kind, refuse_unmodelled
+        refuse_unmodelled(model, layers["layers"], "catalogue", "use hw.hf.weights or "
+                          "output_attentions for its weights")
         return {kind(model): layers["layers"]}
     if not isinstance(model, (Transformer, TransformerLM, BertModel)):
         raise TypeError(f"catalogue: runs a whole Transformer, TransformerLM or BertModel, got "
