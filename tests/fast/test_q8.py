@@ -91,3 +91,32 @@ def test_the_step_reads_the_codes_while_they_are_the_weight_and_falls_back_after
     assert _q8.of(layer) is None and _rows.of_linear(layer, False)[2] is not _rows.Q8
     layer.weight = nn.Parameter(w.clone())  # another parameter: not the codes' weight either
     assert _q8.of(layer) is None
+
+
+@pytest.mark.parametrize("change", ["fused adamw", "foreach adamw", "sgd", "new storage"])
+def test_codes_go_stale_when_training_or_a_new_storage_changes_the_weight(change):
+    """A fused optimizer writes the weight without counting a version: the optimizer step is
+    what marks the codes stale; ``weight.data = ...`` keeps the parameter but not its storage.
+    Either way the step multiplies by the weight as it now is."""
+    codes, scales, w = random_q8(40, 3, 4)
+    layer = nn.Linear(96, 40, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    layer.q8 = _q8.Q8(codes, scales, layer.weight)
+    other = nn.Linear(96, 40)  # an optimizer over other parameters leaves the codes valid
+    torch.optim.SGD(other.parameters(), lr=0.1).step()
+    assert _q8.of(layer) is layer.q8
+    x = torch.randn(1, 96)
+    if change == "new storage":
+        layer.weight.data = torch.randn(40, 96)
+    else:
+        opt = {"fused adamw": lambda p: torch.optim.AdamW(p, lr=0.1, fused=True),
+               "foreach adamw": lambda p: torch.optim.AdamW(p, lr=0.1, foreach=True),
+               "sgd": lambda p: torch.optim.SGD(p, lr=0.1)}[change](layer.parameters())
+        layer(x).square().sum().backward()
+        opt.step()
+    assert not torch.equal(layer.weight.detach(), w)
+    assert _q8.of(layer) is None
+    weight = _rows.of_linear(layer, False)
+    assert weight[2] is not _rows.Q8
+    torch.testing.assert_close(_rows.linear(x, weight), layer(x).detach(), rtol=1e-5, atol=1e-5)

@@ -8,10 +8,16 @@ float32 weight they dequantize to (checked equal), and the step multiplies by th
 (:func:`headwise.fast.native.q8_matmul`); everything else (the module path, a prompt, hooks,
 training) keeps reading the float32 weight. Since ``q * scale`` is exactly that weight, the
 two differ only in the order of float32 sums. :func:`of` is the one rule for when the codes
-stand in for the weight.
+stand in for the weight: the same parameter and storage, not changed in place since they were
+attached. In-place changes are seen through the tensor's version counter, and through an
+optimizer step over the parameter (a fused optimizer such as ``AdamW(fused=True)`` writes the
+weight without counting a version; every optimizer's step is watched once codes exist). Only an
+in-place write through ``weight.data`` escapes both, as it escapes autograd.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -29,7 +35,7 @@ class Q8:
     float32 weight ``source`` they dequantize to; ``version`` is ``source._version`` when
     attached (an in-place change of the weight makes the codes stale: :func:`of`)."""
 
-    __slots__ = ("codes", "scales", "source", "version")
+    __slots__ = ("codes", "scales", "source", "version", "__weakref__")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor):
         out, n = codes.shape
@@ -44,7 +50,8 @@ class Q8:
                    for rows in _blocks(out)):                                  # at a time)
             raise ValueError("Q8: the codes do not dequantize to the weight they stand for; "
                              "attach the codes of this weight's own tensor")
-        self.source, self.version = source, source._version
+        self.source, self.version = source, _state(source)
+        _watch(self)
 
     def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
         """The float32 ``(out, in)`` the codes stand for (exact: 8 + 11 significant bits), or
@@ -75,6 +82,31 @@ def of(layer: nn.Module) -> Q8 | None:
     q8 = getattr(layer, "q8", None)
     w = getattr(layer, "weight", None)
     if q8 is None or w is not q8.source or w.dtype is not torch.float32 \
-            or w._version != q8.version:
+            or _state(w) != q8.version:
         return None
     return q8
+
+
+def _state(w: torch.Tensor) -> tuple[int, int]:
+    """What an in-place change or a new storage changes: the version and the address."""
+    return w._version, w.data_ptr()
+
+
+_attached: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id(weight) -> its Q8
+_hook: list = []  # the optimizer hook's handle, once registered
+
+
+def _watch(q8: Q8) -> None:
+    _attached[id(q8.source)] = q8
+    if not _hook:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _hook.append(register_optimizer_step_post_hook(_stepped))
+
+
+def _stepped(optimizer, args, kwargs) -> None:
+    """After any optimizer step: the codes of every weight it updated are stale."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            q8 = _attached.get(id(p))
+            if q8 is not None and q8.source is p:
+                q8.version = None
