@@ -7,13 +7,12 @@
  * value).
  *
  * A decoding step reads every weight once, so these read W at the speed memory delivers it:
- * one row of W at a time against every row of x (which sits in L1), so that each thread reads
- * its block of W front to back. Reading several rows of W per pass (as the float32 kernel
- * does) keeps several short streams in flight instead: for SmolLM2's 576-wide rows (1152
- * bytes) eight such streams read ~11.5 GB/s on this project's Zen 4 where one row at a time
- * reads ~24 (and a plain sum over a buffer ~20). Two sums per row of x, so each sum waits on
- * its own chain only every other step. Two paths, picked by the caller's `wide`
- * (step_kernels.h):
+ * each thread reads its block of W front to back as four long streams (its four quarters, one
+ * row of each per pass), x (in L1) loaded once per pass for the four. Several *adjacent* rows
+ * per pass (as the float32 kernel does) keep short streams in flight instead: for SmolLM2's
+ * 576-wide rows (1152 bytes) eight such streams read ~11.5 GB/s on this project's Zen 4 where
+ * one row at a time reads ~24 (and a plain sum over a buffer ~20). Two paths, picked by the
+ * caller's `wide` (step_kernels.h):
  * - AVX512-BF16: vdpbf16ps takes 32 bfloat16 of W and of x and adds the 16 pair sums into
  *   float32 lanes: no widening at all; the tail of a row (in % 64) through masked loads, which
  *   read zeros past the end.
@@ -39,6 +38,8 @@ static inline void put(const bf16_args* a, int b, long o, float s) {
 
 /* ---- AVX512-BF16 ---------------------------------------------------------------------- */
 
+#define STREAMS 4 /* rows of W read per pass (rows_wide) */
+
 /* 32 bfloat16 at p; the first n only when n < 32 (a masked load: zeros past them) */
 WIDE INLINE __m512bh load32(const bf16* p, long n) {
     if (n >= 32) return (__m512bh)_mm512_loadu_si512(p);
@@ -63,50 +64,58 @@ WIDE INLINE void pass_wide(const bf16_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* Row o of W against B >= 2 rows of x, 64 weights per step in two sums per row of x: more
- * rows of x already keep enough sums in flight, and the x loads of a 64-wide step then cost
- * less than reloading x for a second row of W (measured). */
-WIDE INLINE void row_wide(const bf16_args* a, long o, int B) {
-    __m512 acc[4][2];
-    for (int b = 0; b < B; b++) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
-    const bf16* w = a->w + o * a->ldw;
+/* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step: each pair of x loads
+ * serves the S rows of W, one sum per row of W and of x (S x B sums in flight). */
+WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
+    __m512 acc[STREAMS][4];
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
     long k = 0, n = a->n;
     for (; k + 64 <= n; k += 64) {
-        __m512bh w0 = load32(w + k, 32), w1 = load32(w + k + 32, 32);
+        __m512bh w0[STREAMS], w1[STREAMS];
+        for (int r = 0; r < S; r++) {
+            const bf16* w = a->w + o[r] * a->ldw + k;
+            w0[r] = load32(w, 32), w1[r] = load32(w + 32, 32);
+        }
         for (int b = 0; b < B; b++) {
             const bf16* xb = a->x + b * a->ldx + k;
-            acc[b][0] = _mm512_dpbf16_ps(acc[b][0], w0, load32(xb, 32));
-            acc[b][1] = _mm512_dpbf16_ps(acc[b][1], w1, load32(xb + 32, 32));
+            __m512bh x0 = load32(xb, 32), x1 = load32(xb + 32, 32);
+            for (int r = 0; r < S; r++)
+                acc[r][b] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][b], w0[r], x0), w1[r], x1);
         }
     }
-    for (; k < n; k += 32) {
-        __m512bh wv = load32(w + k, n - k);
-        for (int b = 0; b < B; b++)
-            acc[b][0] = _mm512_dpbf16_ps(acc[b][0], wv, load32(a->x + b * a->ldx + k, n - k));
-    }
-    for (int b = 0; b < B; b++)
-        put(a, b, o, _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1])));
+    for (; k < n; k += 32)
+        for (int b = 0; b < B; b++) {
+            __m512bh xv = load32(a->x + b * a->ldx + k, n - k);
+            for (int r = 0; r < S; r++)
+                acc[r][b] = _mm512_dpbf16_ps(acc[r][b], load32(a->w + o[r] * a->ldw + k, n - k),
+                                             xv);
+        }
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* One row of x: [o0, o1) as STREAMS contiguous parts, one row of each per pass: four long
- * front-to-back streams, which a core reads faster than one (~26 against ~23 GB/s here). */
-#define STREAMS 4
-WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
-    if (B > 1) {
-        for (long o = o0; o < o1; o++) switch (B) {  /* a constant B in each call: unrolled */
-            case 2: row_wide(a, o, 2); break;
-            case 3: row_wide(a, o, 3); break;
-            default: row_wide(a, o, 4); break;
-        }
-        return;
+/* [o0, o1) as STREAMS contiguous parts, one row of each per pass: four long front-to-back
+ * streams, which a core reads faster than one (~26 against ~23 GB/s here), x's loads shared
+ * by the four rows. One row of x: 32 weights per step; 2-4 rows: 64 (rows_s_wide). Against one
+ * row of W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream 1.1-1.6x
+ * faster at 1 thread (benchmarks/bf16_kernel.py). */
+#define PASS(o, S)                                          \
+    switch (B) { /* a constant B in each call: unrolled */ \
+        case 1: pass_wide(a, o, S, 1); break;               \
+        case 2: rows_s_wide(a, o, S, 2); break;             \
+        case 3: rows_s_wide(a, o, S, 3); break;             \
+        default: rows_s_wide(a, o, S, 4); break;            \
     }
+WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
     long per = (o1 - o0) / STREAMS, o[STREAMS];
     for (long i = 0; i < per; i++) {
         for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
-        pass_wide(a, o, STREAMS, 1);
+        PASS(o, STREAMS);
     }
-    for (long r = o0 + STREAMS * per; r < o1; r++) pass_wide(a, &r, 1, 1);  /* the rest */
+    for (long r = o0 + STREAMS * per; r < o1; r++) PASS(&r, 1);  /* the rest */
 }
+#undef PASS
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
