@@ -156,3 +156,27 @@ def test_bf16_rms_rows_is_the_modules_bf16_norm(rows, m, eps, scale, seed):
     for ref in (want, module.double()):
         assert ((got.double() - ref).abs() <= 2**-6 * ref.abs()).all()
     assert (got == module).float().mean() >= 0.97  # the same rounding, nearly everywhere
+
+
+@settings(deadline=None, max_examples=25,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 4), n_in=st.integers(1, 640), n_out=st.integers(1, 100),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
+@example(rows=4, n_in=576, n_out=96, threads=1, seed=0)
+@example(rows=2, n_in=200, n_out=67, threads=2, seed=1)
+def test_bf16_rows_matmul_is_its_rows_of_w_one_at_a_time_bit_for_bit(isa, rows, n_in, n_out,
+                                                                     threads, seed):
+    """Reading several rows of W per pass (x's loads shared) keeps each output's order of sums:
+    the product equals the products of W's rows taken one at a time, exactly, so the decoding
+    step's tokens do not depend on how the kernel walks W."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)
+    w = torch.randn(n_out, n_in, generator=g).to(torch.bfloat16)
+    if n_in > 32:  # +-2^20 products that cancel, in the first and second 32 of a 64-wide step:
+        x[:, [0, 32]] = 1  # the float32 sums round at 2^-3 until they meet, so another order
+        w[:, 0], w[:, 32] = 2.0**20, -2.0**20  # of sums shows in the bfloat16 result
+    with torch_threads(threads):
+        whole = _native.rows_matmul(x, w)
+        one = [_native.rows_matmul(x, w[o:o + 1].contiguous()) for o in range(n_out)]
+    assert whole is not None and all(y is not None for y in one)
+    assert torch.equal(whole, torch.cat(one, 1))

@@ -64,12 +64,14 @@ WIDE INLINE void pass_wide(const bf16_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step: each pair of x loads
- * serves the S rows of W, one sum per row of W and of x (S x B sums in flight). */
+/* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step in two sums per row of W
+ * and of x (weights 0-31 and 32-63 of each step, added at the end: the order of sums one row
+ * of W at a time had, so the results are the same bit for bit), each pair of x loads serving
+ * the S rows of W. */
 WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
-    __m512 acc[STREAMS][4];
+    __m512 acc[STREAMS][4][2];
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+        for (int b = 0; b < B; b++) acc[r][b][0] = acc[r][b][1] = _mm512_setzero_ps();
     long k = 0, n = a->n;
     for (; k + 64 <= n; k += 64) {
         __m512bh w0[STREAMS], w1[STREAMS];
@@ -80,26 +82,30 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) {
             const bf16* xb = a->x + b * a->ldx + k;
             __m512bh x0 = load32(xb, 32), x1 = load32(xb + 32, 32);
-            for (int r = 0; r < S; r++)
-                acc[r][b] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][b], w0[r], x0), w1[r], x1);
+            for (int r = 0; r < S; r++) {
+                acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], w0[r], x0);
+                acc[r][b][1] = _mm512_dpbf16_ps(acc[r][b][1], w1[r], x1);
+            }
         }
     }
     for (; k < n; k += 32)
         for (int b = 0; b < B; b++) {
             __m512bh xv = load32(a->x + b * a->ldx + k, n - k);
             for (int r = 0; r < S; r++)
-                acc[r][b] = _mm512_dpbf16_ps(acc[r][b], load32(a->w + o[r] * a->ldw + k, n - k),
-                                             xv);
+                acc[r][b][0] = _mm512_dpbf16_ps(
+                    acc[r][b][0], load32(a->w + o[r] * a->ldw + k, n - k), xv);
         }
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+        for (int b = 0; b < B; b++)
+            put(a, b, o[r], _mm512_reduce_add_ps(_mm512_add_ps(acc[r][b][0], acc[r][b][1])));
 }
 
-/* [o0, o1) as STREAMS contiguous parts, one row of each per pass: four long front-to-back
- * streams, which a core reads faster than one (~26 against ~23 GB/s here), x's loads shared
- * by the four rows. One row of x: 32 weights per step; 2-4 rows: 64 (rows_s_wide). Against one
- * row of W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream 1.1-1.6x
- * faster at 1 thread (benchmarks/bf16_kernel.py). */
+/* [o0, o1) as S contiguous parts, one row of each per pass: S long front-to-back streams,
+ * which a core reads faster than one (~26 against ~23 GB/s here), x's loads shared by the S
+ * rows. One row of x: 32 weights per step, S = 4; 2-4 rows: 64 (rows_s_wide), S = 4 for two
+ * rows of x and 3 for three or four (their 2 S B sums fit the 32 registers). Against one row of
+ * W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream faster at the
+ * same results (benchmarks/bf16_kernel.py). */
 #define PASS(o, S)                                          \
     switch (B) { /* a constant B in each call: unrolled */ \
         case 1: pass_wide(a, o, S, 1); break;               \
@@ -108,12 +114,13 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
         default: rows_s_wide(a, o, S, 4); break;            \
     }
 WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
-    long per = (o1 - o0) / STREAMS, o[STREAMS];
+    int S = B <= 2 ? 4 : 3;
+    long per = (o1 - o0) / S, o[STREAMS];
     for (long i = 0; i < per; i++) {
-        for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
-        PASS(o, STREAMS);
+        for (int r = 0; r < S; r++) o[r] = o0 + r * per + i;
+        PASS(o, S);
     }
-    for (long r = o0 + STREAMS * per; r < o1; r++) PASS(&r, 1);  /* the rest */
+    for (long r = o0 + S * per; r < o1; r++) PASS(&r, 1);  /* the rest */
 }
 #undef PASS
 
