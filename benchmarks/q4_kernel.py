@@ -34,7 +34,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleave, ratio  # noqa: E402
-
 from headwise.fast import build, native  # noqa: E402
 from headwise.fast.int4 import GROUP, Int4  # noqa: E402
 
