@@ -43,8 +43,9 @@ class Int4:
                              f"scales, mins (out, in / {GROUP}), got {tuple(codes.shape)}, "
                              f"{tuple(scales.shape)}, {tuple(mins.shape)}; pad in to a "
                              f"multiple of {GROUP}")
-        q = codes.to(torch.uint8).view(out, n // GROUP, 2, GROUP // 2)
-        self.codes = (q[:, :, 0] | q[:, :, 1] << 4).reshape(out, n // 2).contiguous()
+        q = codes.to(torch.uint8).view(out, n // GROUP, 4, 8)  # [k, j]: weight 8 k + j
+        pairs = q[:, :, 0::2] | q[:, :, 1::2] << 4  # [h, j]: weights 16 h + j, 16 h + 8 + j
+        self.codes = pairs.transpose(2, 3).reshape(out, n // 2).contiguous()  # byte 2 j + h
         self.scales, self.mins = (t.to(torch.float16).contiguous() for t in (scales, mins))
         if not (self.scales.isfinite().all() and self.mins.isfinite().all()):
             raise ValueError("Int4: scales and mins must be finite in float16 (|x| < 65504), "
@@ -91,8 +92,9 @@ class Int4:
     def unpacked(self) -> torch.Tensor:
         """The codes ``q (out, in)`` as uint8 in [0, 15]."""
         out, half = self.codes.shape
-        c = self.codes.view(out, -1, 1, GROUP // 2)
-        return torch.cat((c & 0xF, c >> 4), dim=2).view(out, half * 2)
+        c = self.codes.view(out, -1, 8, 2)  # [j, h]: byte 2 j + h
+        q = torch.stack((c & 0xF, c >> 4), dim=-1)  # [j, h, nibble]: weight 16 h + 8 nibble + j
+        return q.permute(0, 1, 3, 4, 2).reshape(out, half * 2)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``W (out, in)``: ``q * scale + min``, one float32 rounding (``q * scale``

@@ -63,10 +63,12 @@ WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
     }
 }
 
+#define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
+
 /* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
  * four rows of x's bfloat16 loaded once for all S rows of W. */
 WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
-    const __m512i low = _mm512_set1_epi8(0x0f), bias128 = _mm512_set1_epi8(0x43);
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     /* lane j of the 16 float32 sums belongs to group j / 4 of the four */
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m512 acc[4][4];
@@ -82,12 +84,12 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         }
         for (int r = 0; r < S; r++) {
             __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
-            __m512i lo = _mm512_and_si512(cv, low);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(cv, 4), low);
-            __m512bh q0 = (__m512bh)_mm512_unpacklo_epi8(lo, bias128);
-            __m512bh q1 = (__m512bh)_mm512_unpackhi_epi8(lo, bias128);
-            __m512bh q2 = (__m512bh)_mm512_unpacklo_epi8(hi, bias128);
-            __m512bh q3 = (__m512bh)_mm512_unpackhi_epi8(hi, bias128);
+            __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+            __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
+                                                              bias128, AND_OR);
+            __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
+                                                              bias128, AND_OR);
+            __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
             __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1),
                                                            a->d + o[r] * a->ldd + g));
             __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
@@ -138,22 +140,20 @@ WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
-/* the low 8 bytes of v as eight float32 */
-#define BYTES_AS_FLOATS(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-
 /* Row o of W against the B rows of x: one group (16 bytes of codes) per step. */
 NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
-    const __m128i low = _mm_set1_epi8(0x0f);
+    const __m256i low = _mm256_set1_epi32(0x0f);
     __m256 acc[4];
     float z[4] = {0};
     for (int b = 0; b < B; b++) acc[b] = _mm256_setzero_ps();
     const uint8_t* c = a->codes + o * a->ldc;
     const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
     for (long g = 0; g < a->groups; g++) {
-        __m128i cv = _mm_loadu_si128((const __m128i*)(c + g * 16));
-        __m128i lo = _mm_and_si128(cv, low), hi = _mm_and_si128(_mm_srli_epi16(cv, 4), low);
-        __m256 f0 = BYTES_AS_FLOATS(lo), f1 = BYTES_AS_FLOATS(_mm_srli_si128(lo, 8));
-        __m256 f2 = BYTES_AS_FLOATS(hi), f3 = BYTES_AS_FLOATS(_mm_srli_si128(hi, 8));
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(c + g * 16)));
+        __m256 f0 = _mm256_cvtepi32_ps(_mm256_and_si256(w, low));
+        __m256 f1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 4), low));
+        __m256 f2 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 8), low));
+        __m256 f3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 12));
         __m256 dv = _mm256_set1_ps(_cvtsh_ss(d[g]));
         float mg = _cvtsh_ss(m[g]);
         for (int b = 0; b < B; b++) {
