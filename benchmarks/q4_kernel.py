@@ -18,6 +18,7 @@ the working tree's kernel gets :class:`headwise.fast.int4.Int4`'s. Both are call
 ``ctypes`` with the same arguments, so the call's own cost is the same for both.
 
     python benchmarks/q4_kernel.py [--threads 1 2] [--batches 1 4] [--budget 2] [--against REV]
+        [--clock wall|cpu]
 
 About 3 minutes with the defaults (2 threads x 2 batches x 21 rows, 2 s each).
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleave, ratio  # noqa: E402
+from _common import interleave, ratio, set_clock  # noqa: E402
 from headwise.fast import build, native  # noqa: E402
 from headwise.fast.int4 import GROUP, Int4  # noqa: E402
 
@@ -101,8 +102,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     p.add_argument("--budget", type=float, default=2.0, help="seconds per row")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: this process's CPU time (1 thread on a shared machine)")
     p.add_argument("--against", default="52720a5", help="the earlier commit (llama.cpp order)")
     args = p.parse_args(argv)
+    set_clock(args.clock)
     gen = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"old": old_library(args.against, Path(tmp)),

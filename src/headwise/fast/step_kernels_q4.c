@@ -63,6 +63,32 @@ WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
     }
 }
 
+/* Rows o..o+n-1's codes, AHEAD bytes on, asked into L2 (prefetcht1). Why: the 210 products of
+ * a step are each too short for the hardware's prefetchers to reach full speed on their own;
+ * asking 4 KiB ahead made SmolLM2's 210 products 1.2x faster on a Zen 4 (benchmarks/q4_kernel.py).
+ * A request past the end of the codes is harmless (a prefetch never faults). */
+#define AHEAD 4096
+INLINE void ahead(const q4_args* a, long o, int n) {
+    const char* p = (const char*)(a->codes + o * a->ldc) + AHEAD;
+    for (long i = 0; i < n * a->ldc; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+}
+
+/* The lane sums of four vectors, each added in _mm512_reduce_add_ps's order (lanes L and L + 8,
+ * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles. */
+WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44),
+                              _mm512_shuffle_f32x4(a0, a1, 0xee));  /* a0's, a1's L + (0, 8) */
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44),
+                              _mm512_shuffle_f32x4(a2, a3, 0xee));
+    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
+                             _mm512_shuffle_f32x4(u0, u1, 0xdd));  /* + 4: a_r's in lanes 4r.. */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+    float t[16];
+    _mm512_storeu_ps(t, v);
+    s[0] = t[0], s[1] = t[4], s[2] = t[8], s[3] = t[12];
+}
+
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
 
 /* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
@@ -102,28 +128,35 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             }
         }
     }
-    for (int r = 0; r < S; r++) {
-        offsets_wide(a, o[r], B, acc[r]);
-        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+    for (int r = 0; r < S; r++) offsets_wide(a, o[r], B, acc[r]);
+    if (S == 4 && B == 1) {
+        float s[4];
+        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], s);
+        for (int r = 0; r < 4; r++) put(a, 0, o[r], s[r]);
+        return;
     }
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* [o0, o1): for one row of x, STREAMS contiguous parts, one row of W from each per pass (more
- * sums in flight, the x loads shared; step_kernels_bf16.c's one-row kernel does the same);
- * for 2-4 rows of x, row by row. */
+/* [o0, o1): for one row of x, STREAMS rows of W per pass (more sums in flight, the x loads
+ * shared); for 2-4 rows of x, two rows of W per pass. Each pass first asks for the codes AHEAD
+ * bytes on (ahead()). */
 #define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
     if (B == 1) {
-        long per = (o1 - o0) / STREAMS, o[STREAMS];
-        for (long i = 0; i < per; i++) {
-            for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
+        long o[STREAMS], r = o0;
+        for (; r + STREAMS <= o1; r += STREAMS) {
+            ahead(a, r, STREAMS);
+            for (int s = 0; s < STREAMS; s++) o[s] = r + s;
             rows_wide_s(a, o, STREAMS, 1);
         }
-        for (long r = o0 + STREAMS * per; r < o1; r++) rows_wide_s(a, &r, 1, 1);
+        for (; r < o1; r++) rows_wide_s(a, &r, 1, 1);
         return;
     }
     long o = o0, pair[2];
     for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
+        ahead(a, o, 2);
         pair[0] = o, pair[1] = o + 1;
         switch (B) {
             case 2: rows_wide_s(a, pair, 2, 2); break;
@@ -170,11 +203,14 @@ NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
 }
 
 NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
-    for (long o = o0; o < o1; o++) switch (B) {
-        case 1: row_narrow(a, o, 1); break;
-        case 2: row_narrow(a, o, 2); break;
-        case 3: row_narrow(a, o, 3); break;
-        default: row_narrow(a, o, 4); break;
+    for (long o = o0; o < o1; o++) {
+        ahead(a, o, 1);
+        switch (B) {
+            case 1: row_narrow(a, o, 1); break;
+            case 2: row_narrow(a, o, 2); break;
+            case 3: row_narrow(a, o, 3); break;
+            default: row_narrow(a, o, 4); break;
+        }
     }
 }
 
