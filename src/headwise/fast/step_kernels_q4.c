@@ -48,21 +48,6 @@ static inline void put(const q4_args* a, int b, long o, float s) {
     a->y[b * a->ldy + o] = s;
 }
 
-/* The minima's part of the product, less the 128 the wide path's weights carry (below):
- * sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time, added to the lanes of z[b] for
- * each of the B rows of x (the row's sums: one reduction for both), m_g - 128 d_g made once. */
-WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
-    const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
-    for (long g = 0; g < a->groups; g += 16) {
-        __mmask16 k = a->groups - g >= 16 ? 0xffff : (__mmask16)((1u << (a->groups - g)) - 1);
-        __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g));
-        __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
-        __m512 e = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), dv, mv);
-        for (int b = 0; b < B; b++)
-            z[b] = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, a->xs + b * a->lds + g), z[b]);
-    }
-}
-
 /* Rows o..o+n-1's codes, AHEAD bytes on, asked into L2 (prefetcht1). Why: the 210 products of
  * a step are each too short for the hardware's prefetchers to reach full speed on their own;
  * asking 4 KiB ahead made SmolLM2's 210 products 1.2x faster on a Zen 4 (benchmarks/q4_kernel.py).
@@ -90,19 +75,63 @@ WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
 }
 
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
+#define BLOCK 16    /* groups per block (codes layout, top of the file) */
 
-/* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
- * four rows of x's bfloat16 loaded once for all S rows of W. */
+/* Rows o[0..S-1] of W against the B rows of x (S * B <= 8). Blocks of 16 groups: four loads of
+ * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloatf16 weights + 128,
+ * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
+ * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
+ * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes). */
 WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
-    /* lane j of the 16 float32 sums belongs to group j / 4 of the four */
+    const __m512 k128 = _mm512_set1_ps(128.0f);
+    /* tail: lane j of the 16 float32 sums belongs to group j / 4 of the four */
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m512 acc[4][4];
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
-    for (long g = 0; g < a->groups; g += 4) {
+    long full = a->groups / BLOCK * BLOCK;
+    for (long g = 0; g < full; g += BLOCK) {
+        __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any B */
+        for (int r = 0; r < S; r++)
+            for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
+        for (int u = 0; u < 4; u++) {
+            __m512bh xv[4][4];
+            for (int b = 0; b < B; b++) {
+                const bf16* xb = a->xq + b * a->ldq + g * GROUP + u * 128;
+                for (int k = 0; k < 4; k++) xv[b][k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+            }
+            for (int r = 0; r < S; r++) {
+                __m512i cv = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
+                __m512bh q[4];
+                q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+                q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
+                                                           bias128, AND_OR);
+                q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
+                                                           bias128, AND_OR);
+                q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+                for (int b = 0; b < B; b++)
+                    for (int k = 0; k < 4; k++)
+                        s[r][b] = _mm512_dpbf16_ps(s[r][b], q[k], xv[b][k]);
+            }
+        }
+        for (int r = 0; r < S; r++) {
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(a->d + o[r] * a->ldd + g)));
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(a->m + o[r] * a->ldd + g)));
+            __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
+            for (int b = 0; b < B; b++) {
+                acc[r][b] = _mm512_fmadd_ps(s[r][b], dv, acc[r][b]);
+                acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), acc[r][b]);
+            }
+        }
+    }
+    __m128 low4[4][4];  /* the tail's minima, four groups to a lane */
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
+    for (long g = full; g < a->groups; g += 4) {
         long ng = a->groups - g < 4 ? a->groups - g : 4;
         __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
+        __mmask8 c4 = (__mmask8)((1u << ng) - 1);
         __m512bh xv[4][4];
         for (int b = 0; b < B; b++) {
             const bf16* xb = a->xq + b * a->ldq + g * GROUP;
@@ -116,8 +145,9 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
                                                               bias128, AND_OR);
             __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-            __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1),
-                                                           a->d + o[r] * a->ldd + g));
+            __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+            __m128 e4 = _mm_fnmadd_ps(_mm512_castps512_ps128(k128), d4, m4);
             __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
             for (int b = 0; b < B; b++) {
                 __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
@@ -125,14 +155,18 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
                 s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
                 s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
                 acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
+                low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
             }
         }
     }
-    for (int r = 0; r < S; r++) offsets_wide(a, o[r], B, acc[r]);
+    if (full < a->groups)
+        for (int r = 0; r < S; r++)
+            for (int b = 0; b < B; b++)
+                acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_zextps128_ps512(low4[r][b]));
     if (S == 4 && B == 1) {
-        float s[4];
-        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], s);
-        for (int r = 0; r < 4; r++) put(a, 0, o[r], s[r]);
+        float t[4];
+        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], t);
+        for (int r = 0; r < 4; r++) put(a, 0, o[r], t[r]);
         return;
     }
     for (int r = 0; r < S; r++)
@@ -173,7 +207,9 @@ WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
-/* Row o of W against the B rows of x: one group (16 bytes of codes) per step. */
+/* Row o of W against the B rows of x: blocks of 16 groups in two halves of 8 (eight dword lanes,
+ * one group each: 32 FMAs of float32 codes against x, then d and the minimum for the 8 at
+ * once), then the tail one group (16 bytes of codes) per step. */
 NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
     const __m256i low = _mm256_set1_epi32(0x0f);
     __m256 acc[4];
@@ -181,7 +217,30 @@ NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
     for (int b = 0; b < B; b++) acc[b] = _mm256_setzero_ps();
     const uint8_t* c = a->codes + o * a->ldc;
     const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
-    for (long g = 0; g < a->groups; g++) {
+    long full = a->groups / BLOCK * BLOCK;
+    for (long g = 0; g < full; g += 8) {  /* 8 groups: half h of block g / 16 */
+        long h = g % BLOCK / 8;
+        __m256 s[4][2];
+        for (int b = 0; b < B; b++) s[b][0] = s[b][1] = _mm256_setzero_ps();
+        for (int u = 0; u < 4; u++) {
+            __m256i w = _mm256_loadu_si256((const __m256i*)(c + (g - 8 * h) * 16 + u * 64 + h * 32));
+            for (int j = 0; j < 8; j++) {  /* word j / 4, nibble j % 4 */
+                __m256i n = _mm256_srli_epi32(w, 16 * (j / 4) + 4 * (j % 4));
+                __m256 f = _mm256_cvtepi32_ps(j == 7 ? n : _mm256_and_si256(n, low));
+                for (int b = 0; b < B; b++)
+                    s[b][j % 2] = _mm256_fmadd_ps(
+                        f, _mm256_loadu_ps(a->xf + b * a->ldf + g * GROUP + (u * 8 + j) * 8),
+                        s[b][j % 2]);
+            }
+        }
+        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(d + g)));
+        __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + g)));
+        for (int b = 0; b < B; b++) {
+            acc[b] = _mm256_fmadd_ps(_mm256_add_ps(s[b][0], s[b][1]), dv, acc[b]);
+            acc[b] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(a->xs + b * a->lds + g), acc[b]);
+        }
+    }
+    for (long g = full; g < a->groups; g++) {
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(c + g * 16)));
         __m256 f0 = _mm256_cvtepi32_ps(_mm256_and_si256(w, low));
         __m256 f1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 4), low));
@@ -216,10 +275,27 @@ NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
-/* x rounded to bfloat16 once per call, into the form the path reads, and each group's sum. */
+/* Where weight i of group g of a row of x goes in the path's copy (the order the codes unpack,
+ * top of the file): in a block of 16 groups, weight i = 8 u + 4 p + k of group L is word p of
+ * dword lane L after nibble shift k, in 64-byte load u; the wide path multiplies it in vector
+ * (u, k) (32 bfloat16: lane L's two), the narrow one in vector (half L / 8, u, 4 p + k) (8
+ * float32). In the tail, 4 groups to a 128-bit lane as before (wide; weight u * 8 + j of group
+ * g % 4 of four) or a group's 32 in order (narrow). */
+static long place(long g, long i, long full, int wide) {
+    if (g < full) {
+        long base = g / BLOCK * BLOCK * GROUP, L = g % BLOCK, u = i / 8, p = i / 4 % 2, k = i % 4;
+        if (wide) return base + (u * 4 + k) * 32 + 2 * L + p;
+        return base + (L / 8) * 256 + (u * 8 + p * 4 + k) * 8 + L % 8;
+    }
+    if (wide) return g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8;
+    return g * GROUP + i;
+}
+
+/* x rounded to bfloat16 once per call, into the form the path reads (place()), and each group's
+ * sum. */
 static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16* xq, float* xf,
                     float* xs, long lds) {
-    long groups = in / GROUP, padded = lds * GROUP;
+    long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
     for (int b = 0; b < rows; b++) {
         const float* xb = x + b * ldx;
         for (long g = 0; g < lds; g++) {
@@ -227,10 +303,10 @@ static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16*
             for (long i = 0; i < GROUP; i++) {
                 bf16 v = g < groups ? to_bf16(xb[g * GROUP + i]) : 0;
                 s += from_bf16(v);
-                if (wide)  /* group g = lane g % 4 of block g / 4; weight i = u * 8 + j */
-                    xq[b * padded + (g / 4) * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] = v;
+                if (wide)
+                    xq[b * padded + place(g, i, full, 1)] = v;
                 else if (g < groups)
-                    xf[b * in + g * GROUP + i] = from_bf16(v);
+                    xf[b * in + place(g, i, full, 0)] = from_bf16(v);
             }
             xs[b * lds + g] = s;
         }
