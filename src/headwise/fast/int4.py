@@ -55,8 +55,8 @@ class Int4:
     ``w = q * scale + min`` per (output row, group): a GGUF's Q4_1 blocks (Q4_0: ``min = -8
     scale``) without their interleaving.
 
-    ``codes``: ``(out, in / 2)`` uint8, per group 16 bytes whose low nibbles are weights 0-15
-    and high nibbles 16-31 (llama.cpp's order). ``scales``, ``mins``: ``(out, in / 32)``
+    ``codes``: ``(out, in / 2)`` uint8 in :func:`pack`'s order (the kernel's: row ``o`` is
+    ``codes[o]``, so rows of matrices concatenate). ``scales``, ``mins``: ``(out, in / 32)``
     float16 (the file's own values). Calling it on rows ``x (b, in)`` rounds them to bfloat16,
     multiplies with float32 sums and returns ``(b, out)`` in ``x``'s dtype, through headwise's
     kernel (:func:`headwise.fast.native.q4_matmul`, which unpacks the codes in registers), the

@@ -1,30 +1,33 @@
 /* Products of float32 rows with a matrix held as 4-bit codes (headwise.fast.int4.Int4:
  * a GGUF's Q4_0 / Q4_1 blocks): y (b, out) = x (b, in) @ W^T (+ bias) (+ res), where
  *   W[o, 32 g + i] = d[o, g] * q[o, 32 g + i] + m[o, g],   q in [0, 15],
- * codes (out, in / 2) bytes, per group of 32 weights 16 bytes whose low nibbles are weights
- * 0-15 and high nibbles 16-31 (llama.cpp's block_q4_1 order), d and m (out, in / 32) float16.
+ * codes (out, in / 2) bytes in headwise.fast.int4.pack's order (each row on its own: a row's
+ * groups in blocks of 16, then the rest one by one), d and m (out, in / 32) float16.
  *
  * Why so: a decoding step's bytes are the weights, and these are 20 bytes per 32 weights where
  * float32 takes 128. The codes are unpacked in registers, never into a float copy, and the
  * group's d and m are applied once per group, not per weight:
  *   sum_i W[o, i] x_i = sum_g (d_g * sum_{i in g} q_i x_i + m_g * xs_g),  xs_g = sum_{i in g} x_i.
  * x is rounded to bfloat16 first (what torch's int4 kernel does, so both paths of
- * headwise.fast.int4 compute the same thing), once per call, together with xs; every product
- * q_i x_i is exact and the sums are float32.
+ * headwise.fast.int4 compute the same thing), once per call, together with xs, and put in the
+ * order the codes unpack (place()); every product q_i x_i is exact and the sums are float32, in
+ * the same order for any number of rows (a prompt's rows get the step's values).
  *
  * Two paths (step_kernels.h):
- * - AVX512-BF16: 64 bytes of codes (4 groups, 128 weights) per load. A nibble n OR'd with 0x4300
- *   is the bfloat16 128 + n, so unpacking the low and the high nibbles against the byte 0x43
- *   (vpunpck{l,h}bw) gives four vectors of 32 bfloat16 weights + 128, in an order x is put in
- *   when it is rounded (each 128-bit lane stays one group); vdpbf16ps then sums pairs of
- *   products into 16 float32 lanes, four lanes per group, scaled by that group's d. The 128
- *   per weight comes back out with the minima, sum_g (m_g - 128 d_g) xs_g, 16 groups at a
- *   time after the codes. The last 1-3 groups of a row through masked loads (zeros, and zeros
- *   of x past the end).
- * Both read one row of codes at a time, so each thread reads its block front to back (the
- * bfloat16 kernels' comment says why).
- * - AVX2: 16 bytes (one group) per load, the nibbles widened to int32 and float32, four FMAs
- *   against float32 x (rounded to bfloat16 values), then d and m as above. */
+ * - AVX512-BF16: a nibble n OR'd with 0x4300 is the bfloat16 128 + n, so a shift, a mask and an
+ *   OR (vpsrlw, vpternlogd) turn 16-bit words of four nibbles into 32 bfloat16 weights + 128,
+ *   no shuffles. A block of 16 groups is four 64-byte loads; 32-bit lane L of each holds two
+ *   weights of group L per shift, so 16 vdpbf16ps sum the block's 512 products into 16 float32
+ *   lanes, one per group, and the 16 groups' d and their m - 128 d (the 128 in each weight
+ *   taken back: sum_g (m_g - 128 d_g) xs_g) each apply with one FMA. Rows of 576 inputs
+ *   (SmolLM2's 18 groups) leave a tail of 2 groups: 4 groups per load, each 128-bit lane one
+ *   group, d spread to its four lanes, the minima in 128-bit lanes beside; masked loads for the
+ *   last 1-3 (zeros, and zeros of x past the end).
+ * - AVX2: a block as eight 32-bit lanes at a time (32 FMAs against float32 x rounded to
+ *   bfloat16 values, then d and m for the 8 groups at once); a tail group's 16 bytes widened to
+ *   eight 32-bit words, four shifts and masks, four FMAs, d and m per group.
+ * Both read one row of codes at a time front to back, several rows per pass, the codes 4 KiB
+ * ahead asked for (ahead()), so each thread streams its block of rows. */
 #include <stdlib.h>
 
 #include "step_kernels.h"
@@ -116,8 +119,9 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             }
         }
         for (int r = 0; r < S; r++) {
-            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(a->d + o[r] * a->ldd + g)));
-            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(a->m + o[r] * a->ldd + g)));
+            const uint16_t *d = a->d + o[r] * a->ldd + g, *m = a->m + o[r] * a->ldd + g;
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
             __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
             for (int b = 0; b < B; b++) {
                 acc[r][b] = _mm512_fmadd_ps(s[r][b], dv, acc[r][b]);
@@ -223,7 +227,8 @@ NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
         __m256 s[4][2];
         for (int b = 0; b < B; b++) s[b][0] = s[b][1] = _mm256_setzero_ps();
         for (int u = 0; u < 4; u++) {
-            __m256i w = _mm256_loadu_si256((const __m256i*)(c + (g - 8 * h) * 16 + u * 64 + h * 32));
+            const uint8_t* part = c + (g - 8 * h) * 16 + u * 64 + h * 32;
+            __m256i w = _mm256_loadu_si256((const __m256i*)part);
             for (int j = 0; j < 8; j++) {  /* word j / 4, nibble j % 4 */
                 __m256i n = _mm256_srli_epi32(w, 16 * (j / 4) + 4 * (j % 4));
                 __m256 f = _mm256_cvtepi32_ps(j == 7 ? n : _mm256_and_si256(n, low));
