@@ -10,7 +10,7 @@
  *   sum_i W[o, i] x_i = sum_g (d_g * sum_{i in g} q_i x_i + m_g * xs_g),  xs_g = sum_{i in g} x_i.
  * x is rounded to bfloat16 first (what torch's int4 kernel does, so both paths of
  * headwise.fast.int4 compute the same thing), once per call, together with xs, and put in the
- * order the codes unpack (place()); every product q_i x_i is exact and the sums are float32, in
+ * order the codes unpack (prepare()); every product q_i x_i is exact and the sums are float32, in
  * the same order for any number of rows (a prompt's rows get the step's values).
  *
  * Two paths (step_kernels.h):
@@ -280,40 +280,45 @@ NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
-/* Where weight i of group g of a row of x goes in the path's copy (the order the codes unpack,
- * top of the file): in a block of 16 groups, weight i = 8 u + 4 p + k of group L is word p of
- * dword lane L after nibble shift k, in 64-byte load u; the wide path multiplies it in vector
- * (u, k) (32 bfloat16: lane L's two), the narrow one in vector (half L / 8, u, 4 p + k) (8
- * float32). In the tail, 4 groups to a 128-bit lane as before (wide; weight u * 8 + j of group
- * g % 4 of four) or a group's 32 in order (narrow). */
-static long place(long g, long i, long full, int wide) {
-    if (g < full) {
-        long base = g / BLOCK * BLOCK * GROUP, L = g % BLOCK, u = i / 8, p = i / 4 % 2, k = i % 4;
-        if (wide) return base + (u * 4 + k) * 32 + 2 * L + p;
-        return base + (L / 8) * 256 + (u * 8 + p * 4 + k) * 8 + L % 8;
-    }
-    if (wide) return g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8;
-    return g * GROUP + i;
-}
-
-/* x rounded to bfloat16 once per call, into the form the path reads (place()), and each group's
- * sum. */
+/* x rounded to bfloat16 once per call (into t, `in` values), each group's sum, and the row in
+ * the order the path's codes unpack (top of the file), written front to back:
+ * - wide, a block of 16 groups: vector (u, k) of 32 bfloat16 holds in lane L (2 L, 2 L + 1)
+ *   weights 8 u + k and 8 u + 4 + k of group L (word p of dword L after nibble shift k);
+ * - narrow, a block: vector (half h, u, p, k) of 8 float32 holds weight 8 u + 4 p + k of
+ *   groups 8 h .. 8 h + 7;
+ * - the tail: four groups to a block of 128 bfloat16, weight 8 u + j of group g % 4 at
+ *   32 u + 8 (g % 4) + j (wide; zeros past the last group), a group's 32 in order (narrow). */
 static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16* xq, float* xf,
-                    float* xs, long lds) {
+                    float* xs, long lds, bf16* t) {
     long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
     for (int b = 0; b < rows; b++) {
         const float* xb = x + b * ldx;
+        for (long j = 0; j < in; j++) t[j] = to_bf16(xb[j]);
         for (long g = 0; g < lds; g++) {
             float s = 0.0f;
-            for (long i = 0; i < GROUP; i++) {
-                bf16 v = g < groups ? to_bf16(xb[g * GROUP + i]) : 0;
-                s += from_bf16(v);
-                if (wide)
-                    xq[b * padded + place(g, i, full, 1)] = v;
-                else if (g < groups)
-                    xf[b * in + place(g, i, full, 0)] = from_bf16(v);
-            }
+            for (long i = 0; g < groups && i < GROUP; i++) s += from_bf16(t[g * GROUP + i]);
             xs[b * lds + g] = s;
+        }
+        if (wide) {
+            bf16* q = xq + b * padded;
+            for (long g = 0; g < full; g += BLOCK)
+                for (int u = 0; u < 4; u++)
+                    for (int k = 0; k < 4; k++)
+                        for (int L = 0; L < BLOCK; L++)
+                            for (int p = 0; p < 2; p++)
+                                *q++ = t[(g + L) * GROUP + 8 * u + 4 * p + k];
+            for (long g = full; g < lds; g++)
+                for (long i = 0; i < GROUP; i++)
+                    xq[b * padded + g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] =
+                        g < groups ? t[g * GROUP + i] : 0;
+        } else {
+            float* f = xf + b * in;
+            for (long g = 0; g < full; g += BLOCK)
+                for (int h = 0; h < 2; h++)
+                    for (int w = 0; w < GROUP; w++)  /* w = 8 u + 4 p + k */
+                        for (int L = 0; L < 8; L++)
+                            *f++ = from_bf16(t[(g + 8 * h + L) * GROUP + w]);
+            for (long j = full * GROUP; j < in; j++) *f++ = from_bf16(t[j]);
         }
     }
 }
@@ -350,12 +355,13 @@ int headwise_q4_matmul(const float* x, long ldx, const uint8_t* codes, const uin
     if (rows < 1 || in % GROUP) return 1;
     long groups = in / GROUP, lds = (groups + 3) / 4 * 4;
     size_t nq = wide ? (size_t)(rows * lds * GROUP) : 0, nf = wide ? 0 : (size_t)(rows * in);
-    void* scratch = malloc(nq * sizeof(bf16) + nf * sizeof(float) + rows * lds * sizeof(float));
+    void* scratch = malloc(nq * sizeof(bf16) + nf * sizeof(float) + rows * lds * sizeof(float)
+                           + in * sizeof(bf16));
     if (!scratch) return 2;
     float* xs = scratch;
     float* xf = xs + rows * lds;
     bf16* xq = (bf16*)(xf + nf);
-    prepare(x, ldx, rows, in, wide, xq, xf, xs, lds);
+    prepare(x, ldx, rows, in, wide, xq, xf, xs, lds, xq + nq);
     q4_args a = {codes, d, m, xq, xf, xs, y, res, bias,
                  in / 2, groups, lds * GROUP, in, lds, ldy, ldr, groups};
     OVER_OUTPUTS(out, tiles(&a, rows, o0, o1, wide));
