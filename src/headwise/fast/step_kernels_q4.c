@@ -80,6 +80,123 @@ WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
 #define BLOCK 16    /* groups per block (codes layout, top of the file) */
 
+/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o[0..S-1] of W: four groups to a load, each 128-bit
+ * lane one group, d spread to the group's four lanes; the minima in low4's 128-bit lanes. */
+WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, long ng,
+                       __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    __m512bh xv[4][4];
+    for (int b = 0; b < B; b++) {
+        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+        for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
+    }
+    for (int r = 0; r < S; r++) {
+        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+        __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
+                                                          bias128, AND_OR);
+        __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
+                                                          bias128, AND_OR);
+        __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
+        __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+        for (int b = 0; b < B; b++) {
+            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
+            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2, xv[b][2]);
+            s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
+            s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
+            acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
+            low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+        }
+    }
+}
+
+/* The last 1 or 2 groups of rows o[0] and o[1] (rows of 576 inputs: 16 + 2 groups): both rows'
+ * codes in one 512-bit load, against x's two groups repeated in the high 256 bits (prepare()),
+ * so no vdpbf16ps lane idles; each row's d-scaled sums are added to the low lanes of its acc,
+ * as tail2 adds them for a row on its own (the same values either way). */
+WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    const uint8_t *c0 = a->codes + o[0] * a->ldc + g * 16, *c1 = a->codes + o[1] * a->ldc + g * 16;
+    __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
+                                    _mm256_maskz_loadu_epi8(cm, c1), 1);
+    __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+    __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
+                                                      AND_OR);
+    __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
+                                                      AND_OR);
+    __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+    __m128 d4[2], e4[2];
+    for (int r = 0; r < 2; r++) {
+        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
+    }
+    __m512 dv = _mm512_permutexvar_ps(
+        lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    for (int b = 0; b < B; b++) {
+        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+        __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, (__m512bh)_mm512_loadu_si512(xb));
+        __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
+                                     (__m512bh)_mm512_loadu_si512(xb + 64));
+        s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
+        s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
+        __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv);
+        acc[0][b] = _mm512_mask_add_ps(acc[0][b], 0x00ff, acc[0][b], t);
+        acc[1][b] = _mm512_mask_add_ps(acc[1][b], 0x00ff, acc[1][b],
+                                       _mm512_shuffle_f32x4(t, t, 0xee));
+        for (int r = 0; r < 2; r++)
+            low4[r][b] = _mm_fmadd_ps(e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+    }
+}
+
+/* tail2x2 for one row, in the low 256 bits. */
+WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, long ng,
+                       __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m256i low = _mm256_set1_epi16(0x000f), bias128 = _mm256_set1_epi16(0x4300);
+    const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    for (int r = 0; r < S; r++) {
+        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m256bh q0 = (__m256bh)_mm256_ternarylogic_epi32(cv, low, bias128, AND_OR);
+        __m256bh q1 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 4), low,
+                                                          bias128, AND_OR);
+        __m256bh q2 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 8), low,
+                                                          bias128, AND_OR);
+        __m256bh q3 = (__m256bh)_mm256_or_si256(_mm256_srli_epi16(cv, 12), bias128);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
+        __m256 dv = _mm256_permutexvar_ps(lanes, _mm256_castps128_ps256(d4));
+        for (int b = 0; b < B; b++) {
+            const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+            __m256 s0 = _mm256_dpbf16_ps(_mm256_setzero_ps(), q0,
+                                         (__m256bh)_mm256_loadu_si256((const __m256i*)xb));
+            __m256 s1 = _mm256_dpbf16_ps(_mm256_setzero_ps(), q2,
+                                         (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 64)));
+            s0 = _mm256_dpbf16_ps(s0, q1, (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 32)));
+            s1 = _mm256_dpbf16_ps(s1, q3, (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 96)));
+            __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc[r][b]),
+                                     _mm256_mul_ps(_mm256_add_ps(s0, s1), dv));
+            acc[r][b] = _mm512_insertf32x8(acc[r][b], t, 0);
+            low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+        }
+    }
+}
+
 /* Rows o[0..S-1] of W against the B rows of x (S * B <= 8). Blocks of 16 groups: four loads of
  * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloatf16 weights + 128,
  * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
@@ -88,8 +205,6 @@ WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
 WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512 k128 = _mm512_set1_ps(128.0f);
-    /* tail: lane j of the 16 float32 sums belongs to group j / 4 of the four */
-    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     __m512 acc[4][4];
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
@@ -134,34 +249,12 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
     for (long g = full; g < a->groups; g += 4) {
         long ng = a->groups - g < 4 ? a->groups - g : 4;
-        __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
-        __mmask8 c4 = (__mmask8)((1u << ng) - 1);
-        __m512bh xv[4][4];
-        for (int b = 0; b < B; b++) {
-            const bf16* xb = a->xq + b * a->ldq + g * GROUP;
-            for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
-        }
-        for (int r = 0; r < S; r++) {
-            __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
-            __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-            __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
-                                                              bias128, AND_OR);
-            __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
-                                                              bias128, AND_OR);
-            __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-            __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
-            __m128 e4 = _mm_fnmadd_ps(_mm512_castps512_ps128(k128), d4, m4);
-            __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
-            for (int b = 0; b < B; b++) {
-                __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
-                __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2, xv[b][2]);
-                s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
-                s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
-                acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
-                low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
-            }
-        }
+        if (ng > 2)
+            tail4(a, o, S, B, g, ng, acc, low4);
+        else if (S % 2 == 0)
+            for (int r = 0; r < S; r += 2) tail2x2(a, o + r, B, g, ng, acc + r, low4 + r);
+        else
+            tail2(a, o, S, B, g, ng, acc, low4);
     }
     if (full < a->groups)
         for (int r = 0; r < S; r++)
@@ -287,7 +380,8 @@ NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
  * - narrow, a block: vector (half h, u, p, k) of 8 float32 holds weight 8 u + 4 p + k of
  *   groups 8 h .. 8 h + 7;
  * - the tail: four groups to a block of 128 bfloat16, weight 8 u + j of group g % 4 at
- *   32 u + 8 (g % 4) + j (wide; zeros past the last group), a group's 32 in order (narrow). */
+ *   32 u + 8 (g % 4) + j (wide; zeros past the last group, except that a last four of 1 or 2
+ *   groups repeats them in its high 256 bits: tail2x2), a group's 32 in order (narrow). */
 static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16* xq, float* xf,
                     float* xs, long lds, bf16* t) {
     long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
@@ -311,6 +405,11 @@ static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16*
                 for (long i = 0; i < GROUP; i++)
                     xq[b * padded + g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] =
                         g < groups ? t[g * GROUP + i] : 0;
+            if (lds - groups >= 2)  /* a last step of 1 or 2 groups: repeated (tail2x2) */
+                for (int u = 0; u < 4; u++) {
+                    bf16* v = xq + b * padded + (lds - 4) * GROUP + 32 * u;
+                    memcpy(v + 16, v, 16 * sizeof(bf16));
+                }
         } else {
             float* f = xf + b * in;
             for (long g = 0; g < full; g += BLOCK)
