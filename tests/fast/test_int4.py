@@ -5,7 +5,7 @@ codes."""
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from headwise.fast import int4 as _int4
@@ -29,13 +29,16 @@ def _reference(w: _int4.Int4, codes):
 
 @settings(deadline=None, max_examples=30,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # (isa: one path each)
+@example(out=37, groups=18, rows=1, pad=0, bias=True, res=False, threads=1, seed=1)  # 576 inputs
+@example(out=7, groups=49, rows=4, pad=3, bias=False, res=True, threads=2, seed=2)  # 3 x 16 + 1
 @given(out=st.integers(1, 70), groups=st.one_of(st.integers(1, 9), st.integers(14, 52)),
        rows=st.integers(1, 4), pad=st.integers(0, 5), bias=st.booleans(), res=st.booleans(),
        threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
 def test_the_kernel_multiplies_by_the_codes_on_each_path(isa, out, groups, rows, pad, bias, res,
                                                           threads, seed):
     """Odd output counts, 1-9 groups (no block of 16: the tail alone, four at a time on the
-    AVX-512 path) or 14-52 (up to three blocks of 16 with every tail),
+    AVX-512 path, a last 1 or 2 for two rows of W at once or for one) or 14-52 (up to three
+    blocks of 16 with every tail),
     padded rows of x and of the residual, bias and residual on or off, 1 or 2 threads; against
     float64 on x rounded to bfloat16. The bound is float32 summation over the terms the path
     adds, |q + 128| |scale| |x| at most (the AVX-512 path carries 128 in each code and takes it
