@@ -20,7 +20,8 @@ the working tree's kernel gets :class:`headwise.fast.int4.Int4`'s. Both are call
     python benchmarks/q4_kernel.py [--threads 1 2] [--batches 1 4] [--budget 2] [--against REV]
         [--clock wall|cpu]
 
-About 3 minutes with the defaults (2 threads x 2 batches x 21 rows, 2 s each).
+About 5 minutes with the defaults (2 thread counts x 2 batches x 9 rows, 2 s each, plus making
+64 MiB sets of random matrices).
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@
  *   no shuffles. A block of 16 groups is four 64-byte loads; 32-bit lane L of each holds two
  *   weights of group L per shift, so 16 vdpbf16ps sum the block's 512 products into 16 float32
  *   lanes, one per group, and the 16 groups' d and their m - 128 d (the 128 in each weight
- *   taken back: sum_g (m_g - 128 d_g) xs_g) each apply with one FMA. Rows of 576 inputs
- *   (SmolLM2's 18 groups) leave a tail of 2 groups: 4 groups per load, each 128-bit lane one
- *   group, d spread to its four lanes, the minima in 128-bit lanes beside; masked loads for the
- *   last 1-3 (zeros, and zeros of x past the end).
+ *   taken back: sum_g (m_g - 128 d_g) xs_g) each apply with one FMA. The groups after the
+ *   blocks: 4 per load, each 128-bit lane one group, d spread to its four lanes, the minima in
+ *   128-bit lanes beside, masked loads for the last 1-3 (zeros, and zeros of x past the end);
+ *   a last 1 or 2 (rows of 576 inputs, SmolLM2's 16 + 2 groups) for two rows of W in one load.
  * - AVX2: a block as eight 32-bit lanes at a time (32 FMAs against float32 x rounded to
  *   bfloat16 values, then d and m for the 8 groups at once); a tail group's 16 bytes widened to
  *   eight 32-bit words, four shifts and masks, four FMAs, d and m per group.
@@ -53,7 +53,8 @@ static inline void put(const q4_args* a, int b, long o, float s) {
 
 /* Rows o..o+n-1's codes, AHEAD bytes on, asked into L2 (prefetcht1). Why: the 210 products of
  * a step are each too short for the hardware's prefetchers to reach full speed on their own;
- * asking 4 KiB ahead made SmolLM2's 210 products 1.2x faster on a Zen 4 (benchmarks/q4_kernel.py).
+ * asking 4 KiB ahead made SmolLM2's 210 products 1.2-1.3x faster on a Zen 4 at batch 1
+ * (benchmarks/q4_kernel.py; 2 and 8 KiB, prefetcht0, and asking for d and m too were slower).
  * A request past the end of the codes is harmless (a prefetch never faults). */
 #define AHEAD 4096
 INLINE void ahead(const q4_args* a, long o, int n) {
