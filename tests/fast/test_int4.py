@@ -5,7 +5,7 @@ codes."""
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from headwise.fast import int4 as _int4
@@ -29,12 +29,16 @@ def _reference(w: _int4.Int4, codes):
 
 @settings(deadline=None, max_examples=30,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # (isa: one path each)
-@given(out=st.integers(1, 70), groups=st.integers(1, 9), rows=st.integers(1, 4),
-       pad=st.integers(0, 5), bias=st.booleans(), res=st.booleans(),
+@example(out=37, groups=18, rows=1, pad=0, bias=True, res=False, threads=1, seed=1)  # 576 inputs
+@example(out=7, groups=49, rows=4, pad=3, bias=False, res=True, threads=2, seed=2)  # 3 x 16 + 1
+@given(out=st.integers(1, 70), groups=st.one_of(st.integers(1, 9), st.integers(14, 52)),
+       rows=st.integers(1, 4), pad=st.integers(0, 5), bias=st.booleans(), res=st.booleans(),
        threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
 def test_the_kernel_multiplies_by_the_codes_on_each_path(isa, out, groups, rows, pad, bias, res,
                                                           threads, seed):
-    """Odd output counts, 1-9 groups (the AVX-512 path takes four at a time: every tail),
+    """Odd output counts, 1-9 groups (no block of 16: the tail alone, four at a time on the
+    AVX-512 path, a last 1 or 2 for two rows of W at once or for one) or 14-52 (up to three
+    blocks of 16 with every tail),
     padded rows of x and of the residual, bias and residual on or off, 1 or 2 threads; against
     float64 on x rounded to bfloat16. The bound is float32 summation over the terms the path
     adds, |q + 128| |scale| |x| at most (the AVX-512 path carries 128 in each code and takes it
@@ -61,7 +65,7 @@ def test_the_kernel_multiplies_by_the_codes_on_each_path(isa, out, groups, rows,
 
 @pytest.mark.skipif(_native.status() != "ready", reason="headwise's kernel is not built here")
 @settings(deadline=None, max_examples=10)
-@given(out=st.integers(1, 70), groups=st.integers(1, 6), rows=st.integers(5, 11),
+@given(out=st.integers(1, 70), groups=st.sampled_from([1, 6, 18, 33]), rows=st.integers(5, 11),
        seed=st.integers(0, 2**31 - 1))
 def test_many_rows_give_each_row_what_it_gets_alone(out, groups, rows, seed):
     """A prompt's rows go in fours over blocks of W: each row's values are those of the row
@@ -102,13 +106,37 @@ def _test_torch_kernel(out, groups, rows, seed):
     assert ((got.double() - want).abs() <= bound).all()
 
 
+@settings(deadline=None, max_examples=20)
+@given(out=st.integers(1, 5), groups=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+def test_codes_hold_each_weight_where_the_layout_says(out, groups, seed):
+    """pack's layout, read back one nibble at a time from its description: in a block of 16
+    groups, 32-bit lane L of 64-byte part u holds weight 8 u + 4 p + k of group L in bits
+    16 p + 4 k; a tail group's 16-bit word j holds weights j, 8 + j, 16 + j, 24 + j."""
+    codes = torch.randint(0, 16, (out, groups * 32), generator=torch.Generator().manual_seed(seed))
+    packed = _int4.Int4(codes, torch.ones(out, groups), torch.zeros(out, groups)).codes
+    assert packed.shape == (out, groups * 16) and packed.dtype == torch.uint8
+    full = groups // 16 * 16
+    lanes = packed[:, :full * 16].contiguous().view(torch.int32).view(out, -1, 4, 16)
+    words = packed[:, full * 16:].contiguous().view(torch.int16).view(out, -1, 8).int() & 0xFFFF
+    for g in range(groups):
+        for i in range(32):
+            if g < full:
+                u, p, k = i // 8, i // 4 % 2, i % 4
+                got = lanes[:, g // 16, u, g % 16] >> (16 * p + 4 * k) & 0xF
+            else:
+                got = words[:, g - full, i % 8] >> (4 * (i // 8)) & 0xF
+            assert torch.equal(got.long(), codes[:, g * 32 + i])
+    assert torch.equal(_int4.unpack(packed).long(), codes)
+
+
 def test_the_dequantized_matrix_is_one_float32_rounding_of_the_codes():
-    codes, scales, mins = random_int4(24, 3, 5)
-    w = _int4.Int4(codes, scales, mins)
-    want = _reference(w, codes)
-    assert torch.equal(w.unpacked().long(), codes)
-    assert ((w.dequantize().double() - want).abs() <= 2**-24 * want.abs()).all()
-    assert w.shape == (24, 96) and w.nbytes() == 24 * 48 + 2 * 24 * 3 * 2
+    for groups in (3, 18):
+        codes, scales, mins = random_int4(24, groups, 5)
+        w = _int4.Int4(codes, scales, mins)
+        want = _reference(w, codes)
+        assert torch.equal(w.unpacked().long(), codes)
+        assert ((w.dequantize().double() - want).abs() <= 2**-24 * want.abs()).all()
+        assert w.shape == (24, groups * 32) and w.nbytes() == 24 * groups * (16 + 2 * 2)
 
 
 def test_bad_shapes_and_scales_are_refused_with_the_fix():

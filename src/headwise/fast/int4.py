@@ -12,9 +12,42 @@ from torch import nn
 
 from headwise.fast import native as _native
 
-__all__ = ["GROUP", "Int4", "Int4Linear", "dtype_of", "quantized"]
+__all__ = ["BLOCK", "GROUP", "Int4", "Int4Linear", "dtype_of", "pack", "quantized", "unpack"]
 
 GROUP = 32  # input features per scale and minimum (a GGUF block)
+
+
+BLOCK = 16  # groups whose codes interleave (the kernel's one scale per lane; see :func:`pack`)
+
+
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """``q (out, in)`` uint8 in [0, 15] -> ``codes (out, in / 2)`` uint8, each row on its own
+    (rows concatenate): the order ``step_kernels_q4.c`` unpacks with shifts and masks alone.
+
+    A row's groups of 32 go in blocks of :data:`BLOCK`, then the last ``groups % 16`` one by one:
+
+    - a block is 256 bytes, four parts ``u`` of 64: little-endian 32-bit lane ``L`` of part
+      ``u`` holds group ``L``'s weights ``8 u + 4 p + k`` in bits ``16 p + 4 k`` (``p`` in 0, 1,
+      ``k`` in 0-3), so one shift and mask per ``k`` gives each lane two weights of its group;
+    - a tail group is 16 bytes, eight 16-bit words: word ``j`` holds weights ``j, 8 + j,
+      16 + j, 24 + j`` in bits ``0, 4, 8, 12``.
+    """
+    out, n = q.shape
+    full = n // GROUP // BLOCK * BLOCK * GROUP
+    nib = q[:, :full].reshape(out, -1, BLOCK, 4, 2, 4).permute(0, 1, 3, 2, 4, 5)  # [u L p k]
+    tail = q[:, full:].reshape(out, -1, 4, 8).transpose(2, 3)  # [j k]: weight 8 k + j
+    return torch.cat([(t[..., 0::2] | t[..., 1::2] << 4).reshape(out, -1) for t in (nib, tail)],
+                     dim=1).contiguous()
+
+
+def unpack(codes: torch.Tensor) -> torch.Tensor:
+    """:func:`pack`'s inverse: ``codes (out, in / 2)`` -> ``q (out, in)`` uint8."""
+    out, half = codes.shape
+    full = half * 2 // GROUP // BLOCK * BLOCK * GROUP
+    nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).view(out, half * 2)
+    block = nibbles[:, :full].reshape(out, -1, 4, BLOCK, 2, 4).permute(0, 1, 3, 2, 4, 5)
+    tail = nibbles[:, full:].reshape(out, -1, 8, 4).transpose(2, 3)
+    return torch.cat((block.reshape(out, full), tail.reshape(out, -1)), dim=1)
 
 
 class Int4:
@@ -22,8 +55,8 @@ class Int4:
     ``w = q * scale + min`` per (output row, group): a GGUF's Q4_1 blocks (Q4_0: ``min = -8
     scale``) without their interleaving.
 
-    ``codes``: ``(out, in / 2)`` uint8, per group 16 bytes whose low nibbles are weights 0-15
-    and high nibbles 16-31 (llama.cpp's order). ``scales``, ``mins``: ``(out, in / 32)``
+    ``codes``: ``(out, in / 2)`` uint8 in :func:`pack`'s order (the kernel's: row ``o`` is
+    ``codes[o]``, so rows of matrices concatenate). ``scales``, ``mins``: ``(out, in / 32)``
     float16 (the file's own values). Calling it on rows ``x (b, in)`` rounds them to bfloat16,
     multiplies with float32 sums and returns ``(b, out)`` in ``x``'s dtype, through headwise's
     kernel (:func:`headwise.fast.native.q4_matmul`, which unpacks the codes in registers), the
@@ -43,8 +76,7 @@ class Int4:
                              f"scales, mins (out, in / {GROUP}), got {tuple(codes.shape)}, "
                              f"{tuple(scales.shape)}, {tuple(mins.shape)}; pad in to a "
                              f"multiple of {GROUP}")
-        q = codes.to(torch.uint8).view(out, n // GROUP, 2, GROUP // 2)
-        self.codes = (q[:, :, 0] | q[:, :, 1] << 4).reshape(out, n // 2).contiguous()
+        self.codes = pack(codes.to(torch.uint8))
         self.scales, self.mins = (t.to(torch.float16).contiguous() for t in (scales, mins))
         if not (self.scales.isfinite().all() and self.mins.isfinite().all()):
             raise ValueError("Int4: scales and mins must be finite in float16 (|x| < 65504), "
@@ -90,9 +122,7 @@ class Int4:
 
     def unpacked(self) -> torch.Tensor:
         """The codes ``q (out, in)`` as uint8 in [0, 15]."""
-        out, half = self.codes.shape
-        c = self.codes.view(out, -1, 1, GROUP // 2)
-        return torch.cat((c & 0xF, c >> 4), dim=2).view(out, half * 2)
+        return unpack(self.codes)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``W (out, in)``: ``q * scale + min``, one float32 rounding (``q * scale``

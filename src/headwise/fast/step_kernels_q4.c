@@ -1,30 +1,33 @@
 /* Products of float32 rows with a matrix held as 4-bit codes (headwise.fast.int4.Int4:
  * a GGUF's Q4_0 / Q4_1 blocks): y (b, out) = x (b, in) @ W^T (+ bias) (+ res), where
  *   W[o, 32 g + i] = d[o, g] * q[o, 32 g + i] + m[o, g],   q in [0, 15],
- * codes (out, in / 2) bytes, per group of 32 weights 16 bytes whose low nibbles are weights
- * 0-15 and high nibbles 16-31 (llama.cpp's block_q4_1 order), d and m (out, in / 32) float16.
+ * codes (out, in / 2) bytes in headwise.fast.int4.pack's order (each row on its own: a row's
+ * groups in blocks of 16, then the rest one by one), d and m (out, in / 32) float16.
  *
  * Why so: a decoding step's bytes are the weights, and these are 20 bytes per 32 weights where
  * float32 takes 128. The codes are unpacked in registers, never into a float copy, and the
  * group's d and m are applied once per group, not per weight:
  *   sum_i W[o, i] x_i = sum_g (d_g * sum_{i in g} q_i x_i + m_g * xs_g),  xs_g = sum_{i in g} x_i.
  * x is rounded to bfloat16 first (what torch's int4 kernel does, so both paths of
- * headwise.fast.int4 compute the same thing), once per call, together with xs; every product
- * q_i x_i is exact and the sums are float32.
+ * headwise.fast.int4 compute the same thing), once per call, together with xs, and put in the
+ * order the codes unpack (prepare()); every product q_i x_i is exact and the sums are float32, in
+ * the same order for any number of rows (a prompt's rows get the step's values).
  *
  * Two paths (step_kernels.h):
- * - AVX512-BF16: 64 bytes of codes (4 groups, 128 weights) per load. A nibble n OR'd with 0x4300
- *   is the bfloat16 128 + n, so unpacking the low and the high nibbles against the byte 0x43
- *   (vpunpck{l,h}bw) gives four vectors of 32 bfloat16 weights + 128, in an order x is put in
- *   when it is rounded (each 128-bit lane stays one group); vdpbf16ps then sums pairs of
- *   products into 16 float32 lanes, four lanes per group, scaled by that group's d. The 128
- *   per weight comes back out with the minima, sum_g (m_g - 128 d_g) xs_g, 16 groups at a
- *   time after the codes. The last 1-3 groups of a row through masked loads (zeros, and zeros
- *   of x past the end).
- * Both read one row of codes at a time, so each thread reads its block front to back (the
- * bfloat16 kernels' comment says why).
- * - AVX2: 16 bytes (one group) per load, the nibbles widened to int32 and float32, four FMAs
- *   against float32 x (rounded to bfloat16 values), then d and m as above. */
+ * - AVX512-BF16: a nibble n OR'd with 0x4300 is the bfloat16 128 + n, so a shift, a mask and an
+ *   OR (vpsrlw, vpternlogd) turn 16-bit words of four nibbles into 32 bfloat16 weights + 128,
+ *   no shuffles. A block of 16 groups is four 64-byte loads; 32-bit lane L of each holds two
+ *   weights of group L per shift, so 16 vdpbf16ps sum the block's 512 products into 16 float32
+ *   lanes, one per group, and the 16 groups' d and their m - 128 d (the 128 in each weight
+ *   taken back: sum_g (m_g - 128 d_g) xs_g) each apply with one FMA. The groups after the
+ *   blocks: 4 per load, each 128-bit lane one group, d spread to its four lanes, the minima in
+ *   128-bit lanes beside, masked loads for the last 1-3 (zeros, and zeros of x past the end);
+ *   a last 1 or 2 (rows of 576 inputs, SmolLM2's 16 + 2 groups) for two rows of W in one load.
+ * - AVX2: a block as eight 32-bit lanes at a time (32 FMAs against float32 x rounded to
+ *   bfloat16 values, then d and m for the 8 groups at once); a tail group's 16 bytes widened to
+ *   eight 32-bit words, four shifts and masks, four FMAs, d and m per group.
+ * Both read one row of codes at a time front to back, several rows per pass, the codes 4 KiB
+ * ahead asked for (ahead()), so each thread streams its block of rows. */
 #include <stdlib.h>
 
 #include "step_kernels.h"
@@ -48,80 +51,244 @@ static inline void put(const q4_args* a, int b, long o, float s) {
     a->y[b * a->ldy + o] = s;
 }
 
-/* The minima's part of the product, less the 128 the wide path's weights carry (below):
- * sum_g (m_g - 128 d_g) xs_g over row o's groups, 16 at a time, added to the lanes of z[b] for
- * each of the B rows of x (the row's sums: one reduction for both), m_g - 128 d_g made once. */
-WIDE INLINE void offsets_wide(const q4_args* a, long o, int B, __m512* z) {
-    const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
-    for (long g = 0; g < a->groups; g += 16) {
-        __mmask16 k = a->groups - g >= 16 ? 0xffff : (__mmask16)((1u << (a->groups - g)) - 1);
-        __m512 dv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g));
-        __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
-        __m512 e = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), dv, mv);
-        for (int b = 0; b < B; b++)
-            z[b] = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(k, a->xs + b * a->lds + g), z[b]);
+/* Rows o..o+n-1's codes, AHEAD bytes on, asked into L2 (prefetcht1). Why: the 210 products of
+ * a step are each too short for the hardware's prefetchers to reach full speed on their own;
+ * asking 4 KiB ahead made SmolLM2's 210 products 1.2-1.3x faster on a Zen 4 at batch 1
+ * (benchmarks/q4_kernel.py; 2 and 8 KiB, prefetcht0, and asking for d and m too were slower).
+ * A request past the end of the codes is harmless (a prefetch never faults). */
+#define AHEAD 4096
+INLINE void ahead(const q4_args* a, long o, int n) {
+    const char* p = (const char*)(a->codes + o * a->ldc) + AHEAD;
+    for (long i = 0; i < n * a->ldc; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+}
+
+/* The lane sums of four vectors, each added in _mm512_reduce_add_ps's order (lanes L and L + 8,
+ * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles. */
+WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44),
+                              _mm512_shuffle_f32x4(a0, a1, 0xee));  /* a0's, a1's L + (0, 8) */
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44),
+                              _mm512_shuffle_f32x4(a2, a3, 0xee));
+    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
+                             _mm512_shuffle_f32x4(u0, u1, 0xdd));  /* + 4: a_r's in lanes 4r.. */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+    float t[16];
+    _mm512_storeu_ps(t, v);
+    s[0] = t[0], s[1] = t[4], s[2] = t[8], s[3] = t[12];
+}
+
+#define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
+#define BLOCK 16    /* groups per block (codes layout, top of the file) */
+
+/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o[0..S-1] of W: four groups to a load, each 128-bit
+ * lane one group, d spread to the group's four lanes; the minima in low4's 128-bit lanes. */
+WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, long ng,
+                       __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    __m512bh xv[4][4];
+    for (int b = 0; b < B; b++) {
+        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+        for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
+    }
+    for (int r = 0; r < S; r++) {
+        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+        __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
+                                                          bias128, AND_OR);
+        __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
+                                                          bias128, AND_OR);
+        __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
+        __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+        for (int b = 0; b < B; b++) {
+            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
+            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2, xv[b][2]);
+            s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
+            s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
+            acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
+            low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+        }
     }
 }
 
-/* Rows o[0..S-1] of W against the B rows of x: 4 groups (64 bytes of codes) per step, the
- * four rows of x's bfloat16 loaded once for all S rows of W. */
+/* The last 1 or 2 groups of rows o[0] and o[1] (rows of 576 inputs: 16 + 2 groups): both rows'
+ * codes in one 512-bit load, against x's two groups repeated in the high 256 bits (prepare()),
+ * so no vdpbf16ps lane idles; each row's d-scaled sums are added to the low lanes of its acc,
+ * as tail2 adds them for a row on its own (the same values either way). */
+WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    const uint8_t *c0 = a->codes + o[0] * a->ldc + g * 16, *c1 = a->codes + o[1] * a->ldc + g * 16;
+    __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
+                                    _mm256_maskz_loadu_epi8(cm, c1), 1);
+    __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+    __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
+                                                      AND_OR);
+    __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
+                                                      AND_OR);
+    __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+    __m128 d4[2], e4[2];
+    for (int r = 0; r < 2; r++) {
+        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
+    }
+    __m512 dv = _mm512_permutexvar_ps(
+        lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    for (int b = 0; b < B; b++) {
+        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+        __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, (__m512bh)_mm512_loadu_si512(xb));
+        __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
+                                     (__m512bh)_mm512_loadu_si512(xb + 64));
+        s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
+        s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
+        __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv);
+        acc[0][b] = _mm512_mask_add_ps(acc[0][b], 0x00ff, acc[0][b], t);
+        acc[1][b] = _mm512_mask_add_ps(acc[1][b], 0x00ff, acc[1][b],
+                                       _mm512_shuffle_f32x4(t, t, 0xee));
+        for (int r = 0; r < 2; r++)
+            low4[r][b] = _mm_fmadd_ps(e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+    }
+}
+
+/* tail2x2 for one row, in the low 256 bits. */
+WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, long ng,
+                       __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m256i low = _mm256_set1_epi16(0x000f), bias128 = _mm256_set1_epi16(0x4300);
+    const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    for (int r = 0; r < S; r++) {
+        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m256bh q0 = (__m256bh)_mm256_ternarylogic_epi32(cv, low, bias128, AND_OR);
+        __m256bh q1 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 4), low,
+                                                          bias128, AND_OR);
+        __m256bh q2 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 8), low,
+                                                          bias128, AND_OR);
+        __m256bh q3 = (__m256bh)_mm256_or_si256(_mm256_srli_epi16(cv, 12), bias128);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
+        __m256 dv = _mm256_permutexvar_ps(lanes, _mm256_castps128_ps256(d4));
+        for (int b = 0; b < B; b++) {
+            const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+            __m256 s0 = _mm256_dpbf16_ps(_mm256_setzero_ps(), q0,
+                                         (__m256bh)_mm256_loadu_si256((const __m256i*)xb));
+            __m256 s1 = _mm256_dpbf16_ps(_mm256_setzero_ps(), q2,
+                                         (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 64)));
+            s0 = _mm256_dpbf16_ps(s0, q1, (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 32)));
+            s1 = _mm256_dpbf16_ps(s1, q3, (__m256bh)_mm256_loadu_si256((const __m256i*)(xb + 96)));
+            __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc[r][b]),
+                                     _mm256_mul_ps(_mm256_add_ps(s0, s1), dv));
+            acc[r][b] = _mm512_insertf32x8(acc[r][b], t, 0);
+            low4[r][b] = _mm_fmadd_ps(e4, _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+        }
+    }
+}
+
+/* Rows o[0..S-1] of W against the B rows of x (S * B <= 8). Blocks of 16 groups: four loads of
+ * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloatf16 weights + 128,
+ * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
+ * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
+ * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes). */
 WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
-    const __m512i low = _mm512_set1_epi8(0x0f), bias128 = _mm512_set1_epi8(0x43);
-    /* lane j of the 16 float32 sums belongs to group j / 4 of the four */
-    const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512 k128 = _mm512_set1_ps(128.0f);
     __m512 acc[4][4];
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
-    for (long g = 0; g < a->groups; g += 4) {
-        long ng = a->groups - g < 4 ? a->groups - g : 4;
-        __mmask64 cm = ng == 4 ? ~0ull : (1ull << (16 * ng)) - 1;
-        __m512bh xv[4][4];
-        for (int b = 0; b < B; b++) {
-            const bf16* xb = a->xq + b * a->ldq + g * GROUP;
-            for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
+    long full = a->groups / BLOCK * BLOCK;
+    for (long g = 0; g < full; g += BLOCK) {
+        __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any B */
+        for (int r = 0; r < S; r++)
+            for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
+        for (int u = 0; u < 4; u++) {
+            __m512bh xv[4][4];
+            for (int b = 0; b < B; b++) {
+                const bf16* xb = a->xq + b * a->ldq + g * GROUP + u * 128;
+                for (int k = 0; k < 4; k++) xv[b][k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+            }
+            for (int r = 0; r < S; r++) {
+                __m512i cv = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
+                __m512bh q[4];
+                q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+                q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
+                                                           bias128, AND_OR);
+                q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
+                                                           bias128, AND_OR);
+                q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+                for (int b = 0; b < B; b++)
+                    for (int k = 0; k < 4; k++)
+                        s[r][b] = _mm512_dpbf16_ps(s[r][b], q[k], xv[b][k]);
+            }
         }
         for (int r = 0; r < S; r++) {
-            __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
-            __m512i lo = _mm512_and_si512(cv, low);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(cv, 4), low);
-            __m512bh q0 = (__m512bh)_mm512_unpacklo_epi8(lo, bias128);
-            __m512bh q1 = (__m512bh)_mm512_unpackhi_epi8(lo, bias128);
-            __m512bh q2 = (__m512bh)_mm512_unpacklo_epi8(hi, bias128);
-            __m512bh q3 = (__m512bh)_mm512_unpackhi_epi8(hi, bias128);
-            __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1u << ng) - 1),
-                                                           a->d + o[r] * a->ldd + g));
-            __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
+            const uint16_t *d = a->d + o[r] * a->ldd + g, *m = a->m + o[r] * a->ldd + g;
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
+            __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
             for (int b = 0; b < B; b++) {
-                __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, xv[b][0]);
-                __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2, xv[b][2]);
-                s0 = _mm512_dpbf16_ps(s0, q1, xv[b][1]);
-                s1 = _mm512_dpbf16_ps(s1, q3, xv[b][3]);
-                acc[r][b] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), dv, acc[r][b]);
+                acc[r][b] = _mm512_fmadd_ps(s[r][b], dv, acc[r][b]);
+                acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), acc[r][b]);
             }
         }
     }
-    for (int r = 0; r < S; r++) {
-        offsets_wide(a, o[r], B, acc[r]);
-        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+    __m128 low4[4][4];  /* the tail's minima, four groups to a lane */
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
+    for (long g = full; g < a->groups; g += 4) {
+        long ng = a->groups - g < 4 ? a->groups - g : 4;
+        if (ng > 2)
+            tail4(a, o, S, B, g, ng, acc, low4);
+        else if (S % 2 == 0)
+            for (int r = 0; r < S; r += 2) tail2x2(a, o + r, B, g, ng, acc + r, low4 + r);
+        else
+            tail2(a, o, S, B, g, ng, acc, low4);
     }
+    if (full < a->groups)
+        for (int r = 0; r < S; r++)
+            for (int b = 0; b < B; b++)
+                acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_zextps128_ps512(low4[r][b]));
+    if (S == 4 && B == 1) {
+        float t[4];
+        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], t);
+        for (int r = 0; r < 4; r++) put(a, 0, o[r], t[r]);
+        return;
+    }
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* [o0, o1): for one row of x, STREAMS contiguous parts, one row of W from each per pass (more
- * sums in flight, the x loads shared; step_kernels_bf16.c's one-row kernel does the same);
- * for 2-4 rows of x, row by row. */
+/* [o0, o1): for one row of x, STREAMS rows of W per pass (more sums in flight, the x loads
+ * shared); for 2-4 rows of x, two rows of W per pass. Each pass first asks for the codes AHEAD
+ * bytes on (ahead()). */
 #define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
     if (B == 1) {
-        long per = (o1 - o0) / STREAMS, o[STREAMS];
-        for (long i = 0; i < per; i++) {
-            for (int r = 0; r < STREAMS; r++) o[r] = o0 + r * per + i;
+        long o[STREAMS], r = o0;
+        for (; r + STREAMS <= o1; r += STREAMS) {
+            ahead(a, r, STREAMS);
+            for (int s = 0; s < STREAMS; s++) o[s] = r + s;
             rows_wide_s(a, o, STREAMS, 1);
         }
-        for (long r = o0 + STREAMS * per; r < o1; r++) rows_wide_s(a, &r, 1, 1);
+        for (; r < o1; r++) rows_wide_s(a, &r, 1, 1);
         return;
     }
     long o = o0, pair[2];
     for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
+        ahead(a, o, 2);
         pair[0] = o, pair[1] = o + 1;
         switch (B) {
             case 2: rows_wide_s(a, pair, 2, 2); break;
@@ -138,22 +305,46 @@ WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
-/* the low 8 bytes of v as eight float32 */
-#define BYTES_AS_FLOATS(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-
-/* Row o of W against the B rows of x: one group (16 bytes of codes) per step. */
+/* Row o of W against the B rows of x: blocks of 16 groups in two halves of 8 (eight dword lanes,
+ * one group each: 32 FMAs of float32 codes against x, then d and the minimum for the 8 at
+ * once), then the tail one group (16 bytes of codes) per step. */
 NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
-    const __m128i low = _mm_set1_epi8(0x0f);
+    const __m256i low = _mm256_set1_epi32(0x0f);
     __m256 acc[4];
     float z[4] = {0};
     for (int b = 0; b < B; b++) acc[b] = _mm256_setzero_ps();
     const uint8_t* c = a->codes + o * a->ldc;
     const uint16_t *d = a->d + o * a->ldd, *m = a->m + o * a->ldd;
-    for (long g = 0; g < a->groups; g++) {
-        __m128i cv = _mm_loadu_si128((const __m128i*)(c + g * 16));
-        __m128i lo = _mm_and_si128(cv, low), hi = _mm_and_si128(_mm_srli_epi16(cv, 4), low);
-        __m256 f0 = BYTES_AS_FLOATS(lo), f1 = BYTES_AS_FLOATS(_mm_srli_si128(lo, 8));
-        __m256 f2 = BYTES_AS_FLOATS(hi), f3 = BYTES_AS_FLOATS(_mm_srli_si128(hi, 8));
+    long full = a->groups / BLOCK * BLOCK;
+    for (long g = 0; g < full; g += 8) {  /* 8 groups: half h of block g / 16 */
+        long h = g % BLOCK / 8;
+        __m256 s[4][2];
+        for (int b = 0; b < B; b++) s[b][0] = s[b][1] = _mm256_setzero_ps();
+        for (int u = 0; u < 4; u++) {
+            const uint8_t* part = c + (g - 8 * h) * 16 + u * 64 + h * 32;
+            __m256i w = _mm256_loadu_si256((const __m256i*)part);
+            for (int j = 0; j < 8; j++) {  /* word j / 4, nibble j % 4 */
+                __m256i n = _mm256_srli_epi32(w, 16 * (j / 4) + 4 * (j % 4));
+                __m256 f = _mm256_cvtepi32_ps(j == 7 ? n : _mm256_and_si256(n, low));
+                for (int b = 0; b < B; b++)
+                    s[b][j % 2] = _mm256_fmadd_ps(
+                        f, _mm256_loadu_ps(a->xf + b * a->ldf + g * GROUP + (u * 8 + j) * 8),
+                        s[b][j % 2]);
+            }
+        }
+        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(d + g)));
+        __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + g)));
+        for (int b = 0; b < B; b++) {
+            acc[b] = _mm256_fmadd_ps(_mm256_add_ps(s[b][0], s[b][1]), dv, acc[b]);
+            acc[b] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(a->xs + b * a->lds + g), acc[b]);
+        }
+    }
+    for (long g = full; g < a->groups; g++) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(c + g * 16)));
+        __m256 f0 = _mm256_cvtepi32_ps(_mm256_and_si256(w, low));
+        __m256 f1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 4), low));
+        __m256 f2 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 8), low));
+        __m256 f3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 12));
         __m256 dv = _mm256_set1_ps(_cvtsh_ss(d[g]));
         float mg = _cvtsh_ss(m[g]);
         for (int b = 0; b < B; b++) {
@@ -170,33 +361,64 @@ NARROW_F16C INLINE void row_narrow(const q4_args* a, long o, int B) {
 }
 
 NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
-    for (long o = o0; o < o1; o++) switch (B) {
-        case 1: row_narrow(a, o, 1); break;
-        case 2: row_narrow(a, o, 2); break;
-        case 3: row_narrow(a, o, 3); break;
-        default: row_narrow(a, o, 4); break;
+    for (long o = o0; o < o1; o++) {
+        ahead(a, o, 1);
+        switch (B) {
+            case 1: row_narrow(a, o, 1); break;
+            case 2: row_narrow(a, o, 2); break;
+            case 3: row_narrow(a, o, 3); break;
+            default: row_narrow(a, o, 4); break;
+        }
     }
 }
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
-/* x rounded to bfloat16 once per call, into the form the path reads, and each group's sum. */
+/* x rounded to bfloat16 once per call (into t, `in` values), each group's sum, and the row in
+ * the order the path's codes unpack (top of the file), written front to back:
+ * - wide, a block of 16 groups: vector (u, k) of 32 bfloat16 holds in lane L (2 L, 2 L + 1)
+ *   weights 8 u + k and 8 u + 4 + k of group L (word p of dword L after nibble shift k);
+ * - narrow, a block: vector (half h, u, p, k) of 8 float32 holds weight 8 u + 4 p + k of
+ *   groups 8 h .. 8 h + 7;
+ * - the tail: four groups to a block of 128 bfloat16, weight 8 u + j of group g % 4 at
+ *   32 u + 8 (g % 4) + j (wide; zeros past the last group, except that a last four of 1 or 2
+ *   groups repeats them in its high 256 bits: tail2x2), a group's 32 in order (narrow). */
 static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16* xq, float* xf,
-                    float* xs, long lds) {
-    long groups = in / GROUP, padded = lds * GROUP;
+                    float* xs, long lds, bf16* t) {
+    long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
     for (int b = 0; b < rows; b++) {
         const float* xb = x + b * ldx;
+        for (long j = 0; j < in; j++) t[j] = to_bf16(xb[j]);
         for (long g = 0; g < lds; g++) {
             float s = 0.0f;
-            for (long i = 0; i < GROUP; i++) {
-                bf16 v = g < groups ? to_bf16(xb[g * GROUP + i]) : 0;
-                s += from_bf16(v);
-                if (wide)  /* group g = lane g % 4 of block g / 4; weight i = u * 8 + j */
-                    xq[b * padded + (g / 4) * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] = v;
-                else if (g < groups)
-                    xf[b * in + g * GROUP + i] = from_bf16(v);
-            }
+            for (long i = 0; g < groups && i < GROUP; i++) s += from_bf16(t[g * GROUP + i]);
             xs[b * lds + g] = s;
+        }
+        if (wide) {
+            bf16* q = xq + b * padded;
+            for (long g = 0; g < full; g += BLOCK)
+                for (int u = 0; u < 4; u++)
+                    for (int k = 0; k < 4; k++)
+                        for (int L = 0; L < BLOCK; L++)
+                            for (int p = 0; p < 2; p++)
+                                *q++ = t[(g + L) * GROUP + 8 * u + 4 * p + k];
+            for (long g = full; g < lds; g++)
+                for (long i = 0; i < GROUP; i++)
+                    xq[b * padded + g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] =
+                        g < groups ? t[g * GROUP + i] : 0;
+            if (lds - groups >= 2)  /* a last step of 1 or 2 groups: repeated (tail2x2) */
+                for (int u = 0; u < 4; u++) {
+                    bf16* v = xq + b * padded + (lds - 4) * GROUP + 32 * u;
+                    memcpy(v + 16, v, 16 * sizeof(bf16));
+                }
+        } else {
+            float* f = xf + b * in;
+            for (long g = 0; g < full; g += BLOCK)
+                for (int h = 0; h < 2; h++)
+                    for (int w = 0; w < GROUP; w++)  /* w = 8 u + 4 p + k */
+                        for (int L = 0; L < 8; L++)
+                            *f++ = from_bf16(t[(g + 8 * h + L) * GROUP + w]);
+            for (long j = full * GROUP; j < in; j++) *f++ = from_bf16(t[j]);
         }
     }
 }
@@ -233,12 +455,13 @@ int headwise_q4_matmul(const float* x, long ldx, const uint8_t* codes, const uin
     if (rows < 1 || in % GROUP) return 1;
     long groups = in / GROUP, lds = (groups + 3) / 4 * 4;
     size_t nq = wide ? (size_t)(rows * lds * GROUP) : 0, nf = wide ? 0 : (size_t)(rows * in);
-    void* scratch = malloc(nq * sizeof(bf16) + nf * sizeof(float) + rows * lds * sizeof(float));
+    void* scratch = malloc(nq * sizeof(bf16) + nf * sizeof(float) + rows * lds * sizeof(float)
+                           + in * sizeof(bf16));
     if (!scratch) return 2;
     float* xs = scratch;
     float* xf = xs + rows * lds;
     bf16* xq = (bf16*)(xf + nf);
-    prepare(x, ldx, rows, in, wide, xq, xf, xs, lds);
+    prepare(x, ldx, rows, in, wide, xq, xf, xs, lds, xq + nq);
     q4_args a = {codes, d, m, xq, xf, xs, y, res, bias,
                  in / 2, groups, lds * GROUP, in, lds, ldy, ldr, groups};
     OVER_OUTPUTS(out, tiles(&a, rows, o0, o1, wide));
