@@ -15,7 +15,8 @@ on their values):
 The earlier kernel (``--against``, default 52720a5: session 15's kernel, which reads the codes in
 llama.cpp's nibble order, low nibbles weights 0-15, high 16-31) gets its codes in that order;
 the working tree's kernel gets :class:`headwise.fast.int4.Int4`'s. Both are called through
-``ctypes`` with the same arguments, so the call's own cost is the same for both.
+``ctypes`` with the same arguments, so the call's own cost is the same for both
+(``_kernels.py``: what this and ``bf16_kernel.py`` share).
 
     python benchmarks/q4_kernel.py [--threads 1 2] [--batches 1 4] [--budget 2] [--against REV]
         [--clock wall|cpu]
@@ -26,23 +27,14 @@ About 5 minutes with the defaults (2 thread counts x 2 batches x 9 rows, 2 s eac
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleave, ratio, set_clock  # noqa: E402
-from headwise.fast import build, native  # noqa: E402
+from _kernels import parser, sweep  # noqa: E402
 from headwise.fast.int4 import GROUP, Int4  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {"q/o": (576, 576), "k/v": (192, 576), "gate/up": (1536, 576), "down": (576, 1536)}
-LAYER = ("q/o", "k/v", "k/v", "q/o", "gate/up", "gate/up", "down")  # one layer's products
-STREAM_BYTES = 64 << 20
 
 
 def old_codes(q: torch.Tensor) -> torch.Tensor:
@@ -50,26 +42,6 @@ def old_codes(q: torch.Tensor) -> torch.Tensor:
     out, n = q.shape
     g = q.to(torch.uint8).view(out, n // GROUP, 2, GROUP // 2)
     return (g[:, :, 0] | g[:, :, 1] << 4).reshape(out, n // 2).contiguous()
-
-
-def library(sources: list[Path], tmp: Path, name: str):
-    path = tmp / f"{name}.so"
-    failed = build.compile_library("cc", sources, native.FLAGS, path, {}, 300)
-    if failed:
-        raise SystemExit(f"building {name}: {failed}")
-    return build.open_library(path, {"headwise_q4_matmul": native.SIGNATURES["headwise_q4_matmul"],
-                                     "headwise_features": ":i"})
-
-
-def old_library(rev: str, tmp: Path):
-    folder = tmp / "old"
-    folder.mkdir()
-    for p in native.SOURCES:
-        rel = p.relative_to(ROOT).as_posix()
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], check=True,
-                              capture_output=True).stdout
-        (folder / p.name).write_bytes(text)
-    return library([folder / p.name for p in native.SOURCES], tmp, "old")
 
 
 class Matrix:
@@ -84,7 +56,7 @@ class Matrix:
         self.nbytes = w.nbytes()
 
 
-def caller(lib, mats: list[Matrix], layout: str, x: dict, y: dict, threads: int, wide: int,
+def caller(lib, layout: str, mats: list[Matrix], x: dict, y: dict, threads: int, wide: int,
            repeat: int = 1):
     fn = lib.headwise_q4_matmul
     args = [(x[m.n].data_ptr(), m.n, m.codes[layout].data_ptr(), m.scales.data_ptr(),
@@ -99,48 +71,8 @@ def caller(lib, mats: list[Matrix], layout: str, x: dict, y: dict, threads: int,
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--budget", type=float, default=2.0, help="seconds per row")
-    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                   help="cpu: this process's CPU time (1 thread on a shared machine)")
-    p.add_argument("--against", default="52720a5", help="the earlier commit (llama.cpp order)")
-    args = p.parse_args(argv)
-    set_clock(args.clock)
-    gen = torch.Generator().manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = {"old": old_library(args.against, Path(tmp)),
-                "new": library(list(native.SOURCES), Path(tmp), "new")}
-        wide = int(native.isa() == "avx512-bf16")  # (HEADWISE_NATIVE_ISA=avx2: the AVX2 path)
-        print(f"# q4 kernel: {args.against} (old) vs the working tree (new); path "
-              f"{'AVX512-BF16' if wide else 'AVX2'} torch {torch.__version__}\n")
-        print("| threads | batch | rows | old GB/s | new GB/s | new / old time |")
-        print("|---|---|---|---|---|---|")
-        model = [Matrix(*SHAPES[s], gen) for _ in range(30) for s in LAYER]
-        for threads in args.threads:
-            for b in args.batches:
-                x = {n: torch.randn(b, n, generator=gen) for n in (576, 1536)}
-                y = {o: torch.empty(b, o) for o in (192, 576, 1536)}
-                for name, (out, n) in SHAPES.items():
-                    one = Matrix(out, n, gen)
-                    reps = max(1, (4 << 20) // one.nbytes)
-                    row(f"{name} {out}x{n} in cache", libs, [one], reps, x, y, threads, b,
-                        wide, args.budget)
-                    many = [Matrix(out, n, gen) for _ in range(STREAM_BYTES // one.nbytes + 1)]
-                    row(f"{name} {out}x{n} streaming", libs, many, 1, x, y, threads, b, wide,
-                        args.budget)
-                    del many
-                row("model: 210 products", libs, model, 1, x, y, threads, b, wide, args.budget)
-
-
-def row(label, libs, mats, repeat, x, y, threads, b, wide, budget) -> None:
-    fns = {k: caller(libs[k], mats, k, x, y, threads, wide, repeat) for k in ("old", "new")}
-    times = interleave(fns, warmup=2, min_rounds=5, max_rounds=400, budget_s=budget)
-    nbytes = sum(m.nbytes for m in mats) * repeat
-    gbs = {k: nbytes / min(t) / 1e9 for k, t in times.items()}
-    print(f"| {threads} | {b} | {label} | {gbs['old']:.1f} | {gbs['new']:.1f} | "
-          f"{ratio(times['new'], times['old']):.3f} |", flush=True)
+    args = parser(__doc__, [1, 4]).parse_args(argv)
+    sweep(args, "q4 kernel", ["headwise_q4_matmul"], Matrix, caller, torch.float32)
 
 
 if __name__ == "__main__":
