@@ -29,7 +29,7 @@ class Q8:
     float32 weight ``source`` they dequantize to; ``version`` is ``source._version`` when
     attached (an in-place change of the weight makes the codes stale: :func:`of`)."""
 
-    __slots__ = ("codes", "scales", "source", "version")
+    __slots__ = ("codes", "scales", "source", "version", "_product")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor):
         out, n = codes.shape
@@ -45,6 +45,7 @@ class Q8:
             raise ValueError("Q8: the codes do not dequantize to the weight they stand for; "
                              "attach the codes of this weight's own tensor")
         self.source, self.version = source, source._version
+        self._product = None  # headwise's kernel bound to the codes (False: it declined them)
 
     def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
         """The float32 ``(out, in)`` the codes stand for (exact: 8 + 11 significant bits), or
@@ -56,7 +57,9 @@ class Q8:
                res: torch.Tensor | None = None) -> torch.Tensor | None:
         """``x (b, in) @ W^T + bias + res`` -> ``(b, out)`` float32, or None where the kernel
         declines (the caller multiplies by :attr:`source`)."""
-        return _native.q8_matmul(x, self.codes, self.scales, bias, res)
+        if self._product is None:
+            self._product = _native.q4_product(self.codes, self.scales, None) or False
+        return self._product(x, bias, res) if self._product else None
 
     def nbytes(self) -> int:
         """Bytes a product reads: the codes and the scales."""

@@ -59,12 +59,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from headwise.fast import applies, host
+from headwise.fast import int4 as _int4
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import q8 as _q8
 
 __all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "joined", "lay_out",
-           "linear", "of_linear", "residual", "stored_transposed", "weight"]
+           "linear", "of_group", "of_linear", "residual", "stored_transposed", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
 #                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4; Q8:
@@ -101,6 +102,22 @@ def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
     if (q8 := _q8.of(layer)) is not None:
         return (q8, weight(layer.weight, layer.bias, transpose)), None, Q8
     return weight(layer.weight, layer.bias, transpose)
+
+
+def of_group(layers, transpose: bool) -> Weight | None:
+    """The one :data:`Weight` of layers that read one input (a component's ``joint_linears()``)
+    with no copy: float32 weights stored as one matrix (:func:`joined`), or 4-bit codes that
+    share one set (:func:`headwise.fast.int4.joined`; their biases, if any, concatenated);
+    else None (the caller multiplies them one by one, or joins a copy)."""
+    codes = [getattr(layer, "int4", None) for layer in layers]
+    if any(c is None for c in codes):
+        whole = joined(layers)
+        return None if whole is None else weight(*whole, transpose)
+    whole = _int4.joined(codes)
+    biases = [layer.bias for layer in layers]
+    if whole is None or len({b is None for b in biases}) > 1:
+        return None
+    return whole, None if biases[0] is None else torch.cat(biases).detach(), INT4
 
 
 def stored_transposed(w: torch.Tensor) -> bool:

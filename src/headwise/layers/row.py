@@ -42,10 +42,13 @@ class AttentionRow:
         self.q = _rows.of_linear(attn.q_proj, t)
         if cross:
             return
-        whole = next((_rows.joined(group) for group in attn.joint_linears()), None)
-        if fuse or whole is not None:  # one product over cat(W_q, W_k, W_v): their joined
-            # storage (_rows.lay_out), or a copy made once per generation
-            self.qkv, self.q = _rows.weight(*(whole or attn.qkv_weight()), t), None
+        # one product over cat(W_q, W_k, W_v): their joined storage (_rows.lay_out) or shared
+        # 4-bit codes, or with fuse a copy made once per generation
+        self.qkv = next((_rows.of_group(group, t) for group in attn.joint_linears()), None)
+        if self.qkv is None and fuse:
+            self.qkv = _rows.weight(*attn.qkv_weight(), t)
+        if self.qkv is not None:
+            self.q = None
         else:
             self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
 
