@@ -138,8 +138,8 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
         return None
     whole = _joined(layers)  # (before the rule: not laid out is the common case, and cheaper)
-    if whole is None or not applies(*(t for layer in layers
-                                      for t in (layer.weight, layer.bias) if t is not None)):
+    if whole is None or not applies(*(t for layer in layers for t in (layer.weight, layer.bias)
+                                      if t is not None), bf16=True):
         return None
     return whole
 
@@ -181,11 +181,12 @@ def _consecutive(ts, shape, strides, step):
 
 
 def lay_out(module: nn.Module, rows: int) -> int:
-    """Store the float32 CPU ``nn.Linear`` weights of ``module`` the way a decoding step over
-    ``rows`` rows reads them fastest (module docstring), in place; returns how many matrices
-    moved.
+    """Store the float32 (and bfloat16) CPU ``nn.Linear`` weights of ``module`` the way a
+    decoding step over ``rows`` rows reads them fastest (module docstring), in place; returns
+    how many matrices moved.
 
-    One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``;
+    One row: each wide float32 matrix (``out > in``) stored as ``W^T``, the others ``(out,
+    in)`` (bfloat16 always: the layout its kernel reads);
     2 to :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are
     (``F.linear`` measures the same on either). The layers a component lists as reading one
     input (``joint_linears()``: self-attention's q, k, v; a gated feed-forward's gate, up) are
@@ -193,8 +194,8 @@ def lay_out(module: nn.Module, rows: int) -> int:
     module path's fused projection) multiplies them as one without a copy (:func:`joined`).
     Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
     optimizer keeps its references), their shapes and values. The moved matrices go into
-    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages (fewer TLB misses
-    for a step that streams them every token); the extra memory while they move is a buffer
+    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages, one dtype each
+    (fewer TLB misses for a step that streams them every token); the extra memory while they move is a buffer
     or two, or the largest group. The copies are ordinary tensors even inside
     ``torch.inference_mode``, so the model still trains afterwards."""
     if rows > COLUMN_ROWS:
@@ -206,17 +207,18 @@ def lay_out(module: nn.Module, rows: int) -> int:
         if not all(isinstance(m, nn.Linear) for m in layers) or any(map(_q8.of, layers)):
             continue  # (an Int4Linear's .weight would be dequantized; the step reads Q8 codes)
         ws = [layer.weight for layer in layers]
-        if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True):
+        if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True, bf16=True):
             continue
         seen.update(id(w) for w in ws)
-        want = rows == 1 and _wide(layers)
+        want = rows == 1 and _wide(layers) and ws[0].dtype is torch.float32
         whole = _joined(layers)
         if whole is None or not (stored_transposed(whole[0]) if want
                                  else whole[0].is_contiguous()):
             todo.append((layers, want))
     with torch.inference_mode(False), torch.no_grad():
         for chunk in _chunks(todo):
-            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk), torch.float32)
+            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk),
+                                chunk[0][0][0].weight.dtype)
             at = 0
             for layers, want in chunk:
                 _store(layers, want, arena[at:at + _numel(layers)])
@@ -230,16 +232,16 @@ def _numel(layers) -> int:
 
 def _chunks(todo):
     """The groups to store as runs of about :data:`ARENA_BYTES` (a larger group is a run of
-    its own), wide groups (``out > in``) apart from the others: one huge-page buffer per run.
-    Laying a model out for another row count moves exactly its wide groups (one row wants them
+    its own), wide groups (``out > in``) apart from the others, one dtype a run: one huge-page
+    buffer per run. Laying a model out for another row count moves exactly its wide groups (one row wants them
     ``W^T``, 2-4 rows ``(out, in)``), so every run it moves is vacated whole and freed, and the
     extra memory meanwhile is a run or two, not a second copy of the model."""
-    for wide in (False, True):
+    for wide, dtype in ((w, d) for w in (False, True) for d in (torch.float32, torch.bfloat16)):
         run, size = [], 0
         for item in todo:
-            if _wide(item[0]) is not wide:
+            if _wide(item[0]) is not wide or item[0][0].weight.dtype is not dtype:
                 continue
-            n = _numel(item[0]) * 4
+            n = _numel(item[0]) * item[0][0].weight.element_size()
             if run and size + n > ARENA_BYTES:
                 yield run
                 run, size = [], 0
