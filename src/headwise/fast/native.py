@@ -22,7 +22,8 @@ process keeps the torch path, and the compiler, in its own process group, is kil
 children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels
 split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
 bfloat16, 4-bit and 8-bit weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
-``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``).
+``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``);
+``_self.c`` runs RoPE, the cache write and the attention of a step's layer as one call.
 
 When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
 FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
@@ -45,11 +46,12 @@ import torch
 from headwise.fast import applies, build, host
 
 __all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "declined", "isa", "q4_matmul",
-           "q4_product", "q8_matmul", "rms_rows", "rope_rows", "rows_matmul", "status", "use_isa"]
+           "q4_product", "q8_matmul", "rms_rows", "rope_rows", "rows_matmul", "self_rows",
+           "status", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 # the library's sources: SOURCE, the bfloat16, 4-bit and 8-bit kernels, their shared header
-SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8")),
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8", "self")),
            SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
 ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -156,12 +158,11 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
 
 def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None):
     """:func:`q4_matmul` (``mins`` None: :func:`q8_matmul`) bound to one matrix: a
-    :class:`Product` ``f(x, bias=None, res=None) -> (b, out) | None``, its form checked and
-    its addresses read once, here, so a decoding step's product pays only for its rows' checks
-    and the call (~7 -> ~4 us a product on a small matrix). None, with the reason in
-    :func:`declined`, when the tensors are not the 4-bit (8-bit) form of a matrix on the CPU.
-    The product keeps the tensors alive; they must not be resized or moved afterwards (an
-    :class:`~headwise.fast.int4.Int4`'s never are)."""
+    :class:`Product`, its form checked and its addresses read once, here (~7 -> ~5.5 us a
+    product on a small matrix). None, with the reason in :func:`declined`, when the tensors
+    are not the 4-bit (8-bit) form of a matrix on the CPU. The product keeps the tensors
+    alive; they must not be resized or moved afterwards (an :class:`~headwise.fast.int4.
+    Int4`'s never are)."""
     name = "q4_matmul" if mins is not None else "q8_matmul"
     coded = (scales,) if mins is None else (scales, mins)
     out = codes.shape[0] if codes.dim() == 2 else 0
@@ -266,6 +267,37 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return None if failed else out.to(_BF16) if half else out
 
 
+def self_rows(rows: torch.Tensor, rot, k: torch.Tensor, v: torch.Tensor, pos: int, start: int,
+              heads: int, r: int, attend: bool) -> tuple[int, torch.Tensor | None] | None:
+    """:func:`rope_rows` (``r`` features of ``rot = (cos, sin)``; ``r = 0``, ``rot`` None: no
+    RoPE), the write of each row's k and v into the cache ``k, v (b, g, L, d)`` at ``pos``, and,
+    with ``attend``, :func:`attend_rows` of the rows' queries over positions ``start .. pos``,
+    in one call (``step_kernels_self.c``), bit for bit those functions' values. ``rows (b,
+    (heads + 2 g) d)``: a fused q|k|v projection, all float32 or all bfloat16. Returns ``(2,
+    out (b, heads*d))`` when it attended, ``(1, None)`` when the rows are finite but it did not
+    (``attend`` False, or no scratch memory), ``(0, None)`` when they are not finite (k and v
+    are written either way); None, with nothing done, when the kernel does not apply."""
+    b, g, n, d = k.shape
+    tables = () if rot is None else rot
+    if (rows.dim() != 2 or rows.stride(1) != 1 or rows.shape != (b, (heads + 2 * g) * d)
+            or k.stride() != v.stride() or k.shape != v.shape or k.stride(3) != 1 or heads % g
+            or not 0 <= start <= pos < n or (r > 0) is not (rot is not None)
+            or any(t.numel() != r or not t.is_contiguous() for t in tables)
+            or not applies(rows, k, v, *tables, bf16=True)):
+        return None
+    if (lib := _kernel()) is None:
+        return None
+    out = torch.empty(b, heads * d) if attend else None
+    got = lib.headwise_self_rows(
+        rows.data_ptr(), b, rows.stride(0), heads, g, d, r,
+        *((None, None) if rot is None else (rot[0].data_ptr(), rot[1].data_ptr())),
+        rows.element_size(), k.data_ptr(), v.data_ptr(), *k.stride()[:3], pos, start, attend,
+        d ** -0.5, None if out is None else out.data_ptr(), heads * d, torch.get_num_threads())
+    if got != 2:  # (-1: no scratch memory, after finding the rows finite)
+        return (1 if got < 0 else got), None
+    return 2, out if rows.dtype is _F32 else out.to(_BF16)
+
+
 def _takes(x, w, bias, res, wt: bool) -> str:
     """Why :func:`rows_matmul` cannot take these tensors (``""``: it can): on the CPU (asked
     first: a device's step asks ~10 times a layer), ``w (out, in)`` with contiguous rows (``(in,
@@ -364,4 +396,5 @@ SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
               "headwise_rope_rows": "plllllppl:i", "headwise_rope_rows_bf16": "plllllppl:i",
               "headwise_rms_rows": "pllpflp:", "headwise_rms_rows_bf16": "pllpflp:",
               "headwise_attend_rows": "plppllllllllfpli:i",
-              "headwise_attend_rows_bf16": "plppllllllllfpli:i"}
+              "headwise_attend_rows_bf16": "plppllllllllfpli:i",
+              "headwise_self_rows": "pllllllppipplllllifpli:i"}
