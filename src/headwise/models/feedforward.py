@@ -119,7 +119,7 @@ class GatedFeedForward(FeedForward):
         if both is not None:
 
             def inner(y: torch.Tensor) -> torch.Tensor:
-                g, u = _rows.linear(y, both).split(f, dim=-1)
+                g, u = _rows.linear(y, both).split_with_sizes((f, f), -1)  # (not .split: ~2 us)
                 return act(g).mul_(u)
         else:
             gate, up = _rows.of_linear(self.gate, transpose), _rows.of_linear(self.up, transpose)
