@@ -169,6 +169,7 @@ def test_shared_codes_multiply_as_each_layer_alone(isa, outs, groups, rows, bias
     assert _int4.share(layers)
     whole = _int4.joined([layer.int4 for layer in layers])
     assert whole is not None and whole.shape == (sum(outs), groups * 32)
+    assert _int4.joined([layer.int4 for layer in layers]) is whole  # (the same object again)
     for f in _int4.FIELDS:
         base = getattr(whole, f)
         assert base.untyped_storage().nbytes() == base.numel() * base.element_size()  # one copy

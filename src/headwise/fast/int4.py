@@ -34,7 +34,7 @@ class Int4:
     bits than the file's float16).
     """
 
-    __slots__ = ("codes", "scales", "mins", "_torch", "_product")
+    __slots__ = ("codes", "scales", "mins", "_torch", "_product", "_base")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor):
         """``codes (out, in)`` integers in [0, 15]; ``scales, mins (out, in / 32)``."""
@@ -52,19 +52,22 @@ class Int4:
                              "got an inf or NaN; rescale the matrix")
         self._torch = None  # torch's packed form, made on first use
         self._product = None  # headwise's kernel bound to these fields (False: it declined them)
+        self._base = None  # the Int4 whose rows these are (rows())
 
     @classmethod
     def _of(cls, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> Int4:
         """An :class:`Int4` over fields already in its layout (views kept as they are)."""
         self = cls.__new__(cls)
         self.codes, self.scales, self.mins = codes, scales, mins
-        self._torch = self._product = None
+        self._torch = self._product = self._base = None
         return self
 
     def rows(self, start: int, stop: int) -> Int4:
         """Output rows ``start .. stop - 1`` as an :class:`Int4` over views of these fields (no
         copy: the same codes, scales and minima)."""
-        return Int4._of(*(getattr(self, f)[start:stop] for f in FIELDS))
+        part = Int4._of(*(getattr(self, f)[start:stop] for f in FIELDS))
+        part._base = self
+        return part
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
@@ -184,7 +187,9 @@ def share(layers) -> bool:
 
 def joined(parts) -> Int4 | None:
     """The one :class:`Int4` whose consecutive row blocks ``parts`` are (views of one storage
-    per field, as :func:`share` leaves them), as views with no copy; else None."""
+    per field, as :func:`share` leaves them), as views with no copy; else None. Parts that
+    tile the :class:`Int4` they were cut from give that object itself (its bound product and
+    torch's packed form made once, not per generation)."""
     fields = []
     for f in FIELDS:
         ts = [getattr(p, f) for p in parts]
@@ -200,6 +205,11 @@ def joined(parts) -> Int4 | None:
             return None
         fields.append(first.as_strided((sum(t.shape[0] for t in ts), first.shape[1]),
                                        first.stride(), first.storage_offset()))
+    base = parts[0]._base
+    if base is not None and all(p._base is base for p in parts) and all(
+            getattr(base, f).data_ptr() == t.data_ptr() and getattr(base, f).shape == t.shape
+            for f, t in zip(FIELDS, fields, strict=True)):
+        return base
     return Int4._of(*fields)
 
 
