@@ -3,6 +3,8 @@ bfloat16 rounding of the rows and float32 sums), through headwise's kernel on ei
 and through torch's int4 kernel where that one declines; Int4Linear is an nn.Linear on those
 codes."""
 
+import copy
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -200,3 +202,16 @@ def test_share_leaves_other_layers_alone():
     assert not _int4.share([_int4.Int4Linear(w, None, torch.float32), plain])
     wide = _int4.Int4Linear(_int4.Int4(*random_int4(16, 2, 1)), None, torch.float32)
     assert not _int4.share([_int4.Int4Linear(w, None, torch.float32), wide])  # other widths
+
+
+def test_a_deep_copy_multiplies_by_its_own_codes():
+    """The bound product reads its tensors' addresses at each call: a deep copy of a layer
+    already used (its product bound) multiplies by the copy's codes, also after the original
+    is changed and gone."""
+    layer = _int4.Int4Linear(_int4.Int4(*random_int4(32, 2, 3)), None, torch.float32)
+    x = torch.randn(2, 64)
+    want = layer(x)
+    twin = copy.deepcopy(layer)
+    layer.int4.codes.zero_()
+    del layer
+    assert torch.equal(twin(x), want)

@@ -160,9 +160,8 @@ def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | N
     """:func:`q4_matmul` (``mins`` None: :func:`q8_matmul`) bound to one matrix: a
     :class:`Product`, its form checked and its addresses read once, here (~7 -> ~5.5 us a
     product on a small matrix). None, with the reason in :func:`declined`, when the tensors
-    are not the 4-bit (8-bit) form of a matrix on the CPU. The product keeps the tensors
-    alive; they must not be resized or moved afterwards (an :class:`~headwise.fast.int4.
-    Int4`'s never are)."""
+    are not the 4-bit (8-bit) form of a matrix on the CPU. Their addresses are read at each
+    call (a deep copy of the product multiplies by its own copies)."""
     name = "q4_matmul" if mins is not None else "q8_matmul"
     coded = (scales,) if mins is None else (scales, mins)
     out = codes.shape[0] if codes.dim() == 2 else 0
@@ -180,11 +179,10 @@ class Product:
     (out,) | None, res (b, out) | None) -> (b, out)`` float32, or None where the kernel
     declines (the reason in :func:`declined`)."""
 
-    __slots__ = ("name", "fields", "ptrs", "out", "n", "most")
+    __slots__ = ("name", "fields", "out", "n", "most")
 
     def __init__(self, name: str, fields: tuple, out: int, n: int, most: int | None):
         self.name, self.fields, self.out, self.n, self.most = name, fields, out, n, most
-        self.ptrs = tuple(t.data_ptr() for t in fields)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  res: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -199,7 +197,7 @@ class Product:
         b = x.shape[0]
         y = torch.empty(b, out)
         failed = getattr(lib, "headwise_" + self.name)(
-            x.data_ptr(), x.stride(0), *self.ptrs, y.data_ptr(), out,
+            x.data_ptr(), x.stride(0), *[t.data_ptr() for t in self.fields], y.data_ptr(), out,
             *((None, 0) if res is None else (res.data_ptr(), res.stride(0))),
             None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads(),
             _state["wide"])
