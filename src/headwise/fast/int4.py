@@ -51,7 +51,7 @@ class Int4:
             raise ValueError("Int4: scales and mins must be finite in float16 (|x| < 65504), "
                              "got an inf or NaN; rescale the matrix")
         self._torch = None  # torch's packed form, made on first use
-        self._product = None  # headwise's kernel bound to these fields (False: it declined them)
+        self._product = None  # headwise's kernel bound to these fields, once it took them
         self._base = None  # the Int4 whose rows these are (rows())
 
     @classmethod
@@ -76,10 +76,10 @@ class Int4:
                res: torch.Tensor | None = None) -> torch.Tensor:
         """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> ``(b, out)`` in ``x``'s dtype."""
         product = self._product
-        if product is None:  # (the fields' form checked once: ~3 us a product less)
-            product = self._product = _native.q4_product(self.codes, self.scales,
-                                                         self.mins) or False
-        if not product:
+        if product is None:  # (the fields' form checked once: ~3 us a product less; a decline
+            # is asked again next time, e.g. after torch.compile or fast.as_device)
+            product = self._product = _native.q4_product(self.codes, self.scales, self.mins)
+        if product is None:
             pass
         elif x.dtype is torch.float32:
             y = product(x, bias, res)

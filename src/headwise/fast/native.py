@@ -168,7 +168,7 @@ def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | N
     n = codes.shape[-1] * (1 if mins is None else 2)
     if (codes.dim() != 2 or n % 32 or codes.dtype is not (_I8 if mins is None else _U8)
             or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in coded)
-            or not all(t.is_contiguous() and t.is_cpu for t in (codes, *coded))):
+            or not all(t.is_contiguous() for t in (codes, *coded)) or not host(codes, *coded)):
         return _decline(name, f"codes and scales are not the {8 if mins is None else 4}-bit "
                               "form of a matrix")
     return Product(name, (codes, *coded), out, n, ROWS if mins is None else None)

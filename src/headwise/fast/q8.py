@@ -45,7 +45,7 @@ class Q8:
             raise ValueError("Q8: the codes do not dequantize to the weight they stand for; "
                              "attach the codes of this weight's own tensor")
         self.source, self.version = source, source._version
-        self._product = None  # headwise's kernel bound to the codes (False: it declined them)
+        self._product = None  # headwise's kernel bound to the codes, once it took them
 
     def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
         """The float32 ``(out, in)`` the codes stand for (exact: 8 + 11 significant bits), or
@@ -57,9 +57,9 @@ class Q8:
                res: torch.Tensor | None = None) -> torch.Tensor | None:
         """``x (b, in) @ W^T + bias + res`` -> ``(b, out)`` float32, or None where the kernel
         declines (the caller multiplies by :attr:`source`)."""
-        if self._product is None:
-            self._product = _native.q4_product(self.codes, self.scales, None) or False
-        return self._product(x, bias, res) if self._product else None
+        if self._product is None:  # (bound once it takes the codes; a decline asks again)
+            self._product = _native.q4_product(self.codes, self.scales, None)
+        return None if self._product is None else self._product(x, bias, res)
 
     def nbytes(self) -> int:
         """Bytes a product reads: the codes and the scales."""
