@@ -27,6 +27,7 @@ import torch
 
 from headwise import limits
 from headwise.fast import finite, host
+from headwise.fast import native as _native
 
 __all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "SelfAttentionCache"]
 
@@ -68,13 +69,41 @@ class SelfAttentionCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.filled.n
         end = start + k.shape[2]
-        if end > self.k.shape[2]:
-            raise ValueError(f"KVCache: {end} positions do not fit a cache of max_len="
-                             f"{self.k.shape[2]}; create the cache with a larger max_len")
+        self._fits(end)
         self.k.narrow(2, start, end - start).copy_(k)  # narrow + copy_: cheaper than k[..] = ..
         self.v.narrow(2, start, end - start).copy_(v)
         self.checked = min(self.checked, start)  # rewritten positions are unchecked again
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+
+    def attend_new(self, rows: torch.Tensor, rot, heads: int, r: int, window: int | None):
+        """The decoding step's self-attention of one new position per row in one C call
+        (:func:`headwise.fast.native.self_rows`): RoPE on ``rows (b, (heads + 2 g) d)`` (a
+        fused q|k|v projection; ``rot``, ``r`` as that function takes them) in place, its k and
+        v written as :meth:`update` writes them, and the new queries' attention over every
+        cached position (the last ``window`` with a sliding window) when this position's and
+        all earlier keys/values are finite -> ``(b, heads*d)``. Otherwise ``(q (b, heads, 1,
+        d), k, v)`` as :meth:`update` returns them, for the caller's NaN policy; None, with
+        nothing done, when the kernel does not apply."""
+        start = self.filled.n
+        end = start + 1
+        self._fits(end)
+        self.checked = min(self.checked, start)  # (as update: a rewritten position)
+        before = self.all_finite(start)  # (the earlier positions: read once, then known)
+        first = 0 if window is None else max(0, end - window)
+        got = _native.self_rows(rows, rot, self.k, self.v, start, first, heads, r, before)
+        if got is None:
+            return None
+        if got[1] is not None:
+            self.checked = end  # (this position's k and v were found finite with its q)
+            return got[1]
+        b, d = rows.shape[0], self.k.shape[3]
+        q = rows[:, :heads * d].view(b, heads, 1, d)
+        return q, self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+
+    def _fits(self, end: int) -> None:
+        if end > self.k.shape[2]:
+            raise ValueError(f"KVCache: {end} positions do not fit a cache of max_len="
+                             f"{self.k.shape[2]}; create the cache with a larger max_len")
 
     def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
               ) -> tuple[torch.Tensor, torch.Tensor]:

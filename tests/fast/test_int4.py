@@ -3,6 +3,8 @@ bfloat16 rounding of the rows and float32 sums), through headwise's kernel on ei
 and through torch's int4 kernel where that one declines; Int4Linear is an nn.Linear on those
 codes."""
 
+import copy
+
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -173,3 +175,71 @@ def test_int4_linear_is_a_linear_layer_on_its_codes(seed, bias, lead):
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
     plain = torch.nn.Linear(3, 2).double()
     assert _int4.dtype_of(plain) == torch.float64
+
+
+@settings(deadline=None, max_examples=20,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (isa: one path each)
+@given(outs=st.lists(st.sampled_from([16, 32, 48, 80]), min_size=2, max_size=3),
+       groups=st.integers(1, 5), rows=st.integers(1, 6), bias=st.booleans(),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
+def test_shared_codes_multiply_as_each_layer_alone(isa, outs, groups, rows, bias, threads, seed):
+    """share() gives q|k|v-like layers one set of codes: each layer's Int4 is a view of its
+    rows of the joined one (no second copy), with the same codes, scales and minima as
+    before; the joined product's column blocks are each layer's own product bit for bit (each
+    output row of the kernel depends only on its row of W), on each path, 1 or 2 threads,
+    1-6 rows, with or without biases."""
+    g = torch.Generator().manual_seed(seed)
+    layers, before = [], []
+    for i, out in enumerate(outs):
+        w = _int4.Int4(*random_int4(out, groups, seed + i))
+        before.append(w)
+        layers.append(_int4.Int4Linear(w, torch.randn(out, generator=g) if bias else None,
+                                       torch.float32))
+    assert _int4.joined([layer.int4 for layer in layers]) is None  # separate storages
+    assert _int4.share(layers)
+    whole = _int4.joined([layer.int4 for layer in layers])
+    assert whole is not None and whole.shape == (sum(outs), groups * 32)
+    assert _int4.joined([layer.int4 for layer in layers]) is whole  # (the same object again)
+    for f in _int4.FIELDS:
+        base = getattr(whole, f)
+        assert base.untyped_storage().nbytes() == base.numel() * base.element_size()  # one copy
+        for layer, old in zip(layers, before, strict=True):
+            part = getattr(layer.int4, f)
+            assert torch.equal(part, getattr(old, f))
+            assert part.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    x = torch.randn(rows, groups * 32, generator=g)
+    with torch_threads(threads):
+        joint = whole.matmul(x)
+        alone = [layer(x) for layer in layers]
+        separate = [old.matmul(x) for old in before]
+    at = 0
+    for layer, got, want in zip(layers, alone, separate, strict=True):
+        out = layer.out_features
+        want_bias = want if layer.bias is None else want + layer.bias
+        assert torch.equal(joint[:, at:at + out] + (0 if layer.bias is None else layer.bias),
+                           want_bias)
+        assert torch.equal(got, want_bias)
+        at += out
+    assert _int4.share(layers)  # (already shared: nothing moves)
+    assert _int4.joined([layers[1].int4, layers[0].int4]) is None  # (out of order)
+
+
+def test_share_leaves_other_layers_alone():
+    w = _int4.Int4(*random_int4(16, 1, 0))
+    plain = torch.nn.Linear(32, 16)
+    assert not _int4.share([_int4.Int4Linear(w, None, torch.float32), plain])
+    wide = _int4.Int4Linear(_int4.Int4(*random_int4(16, 2, 1)), None, torch.float32)
+    assert not _int4.share([_int4.Int4Linear(w, None, torch.float32), wide])  # other widths
+
+
+def test_a_deep_copy_multiplies_by_its_own_codes():
+    """The bound product reads its tensors' addresses at each call: a deep copy of a layer
+    already used (its product bound) multiplies by the copy's codes, also after the original
+    is changed and gone."""
+    layer = _int4.Int4Linear(_int4.Int4(*random_int4(32, 2, 3)), None, torch.float32)
+    x = torch.randn(2, 64)
+    want = layer(x)
+    twin = copy.deepcopy(layer)
+    layer.int4.codes.zero_()
+    del layer
+    assert torch.equal(twin(x), want)

@@ -192,16 +192,18 @@ class _Siblings(nn.Module):
 
 @settings(max_examples=15, deadline=None)
 @given(n_in=st.integers(2, 12), outs=st.lists(st.integers(1, 12), min_size=2, max_size=3),
-       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bias, seed):
+       bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**31 - 1))
+def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bias, dtype, seed):
     """lay_out stores a component's joint linears as blocks of one buffer, laid out as their
-    joined matrix (one row, wider than tall: W^T; 2-4 rows: (out, in)); joined() hands that
+    joined matrix (one row, wider than tall, float32: W^T; 2-4 rows and bfloat16: (out, in),
+    the layout the bfloat16 kernel reads); joined() and of_group() hand that
     matrix (and bias) out as views of the very storage the parameters use: equal to the
     concatenation, writes to one show in the other. Unrelated layers are not joined."""
     torch.manual_seed(seed)
-    model = _Siblings(n_in, tuple(outs), bias)
+    model = _Siblings(n_in, tuple(outs), bias).to(dtype)
     params = list(model.parameters())
-    x = torch.randn(3, n_in)
+    x = torch.randn(3, n_in, dtype=dtype)
     want = model(x).detach()
     torch.set_grad_enabled(False)  # (joined() hands out no detached view to autograd)
     assert _rows.joined(model.parts) is None  # separate tensors
@@ -213,14 +215,25 @@ def test_joint_linears_are_laid_out_as_one_matrix_without_a_copy(n_in, outs, bia
         assert (b is None) is not bias
         if bias:
             assert torch.equal(b, torch.cat([p.bias for p in model.parts]))
-        wide = rows == 1 and sum(outs) > n_in
+        wide = rows == 1 and sum(outs) > n_in and dtype is torch.float32
         assert _rows.stored_transposed(w) is wide and w.is_contiguous() is not wide
+        assert w.dtype is dtype and _rows.of_group(model.parts, False)[2] is wide
         assert list(model.parameters()) == params
-        torch.testing.assert_close(model(x), want)
+        if dtype is torch.float32:
+            torch.testing.assert_close(model(x), want)
+        else:  # bfloat16: torch's kernel for another storage may round x @ W^T to bfloat16
+            # before the bias (<= 2^-9 of |x| @ |W|^T + |b| on each side) and rounds the result
+            # (<= 2^-9 |y| each side): sums in float32, in whichever order
+            terms = x.float().abs() @ torch.cat([p.weight for p in model.parts]).float().abs().t()
+            if bias:
+                terms += torch.cat([p.bias for p in model.parts]).float().abs()
+            diff = (model(x).float() - want.float()).abs()
+            assert (diff <= 2**-8 * (terms + want.float().abs()) + 1e-6).all()
         with torch.no_grad():  # one storage: a write through a parameter shows in the view
+            before = model.parts[-1].weight[0, 0].clone()  # (bfloat16: +1 then -1 rounds)
             model.parts[-1].weight[0, 0] += 1.0
             assert w[sum(outs[:-1]), 0] == model.parts[-1].weight[0, 0]
-            model.parts[-1].weight[0, 0] -= 1.0
+            model.parts[-1].weight[0, 0] = before
     other = nn.Linear(n_in, 4)
     assert _rows.joined((model.parts[0], other)) is None
     assert _rows.joined(tuple(reversed(model.parts))) is None  # not in storage order
@@ -263,7 +276,11 @@ def test_4bit_layers_are_never_joined_nor_dequantized_to_look(monkeypatch):
         raise AssertionError("dequantized")
     monkeypatch.setattr(_int4.Int4Linear, "weight", property(refuse))
     assert _rows.joined(tuple(layers)) is None
+    assert _rows.of_group(tuple(layers), False) is None  # (separate codes)
     assert _rows.lay_out(layers, 1) == 0
+    assert _int4.share(layers)  # one set of codes: one product, still never dequantized
+    joint = _rows.of_group(tuple(layers), False)
+    assert joint[2] is _rows.INT4 and joint[0].shape == (32, 32) and joint[1] is None
     group = _Siblings(32, (16, 16), False)  # listed as joint linears, as a SwiGLU's gate/up
     group.parts = layers
     assert _rows.lay_out(group, 1) == 0

@@ -103,6 +103,49 @@ def test_step_on_codes_stays_close_to_the_float32_step(tmp_path, batch):
     assert 0 < diff < 0.03, diff
 
 
+def test_layers_reading_one_input_share_their_codes_and_one_product(tmp_path, monkeypatch):
+    """q|k|v and gate|up each hold one set of codes (every layer a view of its rows, the same
+    values as the file's), so the step multiplies 4 matrices a layer, not 7, with the module
+    path's tokens."""
+    from headwise.fast import int4 as _int4
+    from headwise.fast import native as _native
+    from headwise.pretrained.gguf import load_gguf, read_gguf
+
+    file = read_gguf(_q4_gguf(tmp_path / "q4.gguf", seed=3)[0])
+    model, full = load_gguf(file, q4=True).model, load_gguf(file).model
+    for block, plain in zip(model.blocks, full.blocks, strict=True):
+        groups = (*block.self_attn.joint_linears(), *block.ff.joint_linears())
+        assert [len(g) for g in groups] == [3, 2]
+        for group in groups:
+            whole = _int4.joined([layer.int4 for layer in group])
+            assert whole is not None and whole.shape[0] == sum(m.out_features for m in group)
+            assert whole.codes.untyped_storage().data_ptr() == group[0].int4.codes.data_ptr()
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "ff.gate", "ff.up")
+        for name in names:  # the view's values are the file's (the float model dequantizes it)
+            got, want = block.get_submodule(name).weight, plain.get_submodule(name).weight
+            assert (got - want).abs().max() <= 2**-8 * want.abs().max(), name
+    if _native.status() != "ready":
+        pytest.skip("headwise's kernel is not built here")
+    from headwise.step import DecodeStep
+
+    calls = []
+    product = _native.Product.__call__
+    monkeypatch.setattr(_native.Product, "__call__",
+                        lambda self, *a: calls.append(self.name) or product(self, *a))
+    ids, feed = torch.randint(3, 261, (1, 5)), torch.randint(3, 261, (1, 3))
+    cache = model.new_cache(1, 8)
+    with torch.inference_mode():
+        model._forward(ids, cache, model._no_weights, last_only=True)
+        step = DecodeStep(model, cache)
+        calls.clear()
+        logits = step(feed[:, 0])
+    assert calls.count("q4_matmul") == 4 * len(model.blocks), calls
+    with torch.inference_mode():
+        whole, _ = model(torch.cat((ids, feed[:, :1]), 1))
+    diff = (whole[:, -1] - logits).abs().max() / logits.abs().max()
+    assert diff < 1e-3, diff  # (as the module path vs step test: float32 sums in other orders)
+
+
 def test_q4_needs_the_cpu(tmp_path):
     """q4 runs torch's CPU int4 kernel: another device is refused before the file is read,
     meta by the one device rule (parse_device), a GPU by q4's own check."""

@@ -12,9 +12,11 @@ from torch import nn
 
 from headwise.fast import native as _native
 
-__all__ = ["BLOCK", "GROUP", "Int4", "Int4Linear", "dtype_of", "pack", "quantized", "unpack"]
+__all__ = ["BLOCK", "FIELDS", "GROUP", "Int4", "Int4Linear", "dtype_of", "joined", "pack",
+           "quantized", "share", "unpack"]
 
 GROUP = 32  # input features per scale and minimum (a GGUF block)
+FIELDS = ("codes", "scales", "mins")  # an Int4's tensors, one row of each per output
 
 
 BLOCK = 16  # groups whose codes interleave (the kernel's one scale per lane; see :func:`pack`)
@@ -66,7 +68,7 @@ class Int4:
     bits than the file's float16).
     """
 
-    __slots__ = ("codes", "scales", "mins", "_torch")
+    __slots__ = ("codes", "scales", "mins", "_torch", "_product", "_base")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor):
         """``codes (out, in)`` integers in [0, 15]; ``scales, mins (out, in / 32)``."""
@@ -82,6 +84,23 @@ class Int4:
             raise ValueError("Int4: scales and mins must be finite in float16 (|x| < 65504), "
                              "got an inf or NaN; rescale the matrix")
         self._torch = None  # torch's packed form, made on first use
+        self._product = None  # headwise's kernel bound to these fields, once it took them
+        self._base = None  # the Int4 whose rows these are (rows())
+
+    @classmethod
+    def _of(cls, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> Int4:
+        """An :class:`Int4` over fields already in its layout (views kept as they are)."""
+        self = cls.__new__(cls)
+        self.codes, self.scales, self.mins = codes, scales, mins
+        self._torch = self._product = self._base = None
+        return self
+
+    def rows(self, start: int, stop: int) -> Int4:
+        """Output rows ``start .. stop - 1`` as an :class:`Int4` over views of these fields (no
+        copy: the same codes, scales and minima)."""
+        part = Int4._of(*(getattr(self, f)[start:stop] for f in FIELDS))
+        part._base = self
+        return part
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
@@ -89,12 +108,18 @@ class Int4:
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                res: torch.Tensor | None = None) -> torch.Tensor:
         """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> ``(b, out)`` in ``x``'s dtype."""
-        if x.dtype is torch.float32:
-            y = _native.q4_matmul(x, self.codes, self.scales, self.mins, bias, res)
+        product = self._product
+        if product is None:  # (the fields' form checked once: ~3 us a product less; a decline
+            # is asked again next time, e.g. after torch.compile or fast.as_device)
+            product = self._product = _native.q4_product(self.codes, self.scales, self.mins)
+        if product is None:
+            pass
+        elif x.dtype is torch.float32:
+            y = product(x, bias, res)
             if y is not None:
                 return y
         else:  # (bfloat16 rows: the kernel rounds them to bfloat16 again, exactly)
-            y = _native.q4_matmul(x.float(), self.codes, self.scales, self.mins)
+            y = product(x.float())
             if y is not None:
                 return self._add(y.to(x.dtype), bias, res)
         if self.shape[0] % 16:  # (torch's packing takes rows in 16s: the product as a float one)
@@ -169,6 +194,54 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, int4 group={GROUP}")
+
+
+def share(layers) -> bool:
+    """Give :class:`Int4Linear` layers that read one input (a component's ``joint_linears()``:
+    self-attention's q, k, v; a gated feed-forward's gate, up) one set of codes: their
+    :class:`Int4` become consecutive row blocks, as views, of one joined :class:`Int4` (copied
+    once, the parts then freed), values unchanged, so the decoding step multiplies them in one
+    product (:func:`joined`). Returns whether they share one now; layers of another kind or
+    with different input widths are left as they are."""
+    if len(layers) < 2 or not all(isinstance(layer, Int4Linear) for layer in layers) or len(
+            {layer.in_features for layer in layers}) != 1:
+        return False
+    parts = [layer.int4 for layer in layers]
+    if joined(parts) is None:
+        whole = Int4._of(*(torch.cat([getattr(p, f) for p in parts]) for f in FIELDS))
+        at = 0
+        for layer in layers:
+            layer.int4 = whole.rows(at, at + layer.out_features)
+            at += layer.out_features
+    return True
+
+
+def joined(parts) -> Int4 | None:
+    """The one :class:`Int4` whose consecutive row blocks ``parts`` are (views of one storage
+    per field, as :func:`share` leaves them), as views with no copy; else None. Parts that
+    tile the :class:`Int4` they were cut from give that object itself (its bound product and
+    torch's packed form made once, not per generation)."""
+    fields = []
+    for f in FIELDS:
+        ts = [getattr(p, f) for p in parts]
+        first = ts[0]
+        at, row = first.data_ptr(), first.shape[1] * first.element_size()
+        for t in ts:
+            if (t.data_ptr() != at or t.dtype is not first.dtype or not t.is_contiguous()
+                    or t.shape[1] != first.shape[1]):
+                return None
+            at += t.shape[0] * row
+        base = first.untyped_storage().data_ptr()
+        if any(t.untyped_storage().data_ptr() != base for t in ts[1:]):
+            return None
+        fields.append(first.as_strided((sum(t.shape[0] for t in ts), first.shape[1]),
+                                       first.stride(), first.storage_offset()))
+    base = parts[0]._base
+    if base is not None and all(p._base is base for p in parts) and all(
+            getattr(base, f).data_ptr() == t.data_ptr() and getattr(base, f).shape == t.shape
+            for f, t in zip(FIELDS, fields, strict=True)):
+        return base
+    return Int4._of(*fields)
 
 
 def dtype_of(layer: nn.Module) -> torch.dtype:

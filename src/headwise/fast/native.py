@@ -22,7 +22,8 @@ process keeps the torch path, and the compiler, in its own process group, is kil
 children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels
 split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
 bfloat16, 4-bit and 8-bit weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
-``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``).
+``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``);
+``_self.c`` runs RoPE, the cache write and the attention of a step's layer as one call.
 
 When not (the torch path: the same result up to float32 rounding): no x86-64 CPU with AVX2 and
 FMA, no compiler or a failed build (:func:`status`), ``HEADWISE_NATIVE=0``, tensors not float32
@@ -38,19 +39,19 @@ import platform
 import shutil
 import subprocess
 import threading
-import weakref
 from pathlib import Path
 
 import torch
 
 from headwise.fast import applies, build, host
 
-__all__ = ["ISA_ENV", "ROWS", "attend_rows", "declined", "isa", "q4_matmul", "q8_matmul",
-           "rms_rows", "rope_rows", "rows_matmul", "status", "use_isa"]
+__all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "declined", "isa", "q4_matmul",
+           "q4_product", "q8_matmul", "rms_rows", "rope_rows", "rows_matmul", "self_rows",
+           "status", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 # the library's sources: SOURCE, the bfloat16, 4-bit and 8-bit kernels, their shared header
-SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8")),
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8", "self")),
            SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
 ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -67,7 +68,6 @@ _lock = threading.Lock()
 # the build and its compiler while they run; "failed": why the build failed
 _state: dict = {}
 _declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
-_formed: dict[int, tuple] = {}  # id(codes) -> weak references to a 4/8-bit form found fit, in
 
 
 def status() -> str:
@@ -141,20 +141,10 @@ def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     rows (any number: a prompt's in fours per block of W), ``W`` held as a
     :class:`headwise.fast.int4.Int4`'s ``codes (out, in / 2)``, ``scales, mins (out, in / 32)``
     (its layout). ``x`` is rounded to bfloat16 (as torch's int4 kernel does), the sums are
-    float32. With ``mins`` None, :func:`q8_matmul`. None when the kernel does not apply."""
-    name = "q4_matmul" if mins is not None else "q8_matmul"
-    why = _takes_q4(x, codes, scales, mins, bias, res, ROWS if mins is None else None)
-    lib = None if why else _kernel()
-    if lib is None or not _state["f16c"]:
-        return _decline(name, why or _state["why"] or "this CPU has no F16C")
-    (b, n), out = x.shape, codes.shape[0]
-    y = torch.empty(b, out)
-    ptrs = [t.data_ptr() for t in (codes, scales, *([] if mins is None else [mins]), y)]
-    failed = getattr(lib, "headwise_" + name)(
-        x.data_ptr(), x.stride(0), *ptrs, out, *((None, 0) if res is None else (
-            res.data_ptr(), res.stride(0))), None if bias is None else bias.data_ptr(), b, out,
-        n, torch.get_num_threads(), _state["wide"])
-    return _decline(name, "no scratch memory for the rows") if failed else y
+    float32. With ``mins`` None, :func:`q8_matmul`. None when the kernel does not apply. A
+    matrix multiplied often binds its product once instead (:func:`q4_product`)."""
+    product = q4_product(codes, scales, mins)
+    return None if product is None else product(x, bias, res)
 
 
 def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
@@ -164,6 +154,54 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     q8.Q8`'s ``codes (out, in)`` int8, ``scales (out, in / 32)`` float16: the products of the
     float32 matrix they dequantize to (exactly; ``x`` as it is), float32 sums."""
     return q4_matmul(x, codes, scales, None, bias, res)
+
+
+def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None):
+    """:func:`q4_matmul` (``mins`` None: :func:`q8_matmul`) bound to one matrix: a
+    :class:`Product`, its form checked and its addresses read once, here (~7 -> ~5.5 us a
+    product on a small matrix). None, with the reason in :func:`declined`, when the tensors
+    are not the 4-bit (8-bit) form of a matrix on the CPU. Their addresses are read at each
+    call (a deep copy of the product multiplies by its own copies)."""
+    name = "q4_matmul" if mins is not None else "q8_matmul"
+    coded = (scales,) if mins is None else (scales, mins)
+    out = codes.shape[0] if codes.dim() == 2 else 0
+    n = codes.shape[-1] * (1 if mins is None else 2)
+    if (codes.dim() != 2 or n % 32 or codes.dtype is not (_I8 if mins is None else _U8)
+            or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in coded)
+            or not all(t.is_contiguous() for t in (codes, *coded)) or not host(codes, *coded)):
+        return _decline(name, f"codes and scales are not the {8 if mins is None else 4}-bit "
+                              "form of a matrix")
+    return Product(name, (codes, *coded), out, n, ROWS if mins is None else None)
+
+
+class Product:
+    """A 4-bit or 8-bit matrix's product bound by :func:`q4_product`: ``(x (b, in), bias
+    (out,) | None, res (b, out) | None) -> (b, out)`` float32, or None where the kernel
+    declines (the reason in :func:`declined`)."""
+
+    __slots__ = ("name", "fields", "out", "n", "most")
+
+    def __init__(self, name: str, fields: tuple, out: int, n: int, most: int | None):
+        self.name, self.fields, self.out, self.n, self.most = name, fields, out, n, most
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                 res: torch.Tensor | None = None) -> torch.Tensor | None:
+        out, n = self.out, self.n
+        why = _rows_ok(x, n, out, bias, res, self.most or (x.shape[0] if x.dim() else 1))
+        if not why and not (applies(x) if bias is None and res is None else
+                            applies(x, *[t for t in (bias, res) if t is not None])):
+            why = "x, bias or the residual is not float32 on the CPU without autograd"
+        lib = None if why else _kernel()
+        if lib is None or not _state["f16c"]:
+            return _decline(self.name, why or _state["why"] or "this CPU has no F16C")
+        b = x.shape[0]
+        y = torch.empty(b, out)
+        failed = getattr(lib, "headwise_" + self.name)(
+            x.data_ptr(), x.stride(0), *[t.data_ptr() for t in self.fields], y.data_ptr(), out,
+            *((None, 0) if res is None else (res.data_ptr(), res.stride(0))),
+            None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads(),
+            _state["wide"])
+        return _decline(self.name, "no scratch memory for the rows") if failed else y
 
 
 def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
@@ -227,6 +265,37 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return None if failed else out.to(_BF16) if half else out
 
 
+def self_rows(rows: torch.Tensor, rot, k: torch.Tensor, v: torch.Tensor, pos: int, start: int,
+              heads: int, r: int, attend: bool) -> tuple[int, torch.Tensor | None] | None:
+    """:func:`rope_rows` (``r`` features of ``rot = (cos, sin)``; ``r = 0``, ``rot`` None: no
+    RoPE), the write of each row's k and v into the cache ``k, v (b, g, L, d)`` at ``pos``, and,
+    with ``attend``, :func:`attend_rows` of the rows' queries over positions ``start .. pos``,
+    in one call (``step_kernels_self.c``), bit for bit those functions' values. ``rows (b,
+    (heads + 2 g) d)``: a fused q|k|v projection, all float32 or all bfloat16. Returns ``(2,
+    out (b, heads*d))`` when it attended, ``(1, None)`` when the rows are finite but it did not
+    (``attend`` False, or no scratch memory), ``(0, None)`` when they are not finite (k and v
+    are written either way); None, with nothing done, when the kernel does not apply."""
+    b, g, n, d = k.shape
+    tables = () if rot is None else rot
+    if (rows.dim() != 2 or rows.stride(1) != 1 or rows.shape != (b, (heads + 2 * g) * d)
+            or k.stride() != v.stride() or k.shape != v.shape or k.stride(3) != 1 or heads % g
+            or not 0 <= start <= pos < n or (r > 0) is not (rot is not None)
+            or any(t.numel() != r or not t.is_contiguous() for t in tables)
+            or not applies(rows, k, v, *tables, bf16=True)):
+        return None
+    if (lib := _kernel()) is None:
+        return None
+    out = torch.empty(b, heads * d) if attend else None
+    got = lib.headwise_self_rows(
+        rows.data_ptr(), b, rows.stride(0), heads, g, d, r,
+        *((None, None) if rot is None else (rot[0].data_ptr(), rot[1].data_ptr())),
+        rows.element_size(), k.data_ptr(), v.data_ptr(), *k.stride()[:3], pos, start, attend,
+        d ** -0.5, None if out is None else out.data_ptr(), heads * d, torch.get_num_threads())
+    if got != 2:  # (-1: no scratch memory, after finding the rows finite)
+        return (1 if got < 0 else got), None
+    return 2, out if rows.dtype is _F32 else out.to(_BF16)
+
+
 def _takes(x, w, bias, res, wt: bool) -> str:
     """Why :func:`rows_matmul` cannot take these tensors (``""``: it can): on the CPU (asked
     first: a device's step asks ~10 times a layer), ``w (out, in)`` with contiguous rows (``(in,
@@ -243,30 +312,6 @@ def _takes(x, w, bias, res, wt: bool) -> str:
         return "a W^T storage is multiplied for float32 rows only"
     if not why and not applies(x, w, *[t for t in (bias, res) if t is not None], bf16=True):
         return "not all float32 or all bfloat16 on the CPU without autograd"
-    return why
-
-
-def _takes_q4(x, codes, scales, mins, bias, res, most=None) -> str:
-    """Why :func:`q4_matmul` (or, with ``mins`` None, :func:`q8_matmul`) cannot take these
-    tensors (``""``: it can). A form found fit is remembered (weakly) by its tensors, so a
-    model's matrices are checked once, not every step (~3 us a product)."""
-    out, n = codes.shape[0], x.shape[-1]
-    seen = _formed.get(id(codes))
-    if seen is None or seen[0]() is not codes or seen[1]() is not scales or seen[2] != n or (
-            mins is not None and seen[3]() is not mins):
-        coded = (scales,) if mins is None else (scales, mins)
-        if (n % 32 or codes.shape != (out, n // 2 if mins is not None else n)
-                or codes.dtype is not (_I8 if mins is None else _U8)
-                or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in coded)
-                or not all(t.is_contiguous() for t in (codes, *coded))
-                or not host(codes, *coded)):
-            return f"codes and scales are not the {8 if mins is None else 4}-bit form of a matrix"
-        key = id(codes)
-        _formed[key] = (weakref.ref(codes, lambda _: _formed.pop(key, None)),
-                        weakref.ref(scales), n, weakref.ref(mins) if mins is not None else None)
-    why = _rows_ok(x, n, out, bias, res, most or (x.shape[0] if x.dim() else 1))
-    if not why and not applies(x, *[t for t in (bias, res) if t is not None]):
-        return "x, bias or the residual is not float32 on the CPU without autograd"
     return why
 
 
@@ -349,4 +394,5 @@ SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
               "headwise_rope_rows": "plllllppl:i", "headwise_rope_rows_bf16": "plllllppl:i",
               "headwise_rms_rows": "pllpflp:", "headwise_rms_rows_bf16": "pllpflp:",
               "headwise_attend_rows": "plppllllllllfpli:i",
-              "headwise_attend_rows_bf16": "plppllllllllfpli:i"}
+              "headwise_attend_rows_bf16": "plppllllllllfpli:i",
+              "headwise_self_rows": "pllllllppipplllllifpli:i"}

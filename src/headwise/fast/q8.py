@@ -35,7 +35,7 @@ class Q8:
     float32 weight ``source`` they dequantize to; ``version`` is ``source._version`` when
     attached (an in-place change of the weight makes the codes stale: :func:`of`)."""
 
-    __slots__ = ("codes", "scales", "source", "version", "__weakref__")
+    __slots__ = ("codes", "scales", "source", "version", "_product", "__weakref__")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, source: torch.Tensor):
         out, n = codes.shape
@@ -51,6 +51,7 @@ class Q8:
             raise ValueError("Q8: the codes do not dequantize to the weight they stand for; "
                              "attach the codes of this weight's own tensor")
         self.source, self.version = source, _state(source)
+        self._product = None  # headwise's kernel bound to the codes, once it took them
         _watch(self)
 
     def dequantize(self, rows: slice = slice(None)) -> torch.Tensor:
@@ -63,7 +64,9 @@ class Q8:
                res: torch.Tensor | None = None) -> torch.Tensor | None:
         """``x (b, in) @ W^T + bias + res`` -> ``(b, out)`` float32, or None where the kernel
         declines (the caller multiplies by :attr:`source`)."""
-        return _native.q8_matmul(x, self.codes, self.scales, bias, res)
+        if self._product is None:  # (bound once it takes the codes; a decline asks again)
+            self._product = _native.q4_product(self.codes, self.scales, None)
+        return None if self._product is None else self._product(x, bias, res)
 
     def nbytes(self) -> int:
         """Bytes a product reads: the codes and the scales."""

@@ -59,12 +59,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from headwise.fast import applies, host
+from headwise.fast import int4 as _int4
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import q8 as _q8
 
 __all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "joined", "lay_out",
-           "linear", "of_linear", "residual", "stored_transposed", "weight"]
+           "linear", "of_group", "of_linear", "residual", "stored_transposed", "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
 #                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4; Q8:
@@ -103,6 +104,22 @@ def of_linear(layer: nn.Linear, transpose: bool) -> Weight:
     return weight(layer.weight, layer.bias, transpose)
 
 
+def of_group(layers, transpose: bool) -> Weight | None:
+    """The one :data:`Weight` of layers that read one input (a component's ``joint_linears()``)
+    with no copy: float32 weights stored as one matrix (:func:`joined`), or 4-bit codes that
+    share one set (:func:`headwise.fast.int4.joined`; their biases, if any, concatenated);
+    else None (the caller multiplies them one by one, or joins a copy)."""
+    codes = [getattr(layer, "int4", None) for layer in layers]
+    if any(c is None for c in codes):
+        whole = joined(layers)
+        return None if whole is None else weight(*whole, transpose)
+    whole = _int4.joined(codes)
+    biases = [layer.bias for layer in layers]
+    if whole is None or len({b is None for b in biases}) > 1:
+        return None
+    return whole, None if biases[0] is None else torch.cat(biases).detach(), INT4
+
+
 def stored_transposed(w: torch.Tensor) -> bool:
     """Whether a matrix ``w (out, in)`` is stored as ``W^T``: ``(in, out)`` contiguous."""
     return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
@@ -121,8 +138,8 @@ def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
         return None
     whole = _joined(layers)  # (before the rule: not laid out is the common case, and cheaper)
-    if whole is None or not applies(*(t for layer in layers
-                                      for t in (layer.weight, layer.bias) if t is not None)):
+    if whole is None or not applies(*(t for layer in layers for t in (layer.weight, layer.bias)
+                                      if t is not None), bf16=True):
         return None
     return whole
 
@@ -164,11 +181,12 @@ def _consecutive(ts, shape, strides, step):
 
 
 def lay_out(module: nn.Module, rows: int) -> int:
-    """Store the float32 CPU ``nn.Linear`` weights of ``module`` the way a decoding step over
-    ``rows`` rows reads them fastest (module docstring), in place; returns how many matrices
-    moved.
+    """Store the float32 (and bfloat16) CPU ``nn.Linear`` weights of ``module`` the way a
+    decoding step over ``rows`` rows reads them fastest (module docstring), in place; returns
+    how many matrices moved.
 
-    One row: each wide matrix (``out > in``) stored as ``W^T``, the others ``(out, in)``;
+    One row: each wide float32 matrix (``out > in``) stored as ``W^T``, the others ``(out,
+    in)`` (bfloat16 always: the layout its kernel reads);
     2 to :data:`COLUMN_ROWS` rows: every matrix ``(out, in)``; more rows: left as they are
     (``F.linear`` measures the same on either). The layers a component lists as reading one
     input (``joint_linears()``: self-attention's q, k, v; a gated feed-forward's gate, up) are
@@ -176,8 +194,8 @@ def lay_out(module: nn.Module, rows: int) -> int:
     module path's fused projection) multiplies them as one without a copy (:func:`joined`).
     Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
     optimizer keeps its references), their shapes and values. The moved matrices go into
-    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages (fewer TLB misses
-    for a step that streams them every token); the extra memory while they move is a buffer
+    buffers of about :data:`ARENA_BYTES` advised to transparent huge pages, one dtype each
+    (fewer TLB misses for a step that streams them every token); the extra memory while they move is a buffer
     or two, or the largest group. The copies are ordinary tensors even inside
     ``torch.inference_mode``, so the model still trains afterwards."""
     if rows > COLUMN_ROWS:
@@ -189,17 +207,18 @@ def lay_out(module: nn.Module, rows: int) -> int:
         if not all(isinstance(m, nn.Linear) for m in layers) or any(map(_q8.of, layers)):
             continue  # (an Int4Linear's .weight would be dequantized; the step reads Q8 codes)
         ws = [layer.weight for layer in layers]
-        if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True):
+        if any(id(w) in seen for w in ws) or not applies(*ws, autograd=True, bf16=True):
             continue
         seen.update(id(w) for w in ws)
-        want = rows == 1 and _wide(layers)
+        want = rows == 1 and _wide(layers) and ws[0].dtype is torch.float32
         whole = _joined(layers)
         if whole is None or not (stored_transposed(whole[0]) if want
                                  else whole[0].is_contiguous()):
             todo.append((layers, want))
     with torch.inference_mode(False), torch.no_grad():
         for chunk in _chunks(todo):
-            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk), torch.float32)
+            arena = _large.huge(sum(_numel(layers) for layers, _ in chunk),
+                                chunk[0][0][0].weight.dtype)
             at = 0
             for layers, want in chunk:
                 _store(layers, want, arena[at:at + _numel(layers)])
@@ -213,16 +232,16 @@ def _numel(layers) -> int:
 
 def _chunks(todo):
     """The groups to store as runs of about :data:`ARENA_BYTES` (a larger group is a run of
-    its own), wide groups (``out > in``) apart from the others: one huge-page buffer per run.
-    Laying a model out for another row count moves exactly its wide groups (one row wants them
+    its own), wide groups (``out > in``) apart from the others, one dtype a run: one huge-page
+    buffer per run. Laying a model out for another row count moves exactly its wide groups (one row wants them
     ``W^T``, 2-4 rows ``(out, in)``), so every run it moves is vacated whole and freed, and the
     extra memory meanwhile is a run or two, not a second copy of the model."""
-    for wide in (False, True):
+    for wide, dtype in ((w, d) for w in (False, True) for d in (torch.float32, torch.bfloat16)):
         run, size = [], 0
         for item in todo:
-            if _wide(item[0]) is not wide:
+            if _wide(item[0]) is not wide or item[0][0].weight.dtype is not dtype:
                 continue
-            n = _numel(item[0]) * 4
+            n = _numel(item[0]) * item[0][0].weight.element_size()
             if run and size + n > ARENA_BYTES:
                 yield run
                 run, size = [], 0

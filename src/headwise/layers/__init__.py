@@ -205,10 +205,10 @@ class MultiHeadAttention(nn.Module):
 
     def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
         """The projections that read one input, in fused order: q, k, v of ``embed_dim``
-        features (:func:`headwise.fast.rows.lay_out` stores them as blocks of one matrix)."""
-        projs = (self.q_proj, self.k_proj, self.v_proj)
+        features (:func:`headwise.fast.rows.lay_out` stores float ones as blocks of one matrix,
+        :func:`headwise.fast.int4.share` 4-bit ones as blocks of one set of codes)."""
         same = self.kdim == self.vdim == self.embed_dim
-        return (projs,) if same and all(isinstance(p, nn.Linear) for p in projs) else ()
+        return ((self.q_proj, self.k_proj, self.v_proj),) if same else ()
 
     def _split(self, x: torch.Tensor, name: str, heads: int) -> torch.Tensor:
         record(PROJECTION[name], x)

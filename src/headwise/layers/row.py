@@ -42,10 +42,13 @@ class AttentionRow:
         self.q = _rows.of_linear(attn.q_proj, t)
         if cross:
             return
-        whole = next((_rows.joined(group) for group in attn.joint_linears()), None)
-        if fuse or whole is not None:  # one product over cat(W_q, W_k, W_v): their joined
-            # storage (_rows.lay_out), or a copy made once per generation
-            self.qkv, self.q = _rows.weight(*(whole or attn.qkv_weight()), t), None
+        # one product over cat(W_q, W_k, W_v): their joined storage (_rows.lay_out) or shared
+        # 4-bit codes, or with fuse a copy made once per generation
+        self.qkv = next((_rows.of_group(group, t) for group in attn.joint_linears()), None)
+        if self.qkv is None and fuse:
+            self.qkv = _rows.weight(*attn.qkv_weight(), t)
+        if self.qkv is not None:
+            self.q = None
         else:
             self.k, self.v = _rows.of_linear(attn.k_proj, t), _rows.of_linear(attn.v_proj, t)
 
@@ -53,7 +56,20 @@ class AttentionRow:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
         ``rot``: this position's RoPE ``(cos, signed sin)`` from
         :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
-        q, k, v, fresh = self._project(x, rot)
+        if self.qkv is not None and self.vouch:  # RoPE, the cache write and the attention
+            row = _rows.linear(x, self.qkv)      # in one C call where it applies
+            r = 0 if self.rope is None else self.rope.rotary_dim
+            got = cache.attend_new(row, rot, self.h, r, self.window)
+            if got is not None:
+                if not isinstance(got, tuple):
+                    return got
+                q, k, v = got  # (some key, value or query not finite: the policy decides)
+                if self.window is not None and k.shape[2] > self.window:
+                    k, v = k[:, :, -self.window:], v[:, :, -self.window:]
+                return dispatch(q, k, v, **self.kw)[0].view(x.shape[0], -1)
+            q, k, v, fresh = self._project(x, rot, row)
+        else:
+            q, k, v, fresh = self._project(x, rot)
         k, v = cache.update(k, v)
         # NaN policy: this position's q, k, v were looked at once; the cache vouches for the
         # others, so with every input known finite the fused kernel needs no policy at all
@@ -90,14 +106,14 @@ class AttentionRow:
         # (the CUDA kernels may lay the output out as (b, h/g, g, d): reshape, not view)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).reshape(b, -1)
 
-    def _project(self, x: torch.Tensor, rot):
+    def _project(self, x: torch.Tensor, rot, row: torch.Tensor | None = None):
         """``(q (b, h, 1, d), k (b, g, 1, d), v (b, g, 1, d), fresh)``: the projections, RoPE
         turned; ``fresh``: all three were found finite (only asked where the fused path reads
-        the answer)."""
+        the answer). ``row``: the fused q|k|v projection of ``x``, if already made."""
         b, h, g, d = x.shape[0], self.h, self.g, self.d
         turned = None  # the C kernel's answer: q and k turned in place, is every q/k/v finite?
         if self.qkv is not None:  # q and k side by side: RoPE turns them in one pass
-            row = _rows.linear(x, self.qkv)
+            row = _rows.linear(x, self.qkv) if row is None else row
             if self.rope is not None:
                 turned = _native.rope_rows(row, *rot, h + g, d, self.rope.rotary_dim)
             qk, v = row.split_with_sizes((h * d + g * d, g * d), dim=-1)

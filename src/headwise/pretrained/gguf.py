@@ -320,9 +320,11 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
     """Replace every ``nn.Linear`` of ``model`` whose tensor in ``file`` is Q4_0 / Q4_1 by an
     :class:`~headwise.fast.int4.Int4Linear` holding the file's own codes (:mod:`headwise.pretrained.q4`)
     and no float copy; returns how many. q and k rows go back to rotate-half order as the
-    dequantized ones do. Q8_0 matrices' codes go beside the float32 weight they dequantize to
-    (:func:`headwise.pretrained.q4.attach_q8`: the vocabulary head's, for the step)."""
-    from headwise.fast.int4 import Int4, Int4Linear
+    dequantized ones do. Layers that read one input (q, k, v; gate, up) then share one set of
+    codes, each a view of its rows (:func:`headwise.fast.int4.share`). Q8_0 matrices' codes go
+    beside the float32 weight they dequantize to (:func:`headwise.pretrained.q4.attach_q8`: the
+    vocabulary head's, for the step)."""
+    from headwise.fast.int4 import Int4, Int4Linear, share
     from headwise.pretrained.q4 import BLOCK, KINDS, attach_q8, fields
 
     c, done = file.config, 0
@@ -346,6 +348,8 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
         setattr(model.get_submodule(parent), name,
                 Int4Linear(Int4(codes, scales, mins), layer.bias, layer.weight.dtype))
         done += 1
+    for group in (g for m in model.modules() for g in getattr(m, "joint_linears", tuple)()):
+        share(group)  # (q|k|v, gate|up: one set of codes each, one product in the step)
     return done
 
 
