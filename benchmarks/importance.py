@@ -59,7 +59,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import headwise as hw  # noqa: E402
 from headwise.analysis.head_scores import HeadScores, spearman  # noqa: E402
-from headwise.analysis.removal import compare, removed_metric, seq2seq_metrics  # noqa: E402
+from headwise.analysis.removal import compare, seq2seq_metrics  # noqa: E402
+from headwise.analysis.replay import Replay  # noqa: E402
 from headwise.analysis.run import default_loss  # noqa: E402
 from headwise.models import head_counts  # noqa: E402
 
@@ -185,19 +186,24 @@ def _smollm2(args) -> Case:
                 f"{w} / {w} other Emma windows of {n} tokens")
 
 
-def _full_ablation(case: Case) -> HeadScores:
-    """Each head alone zeroed, scored by the case's metric on its metric data (the reference)."""
-    layers = head_counts(case.model)
-    base = removed_metric(case.model, {}, case.metric)
-    scores = {}
-    for kind, counts in layers.items():
-        t = torch.full((len(counts), max(counts)), float("nan"), dtype=torch.float64)
-        for layer, heads in enumerate(counts):
-            for head in range(heads):
-                after = removed_metric(case.model, {kind: {layer: [head]}}, case.metric)
-                t[layer, head] = (base - after) if case.higher else (after - base)
-        scores[kind] = t
-    return HeadScores("full ablation", scores, {"metric": case.metric_name})
+def _full_ablation(case: Case) -> tuple[HeadScores, dict[str, int]]:
+    """Each head alone zeroed, scored by the case's metric on its metric data (the reference),
+    the blocks before the head's own replayed (exact: headwise.analysis.replay); with the
+    block calls computed and replayed."""
+    scores = {kind: torch.full((len(c), max(c)), float("nan"), dtype=torch.float64)
+              for kind, c in head_counts(case.model).items()}
+    case.model.eval()
+    with Replay(case.model) as replay:
+        def measured():
+            return float(case.metric(case.model))
+        base = replay.measure([], measured)
+        for kind, table in scores.items():
+            for layer, heads in enumerate(head_counts(case.model)[kind]):
+                for head in range(heads):
+                    after = replay.measure([(kind, layer, head)], measured)
+                    table[layer, head] = (base - after) if case.higher else (after - base)
+    return (HeadScores("full ablation", scores, {"metric": case.metric_name}),
+            {"run": replay.run, "replayed": replay.replayed})
 
 
 def _cpu(fn):
@@ -220,6 +226,12 @@ def _backward(case: Case) -> float:
     return sorted(_cpu(once)[1] for _ in range(3))[1]
 
 
+def _computed(blocks: dict[str, int]) -> str:
+    """Block calls computed, of those a full pass each would compute (the rest replayed)."""
+    every = blocks["run"] + blocks["replayed"]
+    return f"{blocks['run']} of {every} ({blocks['run'] / max(every, 1):.0%})"
+
+
 def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     """The case's removal rows, Spearman line and cost line."""
     timed, cost = {}, {}
@@ -231,7 +243,7 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     for method in ("gradient", "attribution"):
         timed[method], cost[method] = _cpu(lambda m=method: hw.importance(
             case.model, case.scoring, method=m, loss=case.loss))
-    full, cost["full ablation"] = _cpu(lambda: _full_ablation(case))
+    (full, full_blocks), cost["full ablation"] = _cpu(lambda: _full_ablation(case))
     backward = _backward(case)
     ranked = {"default (greedy)": timed["greedy"], "full ablation": full,
               "ablation (loss)": timed["ablation"], "gradient": timed["gradient"]}
@@ -255,7 +267,8 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
                           for m in ("greedy", "gradient", "attribution", "full ablation")),
                         f"{greedy['passes']} ({greedy['passes'] / heads:.1f} per head; "
                         f"{heads} = the first round, single-head ablation)",
-                        f"{greedy['steps']} of {heads}"])
+                        f"{greedy['steps']} of {heads}",
+                        _computed(greedy["blocks"]), _computed(full_blocks)])
     return "\n".join(rows), [spear], [costs]
 
 
@@ -300,8 +313,9 @@ def main() -> None:
     print(f"\n## Cost (process CPU seconds, {args.threads} thread(s); ratio to one forward + "
           "backward of the loss on the scoring data)\n")
     print("model | scoring / metric data | forward+backward ms | greedy (default) | gradient | "
-          "attribution | full ablation (metric) | greedy passes | greedy steps")
-    print("--- | --- | --- | --- | --- | --- | --- | --- | ---")
+          "attribution | full ablation (metric) | greedy passes | greedy steps | greedy blocks "
+          "computed | full ablation blocks computed")
+    print(" | ".join(["---"] * 11))
     print("\n".join(costs))
 
 
