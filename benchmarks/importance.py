@@ -28,7 +28,11 @@ Models, scoring data / metric data:
 The default stops its one-by-one removal at the largest k the table asks (``steps=k``: the
 same first k heads in the same order as the full search, for fewer passes), and "ablation
 (loss)" is its first round (single-head zero ablation of the loss on the scoring data, which
-greedy measures anyway: ``details["alone"]``).
+greedy measures anyway: ``details["alone"]``). Both the default and full ablation replay the
+blocks before the first one whose removed heads change (:mod:`headwise.analysis.replay`:
+exact); the cost table says how many block calls each computed of those full passes would.
+``--replay-ab REPEATS`` times only the default with and without that replay (interleaved, best
+of REPEATS), and checks that both remove the same heads in the same order.
 
 Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance-bench``);
 ``--checkpoint NAME=DIR`` uses a checkpoint folder instead.
@@ -272,6 +276,35 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     return "\n".join(rows), [spear], [costs]
 
 
+def replay_ab(case: Case, repeats: int) -> str:
+    """The default method with the replay (headwise.analysis.replay) against full passes (the
+    replay's blocks hidden, so every pass computes every block: the method before it),
+    interleaved, best of ``repeats`` process CPU seconds each; the rankings must be the same."""
+    from unittest import mock
+
+    heads = sum(sum(c) for c in head_counts(case.model).values())
+    steps = max(1, round(max(FRACTIONS) * heads))
+    backward = _backward(case)
+    best = {"replay": float("inf"), "full passes": float("inf")}
+    found = {}
+    for _ in range(repeats):
+        for name in best:
+            hide = mock.patch.object(Replay, "_find_blocks", lambda self: None) \
+                if name == "full passes" else mock.MagicMock()
+            with hide:
+                found[name], took = _cpu(lambda: hw.importance(case.model, case.scoring,
+                                                               loss=case.loss, steps=steps))
+            best[name] = min(best[name], took)
+    first = {m: [c[:3] for c in s.ranked(descending=False)][:steps] for m, s in found.items()}
+    same = first["replay"] == first["full passes"]
+    blocks = found["replay"].details["blocks"]
+    return " | ".join([case.name, case.data, f"{steps} of {heads}",
+                       str(found["replay"].details["passes"]), _computed(blocks),
+                       *(f"{best[m]:.1f} ({best[m] / backward:.0f}x)" for m in best),
+                       f"{best['replay'] / best['full passes']:.2f}",
+                       "same" if same else "**differ**"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -284,6 +317,9 @@ def main() -> None:
                              "metric (default 4; --quick halves it)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1; CPU times then do not count other jobs)")
+    parser.add_argument("--replay-ab", type=int, metavar="REPEATS",
+                        help="only time the default method with and without the replay of "
+                             "unchanged blocks, best of REPEATS each, interleaved")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
@@ -294,6 +330,17 @@ def main() -> None:
         sys.exit(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
     makers = {"minilm": _minilm, "smollm2": _smollm2}
     draws = args.draws or (3 if args.quick else 10)
+    if args.replay_ab:
+        print(f"## The default method with and without the replay (process CPU seconds, "
+              f"{args.threads} thread(s), best of {args.replay_ab}; ratio to one forward + "
+              "backward)\n")
+        print("model | scoring data | steps | passes | blocks computed | replay | full passes "
+              "| replay / full | first heads")
+        print(" | ".join(["---"] * 9))
+        for name in names:
+            case = makers[name](args) if name in makers else _task_case(name, args)
+            print(replay_ab(case, args.replay_ab), flush=True)
+        return
     head = ["model", "metric", "unablated", "k removed", "Spearman(default, full)",
             "default (greedy)", "full ablation", "ablation (loss)", "gradient",
             f"random (mean of {draws})", "goal met"]
