@@ -20,15 +20,20 @@ Models, scoring data / metric data:
 - ``minilm``: all-MiniLM-L6-v2; the loss is the mean squared change of the pairwise cosine
   similarities of 64 English Ding sentences; metric: Spearman of the pairwise similarities of
   256 other Ding sentences with the unablated model's.
-- ``smollm2``: SmolLM2-135M-Instruct; 4 / 4 other windows of 128 tokens of *Emma*
-  (``--smollm2-windows``, ``--smollm2-tokens``; ``--quick``: 2 / 2); loss per token. The
+- ``smollm2``: SmolLM2-135M-Instruct; 8 / 8 other windows of 128 tokens of *Emma*
+  (``--smollm2-windows``, ``--smollm2-tokens``; ``--quick``: 4 / 4); loss per token (at 4 / 4
+  the default missed the goal, at 8 / 8 it met it: RESULTS.md). The
   scoring and the metric data are the same size, so the oracle (full ablation, scored on the
   metric data) and the default see as much data, on different windows.
 
 The default stops its one-by-one removal at the largest k the table asks (``steps=k``: the
 same first k heads in the same order as the full search, for fewer passes), and "ablation
 (loss)" is its first round (single-head zero ablation of the loss on the scoring data, which
-greedy measures anyway: ``details["alone"]``).
+greedy measures anyway: ``details["alone"]``). Both the default and full ablation replay the
+blocks before the first one whose removed heads change (:mod:`headwise.analysis.replay`:
+exact); the cost table says how many block calls each computed of those full passes would.
+``--replay-ab REPEATS`` times only the default with and without that replay (interleaved, best
+of REPEATS), and checks that both remove the same heads in the same order.
 
 Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance-bench``);
 ``--checkpoint NAME=DIR`` uses a checkpoint folder instead.
@@ -37,7 +42,8 @@ Trained models are cached in ``--cache`` (default ``~/.cache/headwise/importance
         [--threads 2]
 
 The whole table for the record (a quiet 2-core box, ~40 min by estimate: training the three
-small models ~10, MiniLM ~5, SmolLM2 at 4 / 4 windows of 128 tokens ~20):
+small models ~10, MiniLM ~5, SmolLM2 at 8 / 8 windows of 128 tokens ~25; it took 80 min on
+a box loaded by two other jobs):
 ``python benchmarks/run_all.py --only importance`` (= ``importance.py --threads 2``).
 """
 
@@ -59,7 +65,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import headwise as hw  # noqa: E402
 from headwise.analysis.head_scores import HeadScores, spearman  # noqa: E402
-from headwise.analysis.removal import compare, removed_metric, seq2seq_metrics  # noqa: E402
+from headwise.analysis.removal import compare, seq2seq_metrics  # noqa: E402
+from headwise.analysis.replay import Replay  # noqa: E402
 from headwise.analysis.run import default_loss  # noqa: E402
 from headwise.models import head_counts  # noqa: E402
 
@@ -185,19 +192,24 @@ def _smollm2(args) -> Case:
                 f"{w} / {w} other Emma windows of {n} tokens")
 
 
-def _full_ablation(case: Case) -> HeadScores:
-    """Each head alone zeroed, scored by the case's metric on its metric data (the reference)."""
-    layers = head_counts(case.model)
-    base = removed_metric(case.model, {}, case.metric)
-    scores = {}
-    for kind, counts in layers.items():
-        t = torch.full((len(counts), max(counts)), float("nan"), dtype=torch.float64)
-        for layer, heads in enumerate(counts):
-            for head in range(heads):
-                after = removed_metric(case.model, {kind: {layer: [head]}}, case.metric)
-                t[layer, head] = (base - after) if case.higher else (after - base)
-        scores[kind] = t
-    return HeadScores("full ablation", scores, {"metric": case.metric_name})
+def _full_ablation(case: Case) -> tuple[HeadScores, dict[str, int]]:
+    """Each head alone zeroed, scored by the case's metric on its metric data (the reference),
+    the blocks before the head's own replayed (exact: headwise.analysis.replay); with the
+    block calls computed and replayed."""
+    scores = {kind: torch.full((len(c), max(c)), float("nan"), dtype=torch.float64)
+              for kind, c in head_counts(case.model).items()}
+    case.model.eval()
+    with Replay(case.model) as replay:
+        def measured():
+            return float(case.metric(case.model))
+        base = replay.measure([], measured)
+        for kind, table in scores.items():
+            for layer, heads in enumerate(head_counts(case.model)[kind]):
+                for head in range(heads):
+                    after = replay.measure([(kind, layer, head)], measured)
+                    table[layer, head] = (base - after) if case.higher else (after - base)
+    return (HeadScores("full ablation", scores, {"metric": case.metric_name}),
+            {"run": replay.run, "replayed": replay.replayed})
 
 
 def _cpu(fn):
@@ -220,6 +232,12 @@ def _backward(case: Case) -> float:
     return sorted(_cpu(once)[1] for _ in range(3))[1]
 
 
+def _computed(blocks: dict[str, int]) -> str:
+    """Block calls computed, of those a full pass each would compute (the rest replayed)."""
+    every = blocks["run"] + blocks["replayed"]
+    return f"{blocks['run']} of {every} ({blocks['run'] / max(every, 1):.0%})"
+
+
 def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     """The case's removal rows, Spearman line and cost line."""
     timed, cost = {}, {}
@@ -231,7 +249,7 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
     for method in ("gradient", "attribution"):
         timed[method], cost[method] = _cpu(lambda m=method: hw.importance(
             case.model, case.scoring, method=m, loss=case.loss))
-    full, cost["full ablation"] = _cpu(lambda: _full_ablation(case))
+    (full, full_blocks), cost["full ablation"] = _cpu(lambda: _full_ablation(case))
     backward = _backward(case)
     ranked = {"default (greedy)": timed["greedy"], "full ablation": full,
               "ablation (loss)": timed["ablation"], "gradient": timed["gradient"]}
@@ -255,8 +273,38 @@ def run_case(case: Case, draws: int) -> tuple[str, list[str], list[str]]:
                           for m in ("greedy", "gradient", "attribution", "full ablation")),
                         f"{greedy['passes']} ({greedy['passes'] / heads:.1f} per head; "
                         f"{heads} = the first round, single-head ablation)",
-                        f"{greedy['steps']} of {heads}"])
+                        f"{greedy['steps']} of {heads}",
+                        _computed(greedy["blocks"]), _computed(full_blocks)])
     return "\n".join(rows), [spear], [costs]
+
+
+def replay_ab(case: Case, repeats: int) -> str:
+    """The default method with the replay (headwise.analysis.replay) against full passes (the
+    replay's blocks hidden, so every pass computes every block: the method before it),
+    interleaved, best of ``repeats`` process CPU seconds each; the rankings must be the same."""
+    from unittest import mock
+
+    heads = sum(sum(c) for c in head_counts(case.model).values())
+    steps = max(1, round(max(FRACTIONS) * heads))
+    backward = _backward(case)
+    best = {"replay": float("inf"), "full passes": float("inf")}
+    found = {}
+    for _ in range(repeats):
+        for name in best:
+            hide = mock.patch.object(Replay, "_find_blocks", lambda self: None) \
+                if name == "full passes" else mock.MagicMock()
+            with hide:
+                found[name], took = _cpu(lambda: hw.importance(case.model, case.scoring,
+                                                               loss=case.loss, steps=steps))
+            best[name] = min(best[name], took)
+    first = {m: [c[:3] for c in s.ranked(descending=False)][:steps] for m, s in found.items()}
+    same = first["replay"] == first["full passes"]
+    blocks = found["replay"].details["blocks"]
+    return " | ".join([case.name, case.data, f"{steps} of {heads}",
+                       str(found["replay"].details["passes"]), _computed(blocks),
+                       *(f"{best[m]:.1f} ({best[m] / backward:.0f}x)" for m in best),
+                       f"{best['replay'] / best['full passes']:.2f}",
+                       "same" if same else "**differ**"])
 
 
 def main() -> None:
@@ -266,11 +314,14 @@ def main() -> None:
     parser.add_argument("--draws", type=int, help="random draws per k (default 10; --quick 3)")
     parser.add_argument("--smollm2-tokens", type=int, default=128,
                         help="tokens per SmolLM2 window (default 128)")
-    parser.add_argument("--smollm2-windows", type=int, default=4,
+    parser.add_argument("--smollm2-windows", type=int, default=8,
                         help="SmolLM2 windows to score on, and as many other windows for the "
-                             "metric (default 4; --quick halves it)")
+                             "metric (default 8; --quick halves it)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1; CPU times then do not count other jobs)")
+    parser.add_argument("--replay-ab", type=int, metavar="REPEATS",
+                        help="only time the default method with and without the replay of "
+                             "unchanged blocks, best of REPEATS each, interleaved")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/headwise/importance-bench"))
     parser.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR")
     args = parser.parse_args()
@@ -281,6 +332,17 @@ def main() -> None:
         sys.exit(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
     makers = {"minilm": _minilm, "smollm2": _smollm2}
     draws = args.draws or (3 if args.quick else 10)
+    if args.replay_ab:
+        print(f"## The default method with and without the replay (process CPU seconds, "
+              f"{args.threads} thread(s), best of {args.replay_ab}; ratio to one forward + "
+              "backward)\n")
+        print("model | scoring data | steps | passes | blocks computed | replay | full passes "
+              "| replay / full | first heads")
+        print(" | ".join(["---"] * 9))
+        for name in names:
+            case = makers[name](args) if name in makers else _task_case(name, args)
+            print(replay_ab(case, args.replay_ab), flush=True)
+        return
     head = ["model", "metric", "unablated", "k removed", "Spearman(default, full)",
             "default (greedy)", "full ablation", "ablation (loss)", "gradient",
             f"random (mean of {draws})", "goal met"]
@@ -300,8 +362,9 @@ def main() -> None:
     print(f"\n## Cost (process CPU seconds, {args.threads} thread(s); ratio to one forward + "
           "backward of the loss on the scoring data)\n")
     print("model | scoring / metric data | forward+backward ms | greedy (default) | gradient | "
-          "attribution | full ablation (metric) | greedy passes | greedy steps")
-    print("--- | --- | --- | --- | --- | --- | --- | --- | ---")
+          "attribution | full ablation (metric) | greedy passes | greedy steps | greedy blocks "
+          "computed | full ablation blocks computed")
+    print(" | ".join(["---"] * 11))
     print("\n".join(costs))
 
 

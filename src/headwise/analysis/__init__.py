@@ -1,8 +1,9 @@
 """The head tools: which heads matter and what removing them does.
 
 ``ablation`` (:func:`headwise.ablate`, :func:`headwise.patch`, head means and recorded head
-outputs), ``scoring`` (:func:`headwise.importance`; single-head ablation by default) and
-``head_scores`` (:class:`headwise.HeadScores`), ``removal`` (whether a ranking is right: the
+outputs), ``scoring`` (:func:`headwise.importance`; greedy ablation by default) and
+``head_scores`` (:class:`headwise.HeadScores`), ``replay`` (ablation passes that replay the
+blocks before the first one whose heads they change), ``removal`` (whether a ranking is right: the
 metric after removing each ranking's least important heads against random heads), ``prune`` (:func:`headwise.prune_heads`: physical pruning of a
 live model; the pruned structure itself is :mod:`headwise.models.pruned`), ``prune_sweep`` (the
 metric and latency as heads go), ``catalogue`` (:func:`headwise.catalogue`: every head's

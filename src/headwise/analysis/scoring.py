@@ -15,10 +15,12 @@ answer is measured by removing them; issue 30):
   forward passes per head per batch on the reversal models and SmolLM2, 13 on
   all-MiniLM-L6-v2 (going to half the heads), where single-head ablation takes one; stopping
   at the k you will remove (``steps=k``) keeps the first k and skips the rest of the search.
+  Each pass computes only the blocks from the first whose removed heads differ from those
+  gone so far (:mod:`headwise.analysis.replay`; ``details["blocks"]``): about half of them.
 - ``"ablation"``: how much the loss rises when the head alone is removed (``ablation="zero"``,
   the default: its output is 0, exactly what pruning it does; ``"mean"``: its mean output over
   the same batches), averaged over batches. Negative: the model does better without it. One
-  forward pass per head: the effect of each head alone, which sets of heads do not add up to.
+  forward pass per head, from the head's own block on: the effect of each head alone, which sets of heads do not add up to.
 - ``"attribution"`` (attribution patching, Nanda 2023; Syed, Rager & Conmy 2023): the
   first-order estimate of ablation, ``sum dL/dx * (x_removed - x)`` over each head's output
   ``x (b, i, d)`` (``x_removed`` is 0 or the head's mean, as ``ablation`` says), from one
@@ -58,8 +60,9 @@ import torch
 from torch import nn
 
 from headwise import stats as _stats
-from headwise.analysis.ablation import ABLATIONS, ablate, edit_heads, head_means
+from headwise.analysis.ablation import ABLATIONS, edit_heads, head_means
 from headwise.analysis.head_scores import HeadScores
+from headwise.analysis.replay import Replay
 from headwise.analysis.run import as_batches, batch_size, default_loss, run_batch
 from headwise.data import LMBatch, Seq2SeqBatch
 from headwise.models._heads import attention_layers, head_count, transformers_model
@@ -232,19 +235,28 @@ def _mean_loss(model, batches, loss) -> float:
 
 @torch.no_grad()
 def _ablation(model, layers, batches, loss, mode: str) -> HeadScores:
-    """The loss with one head removed minus the loss with none removed."""
+    """The loss with one head removed minus the loss with none removed (the blocks before the
+    head's own replayed: :class:`~headwise.analysis.replay.Replay`)."""
     means = head_means(model, batches) if mode == "mean" else None
-    base = _mean_loss(model, batches, loss)
-    scores = {}
-    for kind, mods in layers.items():
-        table = _table(layers, kind)
-        for layer, mha in enumerate(mods):
-            for head in range(head_count(mha)):
-                with ablate(model, {kind: {layer: [head]}}, mode=mode, means=means):
-                    table[layer, head] = _mean_loss(model, batches, loss) - base
-        scores[kind] = table
+    with Replay(model, mode=mode, means=means) as replay:
+        run = partial(_mean_loss, model, batches, loss)
+        base = replay.measure([], run)
+        scores = {kind: _table(layers, kind) for kind in layers}
+        for kind, layer, head in _cells(layers):
+            scores[kind][layer, head] = replay.measure([(kind, layer, head)], run) - base
     return HeadScores("ablation", scores, {"batches": len(batches), "ablation": mode,
-                                           "baseline_loss": base})
+                                           "baseline_loss": base, "blocks": _blocks(replay)})
+
+
+def _cells(layers) -> list[tuple[str, int, int]]:
+    """Every head as ``(kind, layer, head)``."""
+    return [(kind, layer, head) for kind, mods in layers.items()
+            for layer, mha in enumerate(mods) for head in range(head_count(mha))]
+
+
+def _blocks(replay: Replay) -> dict[str, int]:
+    """Block calls computed and replayed (the cost that the replay saves)."""
+    return {"run": replay.run, "replayed": replay.replayed}
 
 
 @torch.no_grad()
@@ -254,32 +266,31 @@ def _greedy(model, layers, batches, loss, mode: str, steps: int | None) -> HeadS
     so far, and goes when it still has the lowest. Exact greedy when removing other heads never
     makes a head cheaper to lose; typically a few passes per step instead of one per head.
     The first round is single-head ablation: its loss rises come back as
-    ``details["alone"]`` and, for zero ablation, as the scores' agreement (at no extra cost)."""
+    ``details["alone"]`` and, for zero ablation, as the scores' agreement (at no extra cost).
+    Every pass replays the blocks before the first one whose removed heads differ from the
+    heads gone so far (:class:`~headwise.analysis.replay.Replay`; ``details["blocks"]``)."""
     means = head_means(model, batches) if mode == "mean" else None
-
-    def without(cells) -> float:
-        with ablate(model, _selection(cells), mode=mode, means=means):
-            return _mean_loss(model, batches, loss)
-
-    base = _mean_loss(model, batches, loss)
-    left = [(kind, layer, head) for kind, mods in layers.items()
-            for layer, mha in enumerate(mods) for head in range(head_count(mha))]
-    known = {cell: (without([cell]), 0) for cell in left}  # cell -> (loss, step measured at)
-    alone = {kind: _table(layers, kind) for kind in layers}
-    for (kind, layer, head), (value, _) in known.items():
-        alone[kind][layer, head] = value - base
-    gone: list[tuple[str, int, int]] = []
-    losses, passes = [], len(left)
-    stop = min(len(left), steps) if steps is not None else (len(left) + 1) // 2
-    while len(gone) < stop:
-        cell = min(left, key=lambda c: known[c][0])
-        if known[cell][1] < len(gone):
-            known[cell] = (without([*gone, cell]), len(gone))
-            passes += 1
-            continue
-        left.remove(cell)
-        gone.append(cell)
-        losses.append(known[cell][0])
+    with Replay(model, mode=mode, means=means) as replay:
+        run = partial(_mean_loss, model, batches, loss)
+        base = replay.measure([], run)
+        left = _cells(layers)
+        known = {cell: (replay.measure([cell], run), 0) for cell in left}  # (loss, step)
+        alone = {kind: _table(layers, kind) for kind in layers}
+        for (kind, layer, head), (value, _) in known.items():
+            alone[kind][layer, head] = value - base
+        gone: list[tuple[str, int, int]] = []
+        losses, passes = [], len(left)
+        stop = min(len(left), steps) if steps is not None else (len(left) + 1) // 2
+        while len(gone) < stop:
+            cell = min(left, key=lambda c: known[c][0])
+            if known[cell][1] < len(gone):
+                known[cell] = (replay.measure([*gone, cell], run), len(gone))
+                passes += 1
+                continue
+            left.remove(cell)
+            gone.append(cell)
+            replay.rebase(gone)
+            losses.append(known[cell][0])
     gone += sorted(left, key=lambda c: known[c][0])  # past the stop: by the loss last measured
     scores = {kind: _table(layers, kind) for kind in layers}
     for step, (kind, layer, head) in enumerate(gone):
@@ -287,17 +298,11 @@ def _greedy(model, layers, batches, loss, mode: str, steps: int | None) -> HeadS
     found = HeadScores("greedy", scores, {"batches": len(batches), "ablation": mode,
                                           "baseline_loss": base, "losses": losses,
                                           "passes": passes, "steps": stop,
+                                          "blocks": _blocks(replay),
                                           "alone": {k: [[None if math.isnan(v) else v for v in row]
                                                      for row in t.tolist()]
                                                  for k, t in alone.items()}})
     return found.with_agreement(HeadScores("ablation", alone)) if mode == "zero" else found
-
-
-def _selection(cells) -> dict[str, dict[int, list[int]]]:
-    out: dict[str, dict[int, list[int]]] = {}
-    for kind, layer, head in cells:
-        out.setdefault(kind, {}).setdefault(layer, []).append(head)
-    return out
 
 
 def _token_ids(batch):
