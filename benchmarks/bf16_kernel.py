@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kernels import parser, sweep  # noqa: E402
+from _kernels import parser, repeated, sweep  # noqa: E402
 
 
 class Matrix:
@@ -43,12 +43,7 @@ def caller(lib, variant: str, mats: list[Matrix], x: dict, y: dict, threads: int
     fn = lib.headwise_rows_matmul_bf16
     args = [(x[n].data_ptr(), n, m.w.data_ptr(), n, y[out].data_ptr(), out, None, 0, None,
              x[n].shape[0], out, n, threads, wide) for m in mats for out, n in [m.w.shape]]
-
-    def run():
-        for _ in range(repeat):
-            for a in args:
-                fn(*a)
-    return run
+    return repeated(fn, args, repeat)
 
 
 def main(argv=None) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kernels import parser, sweep  # noqa: E402
+from _kernels import parser, repeated, sweep  # noqa: E402
 from headwise.fast.int4 import GROUP, Int4  # noqa: E402
 
 
@@ -62,12 +62,7 @@ def caller(lib, layout: str, mats: list[Matrix], x: dict, y: dict, threads: int,
     args = [(x[m.n].data_ptr(), m.n, m.codes[layout].data_ptr(), m.scales.data_ptr(),
              m.mins.data_ptr(), y[m.out].data_ptr(), m.out, None, 0, None, x[m.n].shape[0],
              m.out, m.n, threads, wide) for m in mats]
-
-    def run():
-        for _ in range(repeat):
-            for a in args:
-                fn(*a)
-    return run
+    return repeated(fn, args, repeat)
 
 
 def main(argv=None) -> None:
