@@ -56,24 +56,21 @@ class AttentionRow:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
         ``rot``: this position's RoPE ``(cos, signed sin)`` from
         :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
+        row = got = None
         if self.qkv is not None and self.vouch:  # RoPE, the cache write and the attention
             row = _rows.linear(x, self.qkv)      # in one C call where it applies
             r = 0 if self.rope is None else self.rope.rotary_dim
             got = cache.attend_new(row, rot, self.h, r, self.window)
-            if got is not None:
-                if not isinstance(got, tuple):
-                    return got
-                q, k, v = got  # (some key, value or query not finite: the policy decides)
-                if self.window is not None and k.shape[2] > self.window:
-                    k, v = k[:, :, -self.window:], v[:, :, -self.window:]
-                return dispatch(q, k, v, **self.kw)[0].view(x.shape[0], -1)
-            q, k, v, fresh = self._project(x, rot, row)
+            if got is not None and not isinstance(got, tuple):
+                return got
+        if got is not None:  # (written; some key, value or query not finite: the policy)
+            (q, k, v), finite = got, False
         else:
-            q, k, v, fresh = self._project(x, rot)
-        k, v = cache.update(k, v)
-        # NaN policy: this position's q, k, v were looked at once; the cache vouches for the
-        # others, so with every input known finite the fused kernel needs no policy at all
-        finite = fresh and cache.all_finite(k.shape[2], vouched=1)
+            q, k, v, fresh = self._project(x, rot, row)
+            k, v = cache.update(k, v)
+            # NaN policy: this position's q, k, v were looked at once; the cache vouches for
+            # the others, so with every input known finite the fused kernel needs no policy
+            finite = fresh and cache.all_finite(k.shape[2], vouched=1)
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)
