@@ -145,7 +145,8 @@ class DecodeStep:
         self.head = _rows.of_linear(dec.lm_head, t)
         self.like = p
         self.native = applies(p, autograd=True)  # (the step only reads its weights)
-        self.plan = None if self.static or not self.native else self._bind()
+        bound = not self.static and applies(p, autograd=True, bf16=True)
+        self.plan = self._bind() if bound else None
         if self.static:
             self.window = dec.blocks[0].self_attn.window
             self.keys = torch.arange(cache.max_len, device=p.device)  # (L,) key positions
@@ -158,12 +159,13 @@ class DecodeStep:
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if self.static:
             return self._fixed(ids)
+        step = self._step if self.plan is None else self._planned
         if not self.native:
-            return self._step(ids)
+            return step(ids)
         onednn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
         try:
-            return self._step(ids) if self.plan is None else self._planned(ids)
+            return step(ids)
         finally:
             torch._C._set_mkldnn_enabled(onednn)
 
@@ -211,9 +213,10 @@ class DecodeStep:
     def _planned(self, ids: torch.Tensor) -> torch.Tensor:
         """:meth:`_step` as the plan: one C call per layer and the activation between."""
         plan, pos, lib = self.plan, self.cache.length, _native.library()
-        # the one-call attention attends only over keys/values known finite (as attend_new)
+        # the one-call attention attends only over keys/values known finite (as attend_new
+        # asks: read once, the prompt's after the prompt, then known)
         if (lib is None or pos >= self.cache.max_len
-                or not all(c.checked >= pos for c in self.selfs)):
+                or not all(c.checked >= pos or c.all_finite(pos) for c in self.selfs)):
             return self._step(ids)
         self.xs[0].copy_(self.embed(ids, pos))
         threads, n = torch.get_num_threads(), len(self.layers)
