@@ -39,7 +39,10 @@ and the vocabulary head, stored ``(in, out)``, 72 -> 60 ms per SmolLM2-135M step
 for 2-4 rows ``(out, in)``). On an x86-64 CPU with AVX2 the products of 1-4 rows and the
 attention of the one new query run headwise's own C kernels (:mod:`headwise.fast.native`: the
 weights read at 20-24 GB/s where MKL's kernels reach 12-20 for one row and ~10 for 2-4; a
-SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout). The layout stays
+SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout); where every layer's
+form binds (``BlockRow.bind``), their calls are bound once per generation and each layer runs as
+one C call with torch's activation between (:mod:`headwise.fast.plan`: the same kernels and
+arguments, bit for bit; ~2 ms of Python a SmolLM2 4-bit step less). The layout stays
 after the generation (a run of generations at one batch size pays the copy once); values,
 shapes and parameters are untouched, and the module path multiplies either layout.
 

@@ -29,6 +29,7 @@ import struct
 
 import torch
 
+from headwise.fast import host
 from headwise.fast import native as _native
 
 __all__ = ["KINDS", "WIDTH", "Plan"]
@@ -160,5 +161,5 @@ class Plan:
 def _fresh(t: torch.Tensor, shape, dtype) -> bool:
     """Whether ``t`` is what the wrapper's ``torch.empty`` output would be: contiguous rows of
     ``shape`` and ``dtype`` on the CPU."""
-    return (t.is_cpu and t.dtype is dtype and tuple(t.shape) == tuple(shape)
+    return (host(t) and t.dtype is dtype and tuple(t.shape) == tuple(shape)
             and t.is_contiguous())
