@@ -198,11 +198,17 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
-/* Rows o[0..S-1] of W against the B rows of x (S * B <= 8). Blocks of 16 groups: four loads of
- * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloatf16 weights + 128,
+/* Rows o[0..S-1] of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
+ * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloat16 weights + 128,
  * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
  * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
- * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes). */
+ * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes).
+ * The loop goes (u, k, r, b): each x vector is loaded once for the S rows of W and each
+ * unpacked q serves the B rows of x, so at S = B = 4 a vdpbf16ps needs 0.3 loads, and the
+ * S * B chains (one per output, 16 steps a block, in the same (u, k) order for any S and B)
+ * keep vdpbf16ps's 6-cycle latency covered (it issues one a cycle on Zen 4). Holding x for
+ * two rows of W instead (the loop (u, r, k, b), 2 x 4 chains) spilled and ran 2.8 cycles a
+ * vdpbf16ps at B = 4. */
 WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512 k128 = _mm512_set1_ps(128.0f);
@@ -215,23 +221,20 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int r = 0; r < S; r++)
             for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
         for (int u = 0; u < 4; u++) {
-            __m512bh xv[4][4];
-            for (int b = 0; b < B; b++) {
-                const bf16* xb = a->xq + b * a->ldq + g * GROUP + u * 128;
-                for (int k = 0; k < 4; k++) xv[b][k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
-            }
-            for (int r = 0; r < S; r++) {
-                __m512i cv = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
-                __m512bh q[4];
-                q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-                q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
-                                                           bias128, AND_OR);
-                q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
-                                                           bias128, AND_OR);
-                q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+            __m512i cv[4];
+            for (int r = 0; r < S; r++)
+                cv[r] = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
+            for (int k = 0; k < 4; k++) {
+                __m512bh xv[4];
                 for (int b = 0; b < B; b++)
-                    for (int k = 0; k < 4; k++)
-                        s[r][b] = _mm512_dpbf16_ps(s[r][b], q[k], xv[b][k]);
+                    xv[b] = (__m512bh)_mm512_loadu_si512(a->xq + b * a->ldq + g * GROUP
+                                                         + u * 128 + 32 * k);
+                for (int r = 0; r < S; r++) {
+                    __m512i n = k ? _mm512_srli_epi16(cv[r], 4 * k) : cv[r];
+                    __m512bh q = (__m512bh)(k == 3 ? _mm512_or_si512(n, bias128)
+                                            : _mm512_ternarylogic_epi32(n, low, bias128, AND_OR));
+                    for (int b = 0; b < B; b++) s[r][b] = _mm512_dpbf16_ps(s[r][b], q, xv[b]);
+                }
             }
         }
         for (int r = 0; r < S; r++) {
@@ -271,35 +274,27 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* [o0, o1): for one row of x, STREAMS rows of W per pass (more sums in flight, the x loads
- * shared); for 2-4 rows of x, two rows of W per pass. Each pass first asks for the codes AHEAD
+/* [o0, o1): STREAMS rows of W per pass (more sums in flight, the x loads shared), the last
+ * 1-3 rows one at a time, with a constant B each. Each pass first asks for the codes AHEAD
  * bytes on (ahead()). */
 #define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
-    if (B == 1) {
-        long o[STREAMS], r = o0;
-        for (; r + STREAMS <= o1; r += STREAMS) {
-            ahead(a, r, STREAMS);
-            for (int s = 0; s < STREAMS; s++) o[s] = r + s;
-            rows_wide_s(a, o, STREAMS, 1);
-        }
-        for (; r < o1; r++) rows_wide_s(a, &r, 1, 1);
-        return;
-    }
-    long o = o0, pair[2];
-    for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
-        ahead(a, o, 2);
-        pair[0] = o, pair[1] = o + 1;
+    long o[STREAMS], r = o0;
+    for (; r + STREAMS <= o1; r += STREAMS) {
+        ahead(a, r, STREAMS);
+        for (int s = 0; s < STREAMS; s++) o[s] = r + s;
         switch (B) {
-            case 2: rows_wide_s(a, pair, 2, 2); break;
-            case 3: rows_wide_s(a, pair, 2, 3); break;
-            default: rows_wide_s(a, pair, 2, 4); break;
+            case 1: rows_wide_s(a, o, STREAMS, 1); break;
+            case 2: rows_wide_s(a, o, STREAMS, 2); break;
+            case 3: rows_wide_s(a, o, STREAMS, 3); break;
+            default: rows_wide_s(a, o, STREAMS, 4); break;
         }
     }
-    if (o < o1) switch (B) {
-        case 2: rows_wide_s(a, &o, 1, 2); break;
-        case 3: rows_wide_s(a, &o, 1, 3); break;
-        default: rows_wide_s(a, &o, 1, 4); break;
+    for (; r < o1; r++) switch (B) {
+        case 1: rows_wide_s(a, &r, 1, 1); break;
+        case 2: rows_wide_s(a, &r, 1, 2); break;
+        case 3: rows_wide_s(a, &r, 1, 3); break;
+        default: rows_wide_s(a, &r, 1, 4); break;
     }
 }
 
