@@ -63,12 +63,14 @@ INLINE void ahead(const q4_args* a, long o, int n) {
 }
 
 /* The lane sums of four vectors, each added in _mm512_reduce_add_ps's order (lanes L and L + 8,
- * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles. */
-WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
-    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44),
-                              _mm512_shuffle_f32x4(a0, a1, 0xee));  /* a0's, a1's L + (0, 8) */
-    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44),
-                              _mm512_shuffle_f32x4(a2, a3, 0xee));
+ * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles: halves() adds
+ * lanes L and L + 8 of two vectors (a's in the low 256 bits, b's in the high), sums4_of() the
+ * rest for two such. */
+WIDE INLINE __m512 halves(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+}
+
+WIDE INLINE void sums4_of(__m512 u0, __m512 u1, float* s) {
     __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
                              _mm512_shuffle_f32x4(u0, u1, 0xdd));  /* + 4: a_r's in lanes 4r.. */
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
@@ -76,6 +78,10 @@ WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
     float t[16];
     _mm512_storeu_ps(t, v);
     s[0] = t[0], s[1] = t[4], s[2] = t[8], s[3] = t[12];
+}
+
+WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
+    sums4_of(halves(a0, a1), halves(a2, a3), s);
 }
 
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
@@ -198,6 +204,67 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
+/* tail2x2 for rows o[0..3] (the two pairs' codes unpacked first, x's vectors loaded once for
+ * both), then their sums, each pair's tail added where sums4 adds the pair's low halves, so
+ * one add stands for tail2x2's two masked adds and shuffle and the +0 of the minima's lanes:
+ * (acc[r] + the tail, in lanes 0-7) + the minima (lanes 0-3) + 0 (the rest), then lanes L and
+ * L + 8, the same values as tail2x2, the minima's add and sums4 in turn. */
+WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128 k128 = _mm_set1_ps(128.0f);
+    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
+    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
+    __m512bh q[2][4];
+    __m512 dv[2];
+    __m128 e4[4];
+    for (int p = 0; p < 2; p++) {
+        const uint8_t *c0 = a->codes + o[2 * p] * a->ldc + g * 16,
+                      *c1 = a->codes + o[2 * p + 1] * a->ldc + g * 16;
+        __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
+                                        _mm256_maskz_loadu_epi8(cm, c1), 1);
+        q[p][0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+        q[p][1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
+                                                      AND_OR);
+        q[p][2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
+                                                      AND_OR);
+        q[p][3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+        __m128 d4[2];
+        for (int r = 0; r < 2; r++) {
+            d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[2 * p + r] * a->ldd + g));
+            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[2 * p + r] * a->ldd + g));
+            e4[2 * p + r] = _mm_fnmadd_ps(k128, d4[r], m4);
+        }
+        dv[p] = _mm512_permutexvar_ps(
+            lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    }
+    for (int b = 0; b < B; b++) {
+        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+        __m512bh xv[4];
+        for (int k = 0; k < 4; k++) xv[k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+        __m128 xs4 = _mm_loadu_ps(a->xs + b * a->lds + g);
+        __m512 u[2];
+        for (int p = 0; p < 2; p++) {
+            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[p][0], xv[0]);
+            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[p][2], xv[2]);
+            s0 = _mm512_dpbf16_ps(s0, q[p][1], xv[1]);
+            s1 = _mm512_dpbf16_ps(s1, q[p][3], xv[3]);
+            __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv[p]);
+            __m128 l0 = _mm_fmadd_ps(e4[2 * p], xs4, low4[2 * p][b]);
+            __m128 l1 = _mm_fmadd_ps(e4[2 * p + 1], xs4, low4[2 * p + 1][b]);
+            __m512 mins = _mm512_insertf32x4(_mm512_zextps128_ps512(l0), l1, 2);
+            __m512 lo = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0x44);
+            __m512 hi = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0xee);
+            lo = _mm512_add_ps(_mm512_add_ps(lo, t), mins);
+            u[p] = _mm512_add_ps(lo, _mm512_add_ps(hi, _mm512_setzero_ps()));
+        }
+        float y[4];
+        sums4_of(u[0], u[1], y);
+        for (int r = 0; r < 4; r++) put(a, b, o[r], y[r]);
+    }
+}
+
 /* Rows o[0..S-1] of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
  * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloat16 weights + 128,
  * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
@@ -253,6 +320,10 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
     for (long g = full; g < a->groups; g += 4) {
         long ng = a->groups - g < 4 ? a->groups - g : 4;
+        if (ng <= 2 && S == 4) {
+            last2x4(a, o, B, g, ng, acc, low4);
+            return;
+        }
         if (ng > 2)
             tail4(a, o, S, B, g, ng, acc, low4);
         else if (S % 2 == 0)
@@ -264,10 +335,12 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int r = 0; r < S; r++)
             for (int b = 0; b < B; b++)
                 acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_zextps128_ps512(low4[r][b]));
-    if (S == 4 && B == 1) {
-        float t[4];
-        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], t);
-        for (int r = 0; r < 4; r++) put(a, 0, o[r], t[r]);
+    if (S == 4) {
+        for (int b = 0; b < B; b++) {
+            float t[4];
+            sums4(acc[0][b], acc[1][b], acc[2][b], acc[3][b], t);
+            for (int r = 0; r < 4; r++) put(a, b, o[r], t[r]);
+        }
         return;
     }
     for (int r = 0; r < S; r++)
