@@ -442,6 +442,50 @@ NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
+/* prepare() for a block of 16 groups of one row of x on the wide path, in vectors: each group's
+ * 32 values rounded as to_bf16 does (integer steps, so denormals too) and put in (u, k, p)
+ * order (vpermw), the 16 groups' dword (u, k) gathered into vector (u, k), and the groups'
+ * sums added front to back in the lanes (weight 8 u + 4 p + k of each group is word p of
+ * vector (u, k)'s lanes): the same bits as the scalar steps, ~15x fewer cycles. */
+WIDE static void block_row(const float* x, bf16* q, float* xs) {
+    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x40), high = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i order = _mm512_set_epi16(  /* word 2 (4 u + k) + p <- word 8 u + 4 p + k */
+        31, 27, 30, 26, 29, 25, 28, 24, 23, 19, 22, 18, 21, 17, 20, 16,
+        15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
+    uint32_t tmp[BLOCK][16] __attribute__((aligned(64)));
+    for (int L = 0; L < BLOCK; L++) {
+        __m256i h[2];
+        for (int c = 0; c < 2; c++) {
+            __m512i u = _mm512_loadu_si512(x + L * GROUP + 16 * c);
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(
+                u, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+            r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+            h[c] = _mm512_cvtepi32_epi16(r);
+        }
+        __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+        _mm512_store_si512(tmp[L], _mm512_permutexvar_epi16(order, w));
+    }
+    const __m512i lanes = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80,
+                                           64, 48, 32, 16, 0);
+    __m512i v[4][4];
+    for (int u = 0; u < 4; u++)
+        for (int k = 0; k < 4; k++) {
+            v[u][k] = _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(4 * u + k)),
+                                             tmp, 4);
+            _mm512_storeu_si512(q + (4 * u + k) * 32, v[u][k]);
+        }
+    __m512 s = _mm512_setzero_ps();
+    for (int u = 0; u < 4; u++)
+        for (int p = 0; p < 2; p++)
+            for (int k = 0; k < 4; k++)
+                s = _mm512_add_ps(s, _mm512_castsi512_ps(p ? _mm512_and_si512(v[u][k], high)
+                                                           : _mm512_slli_epi32(v[u][k], 16)));
+    _mm512_storeu_ps(xs, s);
+}
+
 /* x rounded to bfloat16 once per call (into t, `in` values), each group's sum, and the row in
  * the order the path's codes unpack (top of the file), written front to back:
  * - wide, a block of 16 groups: vector (u, k) of 32 bfloat16 holds in lane L (2 L, 2 L + 1)
@@ -456,20 +500,16 @@ static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16*
     long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
     for (int b = 0; b < rows; b++) {
         const float* xb = x + b * ldx;
-        for (long j = 0; j < in; j++) t[j] = to_bf16(xb[j]);
-        for (long g = 0; g < lds; g++) {
+        long from = wide ? full * GROUP : 0;  /* (the wide path's blocks: block_row()) */
+        for (long j = from; j < in; j++) t[j] = to_bf16(xb[j]);
+        for (long g = from / GROUP; g < lds; g++) {
             float s = 0.0f;
             for (long i = 0; g < groups && i < GROUP; i++) s += from_bf16(t[g * GROUP + i]);
             xs[b * lds + g] = s;
         }
         if (wide) {
-            bf16* q = xq + b * padded;
             for (long g = 0; g < full; g += BLOCK)
-                for (int u = 0; u < 4; u++)
-                    for (int k = 0; k < 4; k++)
-                        for (int L = 0; L < BLOCK; L++)
-                            for (int p = 0; p < 2; p++)
-                                *q++ = t[(g + L) * GROUP + 8 * u + 4 * p + k];
+                block_row(xb + g * GROUP, xq + b * padded + g * GROUP, xs + b * lds + g);
             for (long g = full; g < lds; g++)
                 for (long i = 0; i < GROUP; i++)
                     xq[b * padded + g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] =
