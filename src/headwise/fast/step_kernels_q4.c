@@ -70,26 +70,33 @@ WIDE INLINE __m512 halves(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
 }
 
-WIDE INLINE void sums4_of(__m512 u0, __m512 u1, float* s) {
+WIDE INLINE __m128 sums4_of(__m512 u0, __m512 u1) {
     __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
                              _mm512_shuffle_f32x4(u0, u1, 0xdd));  /* + 4: a_r's in lanes 4r.. */
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
-    float t[16];
-    _mm512_storeu_ps(t, v);
-    s[0] = t[0], s[1] = t[4], s[2] = t[8], s[3] = t[12];
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
 }
 
-WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
-    sums4_of(halves(a0, a1), halves(a2, a3), s);
+WIDE INLINE __m128 sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    return sums4_of(halves(a0, a1), halves(a2, a3));
+}
+
+/* put() for outputs o..o+3 of row b of x at once (the same adds, in vectors). Why: four scalar
+ * reads of a vector just stored wait on the store (no forwarding at those offsets). */
+WIDE INLINE void put4(const q4_args* a, int b, long o, __m128 s) {
+    if (a->bias) s = _mm_add_ps(s, _mm_loadu_ps(a->bias + o));
+    if (a->res) s = _mm_add_ps(s, _mm_loadu_ps(a->res + b * a->ldr + o));
+    _mm_storeu_ps(a->y + b * a->ldy + o, s);
 }
 
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
 #define BLOCK 16    /* groups per block (codes layout, top of the file) */
 
-/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o[0..S-1] of W: four groups to a load, each 128-bit
+/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o..o+S-1 of W: four groups to a load, each 128-bit
  * lane one group, d spread to the group's four lanes; the minima in low4's 128-bit lanes. */
-WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, long ng,
+WIDE INLINE void tail4(const q4_args* a, long o, int S, int B, long g, long ng,
                        __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -102,15 +109,15 @@ WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, lo
         for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
     }
     for (int r = 0; r < S; r++) {
-        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + (o + r) * a->ldc + g * 16);
         __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
         __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
                                                           bias128, AND_OR);
         __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
                                                           bias128, AND_OR);
         __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
         __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
         __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
         for (int b = 0; b < B; b++) {
@@ -124,18 +131,18 @@ WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
-/* The last 1 or 2 groups of rows o[0] and o[1] (rows of 576 inputs: 16 + 2 groups): both rows'
+/* The last 1 or 2 groups of rows o and o + 1 (rows of 576 inputs: 16 + 2 groups): both rows'
  * codes in one 512-bit load, against x's two groups repeated in the high 256 bits (prepare()),
  * so no vdpbf16ps lane idles; each row's d-scaled sums are added to the low lanes of its acc,
  * as tail2 adds them for a row on its own (the same values either way). */
-WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng,
+WIDE INLINE void tail2x2(const q4_args* a, long o, int B, long g, long ng,
                          __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m128 k128 = _mm_set1_ps(128.0f);
     __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
     __mmask8 c4 = (__mmask8)((1u << ng) - 1);
-    const uint8_t *c0 = a->codes + o[0] * a->ldc + g * 16, *c1 = a->codes + o[1] * a->ldc + g * 16;
+    const uint8_t *c0 = a->codes + o * a->ldc + g * 16, *c1 = a->codes + (o + 1) * a->ldc + g * 16;
     __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
                                     _mm256_maskz_loadu_epi8(cm, c1), 1);
     __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
@@ -146,8 +153,8 @@ WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng
     __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
     __m128 d4[2], e4[2];
     for (int r = 0; r < 2; r++) {
-        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
         e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
     }
     __m512 dv = _mm512_permutexvar_ps(
@@ -169,7 +176,7 @@ WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng
 }
 
 /* tail2x2 for one row, in the low 256 bits. */
-WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, long ng,
+WIDE INLINE void tail2(const q4_args* a, long o, int S, int B, long g, long ng,
                        __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m256i low = _mm256_set1_epi16(0x000f), bias128 = _mm256_set1_epi16(0x4300);
     const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
@@ -177,15 +184,15 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
     __mmask8 c4 = (__mmask8)((1u << ng) - 1);
     for (int r = 0; r < S; r++) {
-        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + (o + r) * a->ldc + g * 16);
         __m256bh q0 = (__m256bh)_mm256_ternarylogic_epi32(cv, low, bias128, AND_OR);
         __m256bh q1 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 4), low,
                                                           bias128, AND_OR);
         __m256bh q2 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 8), low,
                                                           bias128, AND_OR);
         __m256bh q3 = (__m256bh)_mm256_or_si256(_mm256_srli_epi16(cv, 12), bias128);
-        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
         __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
         __m256 dv = _mm256_permutexvar_ps(lanes, _mm256_castps128_ps256(d4));
         for (int b = 0; b < B; b++) {
@@ -204,12 +211,12 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
-/* tail2x2 for rows o[0..3] (the two pairs' codes unpacked first, x's vectors loaded once for
+/* tail2x2 for rows o..o+3 (the two pairs' codes unpacked first, x's vectors loaded once for
  * both), then their sums, each pair's tail added where sums4 adds the pair's low halves, so
  * one add stands for tail2x2's two masked adds and shuffle and the +0 of the minima's lanes:
  * (acc[r] + the tail, in lanes 0-7) + the minima (lanes 0-3) + 0 (the rest), then lanes L and
  * L + 8, the same values as tail2x2, the minima's add and sums4 in turn. */
-WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng,
+WIDE INLINE void last2x4(const q4_args* a, long o, int B, long g, long ng,
                          __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -220,8 +227,8 @@ WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng
     __m512 dv[2];
     __m128 e4[4];
     for (int p = 0; p < 2; p++) {
-        const uint8_t *c0 = a->codes + o[2 * p] * a->ldc + g * 16,
-                      *c1 = a->codes + o[2 * p + 1] * a->ldc + g * 16;
+        const uint8_t *c0 = a->codes + (o + 2 * p) * a->ldc + g * 16,
+                      *c1 = a->codes + (o + 2 * p + 1) * a->ldc + g * 16;
         __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
                                         _mm256_maskz_loadu_epi8(cm, c1), 1);
         q[p][0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
@@ -232,8 +239,8 @@ WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng
         q[p][3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
         __m128 d4[2];
         for (int r = 0; r < 2; r++) {
-            d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[2 * p + r] * a->ldd + g));
-            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[2 * p + r] * a->ldd + g));
+            d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + 2 * p + r) * a->ldd + g));
+            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + 2 * p + r) * a->ldd + g));
             e4[2 * p + r] = _mm_fnmadd_ps(k128, d4[r], m4);
         }
         dv[p] = _mm512_permutexvar_ps(
@@ -259,13 +266,11 @@ WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng
             lo = _mm512_add_ps(_mm512_add_ps(lo, t), mins);
             u[p] = _mm512_add_ps(lo, _mm512_add_ps(hi, _mm512_setzero_ps()));
         }
-        float y[4];
-        sums4_of(u[0], u[1], y);
-        for (int r = 0; r < 4; r++) put(a, b, o[r], y[r]);
+        put4(a, b, o, sums4_of(u[0], u[1]));
     }
 }
 
-/* Rows o[0..S-1] of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
+/* Rows o..o+S-1 of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
  * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloat16 weights + 128,
  * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
  * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
@@ -276,7 +281,7 @@ WIDE INLINE void last2x4(const q4_args* a, const long* o, int B, long g, long ng
  * keep vdpbf16ps's 6-cycle latency covered (it issues one a cycle on Zen 4). Holding x for
  * two rows of W instead (the loop (u, r, k, b), 2 x 4 chains) spilled and ran 2.8 cycles a
  * vdpbf16ps at B = 4. */
-WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
+WIDE INLINE void rows_wide_s(const q4_args* a, long o, int S, int B) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512 k128 = _mm512_set1_ps(128.0f);
     __m512 acc[4][4];
@@ -290,7 +295,7 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int u = 0; u < 4; u++) {
             __m512i cv[4];
             for (int r = 0; r < S; r++)
-                cv[r] = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
+                cv[r] = _mm512_loadu_si512(a->codes + (o + r) * a->ldc + g * 16 + u * 64);
             for (int k = 0; k < 4; k++) {
                 __m512bh xv[4];
                 for (int b = 0; b < B; b++)
@@ -305,7 +310,7 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             }
         }
         for (int r = 0; r < S; r++) {
-            const uint16_t *d = a->d + o[r] * a->ldd + g, *m = a->m + o[r] * a->ldd + g;
+            const uint16_t *d = a->d + (o + r) * a->ldd + g, *m = a->m + (o + r) * a->ldd + g;
             __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
             __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
             __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
@@ -336,15 +341,11 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
             for (int b = 0; b < B; b++)
                 acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_zextps128_ps512(low4[r][b]));
     if (S == 4) {
-        for (int b = 0; b < B; b++) {
-            float t[4];
-            sums4(acc[0][b], acc[1][b], acc[2][b], acc[3][b], t);
-            for (int r = 0; r < 4; r++) put(a, b, o[r], t[r]);
-        }
+        for (int b = 0; b < B; b++) put4(a, b, o, sums4(acc[0][b], acc[1][b], acc[2][b], acc[3][b]));
         return;
     }
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+        for (int b = 0; b < B; b++) put(a, b, o + r, _mm512_reduce_add_ps(acc[r][b]));
 }
 
 /* [o0, o1): STREAMS rows of W per pass (more sums in flight, the x loads shared), the last
@@ -352,10 +353,9 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
  * bytes on (ahead()). */
 #define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
-    long o[STREAMS], r = o0;
-    for (; r + STREAMS <= o1; r += STREAMS) {
-        ahead(a, r, STREAMS);
-        for (int s = 0; s < STREAMS; s++) o[s] = r + s;
+    long o = o0;
+    for (; o + STREAMS <= o1; o += STREAMS) {
+        ahead(a, o, STREAMS);
         switch (B) {
             case 1: rows_wide_s(a, o, STREAMS, 1); break;
             case 2: rows_wide_s(a, o, STREAMS, 2); break;
@@ -363,11 +363,11 @@ WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
             default: rows_wide_s(a, o, STREAMS, 4); break;
         }
     }
-    for (; r < o1; r++) switch (B) {
-        case 1: rows_wide_s(a, &r, 1, 1); break;
-        case 2: rows_wide_s(a, &r, 1, 2); break;
-        case 3: rows_wide_s(a, &r, 1, 3); break;
-        default: rows_wide_s(a, &r, 1, 4); break;
+    for (; o < o1; o++) switch (B) {
+        case 1: rows_wide_s(a, o, 1, 1); break;
+        case 2: rows_wide_s(a, o, 1, 2); break;
+        case 3: rows_wide_s(a, o, 1, 3); break;
+        default: rows_wide_s(a, o, 1, 4); break;
     }
 }
 
