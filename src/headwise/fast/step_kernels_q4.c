@@ -270,6 +270,44 @@ WIDE INLINE void last2x4(const q4_args* a, long o, int B, long g, long ng,
     }
 }
 
+/* Block g of rows o..o+S-1 of W against the B rows of x (rows_wide_s): the S * B chains of 16
+ * vdpbf16ps, then each group's d and minimum applied into acc (first: acc starts at 0). */
+WIDE INLINE void block16(const q4_args* a, long o, int S, int B, long g, int first,
+                         __m512 (*acc)[4]) {
+    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
+    const __m512 k128 = _mm512_set1_ps(128.0f);
+    __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any S and B */
+    for (int r = 0; r < S; r++)
+        for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
+    for (int u = 0; u < 4; u++) {
+        __m512i cv[4];
+        for (int r = 0; r < S; r++)
+            cv[r] = _mm512_loadu_si512(a->codes + (o + r) * a->ldc + g * 16 + u * 64);
+        for (int k = 0; k < 4; k++) {
+            __m512bh xv[4];
+            for (int b = 0; b < B; b++)
+                xv[b] = (__m512bh)_mm512_loadu_si512(a->xq + b * a->ldq + g * GROUP + u * 128
+                                                     + 32 * k);
+            for (int r = 0; r < S; r++) {
+                __m512i n = k ? _mm512_srli_epi16(cv[r], 4 * k) : cv[r];
+                __m512bh q = (__m512bh)(k == 3 ? _mm512_or_si512(n, bias128)
+                                        : _mm512_ternarylogic_epi32(n, low, bias128, AND_OR));
+                for (int b = 0; b < B; b++) s[r][b] = _mm512_dpbf16_ps(s[r][b], q, xv[b]);
+            }
+        }
+    }
+    for (int r = 0; r < S; r++) {
+        const uint16_t *d = a->d + (o + r) * a->ldd + g, *m = a->m + (o + r) * a->ldd + g;
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
+        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
+        __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
+        for (int b = 0; b < B; b++) {
+            __m512 t = _mm512_fmadd_ps(s[r][b], dv, first ? _mm512_setzero_ps() : acc[r][b]);
+            acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), t);
+        }
+    }
+}
+
 /* Rows o..o+S-1 of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
  * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloat16 weights + 128,
  * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
@@ -280,46 +318,17 @@ WIDE INLINE void last2x4(const q4_args* a, long o, int B, long g, long ng,
  * S * B chains (one per output, 16 steps a block, in the same (u, k) order for any S and B)
  * keep vdpbf16ps's 6-cycle latency covered (it issues one a cycle on Zen 4). Holding x for
  * two rows of W instead (the loop (u, r, k, b), 2 x 4 chains) spilled and ran 2.8 cycles a
- * vdpbf16ps at B = 4. */
+ * vdpbf16ps at B = 4. The first block is taken apart from the rest so that with one block
+ * (rows of 576 inputs) acc is not held across the loop (no spills). */
 WIDE INLINE void rows_wide_s(const q4_args* a, long o, int S, int B) {
-    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
-    const __m512 k128 = _mm512_set1_ps(128.0f);
     __m512 acc[4][4];
-    for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
     long full = a->groups / BLOCK * BLOCK;
-    for (long g = 0; g < full; g += BLOCK) {
-        __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any B */
+    if (full)
+        block16(a, o, S, B, 0, 1, acc);
+    else
         for (int r = 0; r < S; r++)
-            for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
-        for (int u = 0; u < 4; u++) {
-            __m512i cv[4];
-            for (int r = 0; r < S; r++)
-                cv[r] = _mm512_loadu_si512(a->codes + (o + r) * a->ldc + g * 16 + u * 64);
-            for (int k = 0; k < 4; k++) {
-                __m512bh xv[4];
-                for (int b = 0; b < B; b++)
-                    xv[b] = (__m512bh)_mm512_loadu_si512(a->xq + b * a->ldq + g * GROUP
-                                                         + u * 128 + 32 * k);
-                for (int r = 0; r < S; r++) {
-                    __m512i n = k ? _mm512_srli_epi16(cv[r], 4 * k) : cv[r];
-                    __m512bh q = (__m512bh)(k == 3 ? _mm512_or_si512(n, bias128)
-                                            : _mm512_ternarylogic_epi32(n, low, bias128, AND_OR));
-                    for (int b = 0; b < B; b++) s[r][b] = _mm512_dpbf16_ps(s[r][b], q, xv[b]);
-                }
-            }
-        }
-        for (int r = 0; r < S; r++) {
-            const uint16_t *d = a->d + (o + r) * a->ldd + g, *m = a->m + (o + r) * a->ldd + g;
-            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
-            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
-            __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
-            for (int b = 0; b < B; b++) {
-                acc[r][b] = _mm512_fmadd_ps(s[r][b], dv, acc[r][b]);
-                acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), acc[r][b]);
-            }
-        }
-    }
+            for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+    for (long g = BLOCK; g < full; g += BLOCK) block16(a, o, S, B, g, 0, acc);
     __m128 low4[4][4];  /* the tail's minima, four groups to a lane */
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
