@@ -132,11 +132,16 @@ WIDE INLINE void tail4(const q4_args* a, long o, int S, int B, long g, long ng,
 }
 
 /* The last 1 or 2 groups of rows o and o + 1 (rows of 576 inputs: 16 + 2 groups): both rows'
- * codes in one 512-bit load, against x's two groups repeated in the high 256 bits (prepare()),
- * so no vdpbf16ps lane idles; each row's d-scaled sums are added to the low lanes of its acc,
- * as tail2 adds them for a row on its own (the same values either way). */
-WIDE INLINE void tail2x2(const q4_args* a, long o, int B, long g, long ng,
-                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+ * codes in one 512-bit load (pair_of), against x's two groups repeated in the high 256 bits
+ * (prepare()), so no vdpbf16ps lane idles (pair_dots); each row's d-scaled sums are added to
+ * the low lanes of its acc, as tail2 adds them for a row on its own (the same values). */
+typedef struct {
+    __m512bh q[4];  /* the codes + 128, nibble k of each word */
+    __m512 dv;      /* each group's d in its four lanes */
+    __m128 e4[2];   /* each row's m - 128 d, per group */
+} pair_codes;
+
+WIDE INLINE pair_codes pair_of(const q4_args* a, long o, long g, long ng) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m128 k128 = _mm_set1_ps(128.0f);
@@ -145,33 +150,48 @@ WIDE INLINE void tail2x2(const q4_args* a, long o, int B, long g, long ng,
     const uint8_t *c0 = a->codes + o * a->ldc + g * 16, *c1 = a->codes + (o + 1) * a->ldc + g * 16;
     __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
                                     _mm256_maskz_loadu_epi8(cm, c1), 1);
-    __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-    __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
-                                                      AND_OR);
-    __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
-                                                      AND_OR);
-    __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-    __m128 d4[2], e4[2];
+    pair_codes c;
+    c.q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+    c.q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128, AND_OR);
+    c.q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128, AND_OR);
+    c.q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+    __m128 d4[2];
     for (int r = 0; r < 2; r++) {
         d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
         __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
-        e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
+        c.e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
     }
-    __m512 dv = _mm512_permutexvar_ps(
-        lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    c.dv = _mm512_permutexvar_ps(lanes,
+                                 _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    return c;
+}
+
+/* The pair's d-scaled sums against x's vectors xv (row o's groups in the low 256 bits). */
+WIDE INLINE __m512 pair_dots(const pair_codes* c, const __m512bh* xv) {
+    __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), c->q[0], xv[0]);
+    __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), c->q[2], xv[2]);
+    s0 = _mm512_dpbf16_ps(s0, c->q[1], xv[1]);
+    s1 = _mm512_dpbf16_ps(s1, c->q[3], xv[3]);
+    return _mm512_mul_ps(_mm512_add_ps(s0, s1), c->dv);
+}
+
+WIDE INLINE void x_tail(const q4_args* a, int b, long g, __m512bh* xv) {
+    const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+    for (int k = 0; k < 4; k++) xv[k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+}
+
+WIDE INLINE void tail2x2(const q4_args* a, long o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    pair_codes c = pair_of(a, o, g, ng);
     for (int b = 0; b < B; b++) {
-        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
-        __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, (__m512bh)_mm512_loadu_si512(xb));
-        __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
-                                     (__m512bh)_mm512_loadu_si512(xb + 64));
-        s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
-        s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
-        __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv);
+        __m512bh xv[4];
+        x_tail(a, b, g, xv);
+        __m512 t = pair_dots(&c, xv);
         acc[0][b] = _mm512_mask_add_ps(acc[0][b], 0x00ff, acc[0][b], t);
         acc[1][b] = _mm512_mask_add_ps(acc[1][b], 0x00ff, acc[1][b],
                                        _mm512_shuffle_f32x4(t, t, 0xee));
         for (int r = 0; r < 2; r++)
-            low4[r][b] = _mm_fmadd_ps(e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+            low4[r][b] = _mm_fmadd_ps(c.e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
     }
 }
 
@@ -218,48 +238,16 @@ WIDE INLINE void tail2(const q4_args* a, long o, int S, int B, long g, long ng,
  * L + 8, the same values as tail2x2, the minima's add and sums4 in turn. */
 WIDE INLINE void last2x4(const q4_args* a, long o, int B, long g, long ng,
                          __m512 (*acc)[4], __m128 (*low4)[4]) {
-    const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
-    const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m128 k128 = _mm_set1_ps(128.0f);
-    __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
-    __mmask8 c4 = (__mmask8)((1u << ng) - 1);
-    __m512bh q[2][4];
-    __m512 dv[2];
-    __m128 e4[4];
-    for (int p = 0; p < 2; p++) {
-        const uint8_t *c0 = a->codes + (o + 2 * p) * a->ldc + g * 16,
-                      *c1 = a->codes + (o + 2 * p + 1) * a->ldc + g * 16;
-        __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
-                                        _mm256_maskz_loadu_epi8(cm, c1), 1);
-        q[p][0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-        q[p][1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
-                                                      AND_OR);
-        q[p][2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
-                                                      AND_OR);
-        q[p][3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-        __m128 d4[2];
-        for (int r = 0; r < 2; r++) {
-            d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + 2 * p + r) * a->ldd + g));
-            __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + 2 * p + r) * a->ldd + g));
-            e4[2 * p + r] = _mm_fnmadd_ps(k128, d4[r], m4);
-        }
-        dv[p] = _mm512_permutexvar_ps(
-            lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
-    }
+    pair_codes c[2] = {pair_of(a, o, g, ng), pair_of(a, o + 2, g, ng)};
     for (int b = 0; b < B; b++) {
-        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
         __m512bh xv[4];
-        for (int k = 0; k < 4; k++) xv[k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+        x_tail(a, b, g, xv);
         __m128 xs4 = _mm_loadu_ps(a->xs + b * a->lds + g);
         __m512 u[2];
         for (int p = 0; p < 2; p++) {
-            __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[p][0], xv[0]);
-            __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[p][2], xv[2]);
-            s0 = _mm512_dpbf16_ps(s0, q[p][1], xv[1]);
-            s1 = _mm512_dpbf16_ps(s1, q[p][3], xv[3]);
-            __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv[p]);
-            __m128 l0 = _mm_fmadd_ps(e4[2 * p], xs4, low4[2 * p][b]);
-            __m128 l1 = _mm_fmadd_ps(e4[2 * p + 1], xs4, low4[2 * p + 1][b]);
+            __m512 t = pair_dots(&c[p], xv);
+            __m128 l0 = _mm_fmadd_ps(c[p].e4[0], xs4, low4[2 * p][b]);
+            __m128 l1 = _mm_fmadd_ps(c[p].e4[1], xs4, low4[2 * p + 1][b]);
             __m512 mins = _mm512_insertf32x4(_mm512_zextps128_ps512(l0), l1, 2);
             __m512 lo = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0x44);
             __m512 hi = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0xee);
