@@ -66,35 +66,37 @@ WIDE INLINE void pass_wide(const bf16_args* a, const long* o, int S, int B) {
 
 /* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step in two sums per row of W
  * and of x (weights 0-31 and 32-63 of each step, added at the end: the order of sums one row
- * of W at a time had, so the results are the same bit for bit), each pair of x loads serving
- * the S rows of W. */
+ * of W at a time had, so the results are the same bit for bit). Each half-step loads the S
+ * rows' 32 weights once, then each row of x's 32 once for the S rows: 2 S B sums, S weights and
+ * one x in registers (at most 28 of the 32: S = 3 for four rows of x), where holding the 64
+ * weights of every row and both halves of x spilled sums to the stack. S and B are constants
+ * in every call (unrolled). */
 WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
     __m512 acc[STREAMS][4][2];
-    for (int r = 0; r < S; r++)
+    const bf16* w[STREAMS];
+    for (int r = 0; r < S; r++) {
+        w[r] = a->w + o[r] * a->ldw;
         for (int b = 0; b < B; b++) acc[r][b][0] = acc[r][b][1] = _mm512_setzero_ps();
+    }
     long k = 0, n = a->n;
-    for (; k + 64 <= n; k += 64) {
-        __m512bh w0[STREAMS], w1[STREAMS];
-        for (int r = 0; r < S; r++) {
-            const bf16* w = a->w + o[r] * a->ldw + k;
-            w0[r] = load32(w, 32), w1[r] = load32(w + 32, 32);
-        }
-        for (int b = 0; b < B; b++) {
-            const bf16* xb = a->x + b * a->ldx + k;
-            __m512bh x0 = load32(xb, 32), x1 = load32(xb + 32, 32);
-            for (int r = 0; r < S; r++) {
-                acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], w0[r], x0);
-                acc[r][b][1] = _mm512_dpbf16_ps(acc[r][b][1], w1[r], x1);
+    for (; k + 64 <= n; k += 64)
+        for (int h = 0; h < 2; h++) {
+            __m512bh wv[STREAMS];
+            for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k + 32 * h, 32);
+            for (int b = 0; b < B; b++) {
+                __m512bh xv = load32(a->x + b * a->ldx + k + 32 * h, 32);
+                for (int r = 0; r < S; r++)
+                    acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv[r], xv);
             }
         }
-    }
-    for (; k < n; k += 32)
+    for (; k < n; k += 32) {
+        __m512bh wv[STREAMS];
+        for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k, n - k);
         for (int b = 0; b < B; b++) {
             __m512bh xv = load32(a->x + b * a->ldx + k, n - k);
-            for (int r = 0; r < S; r++)
-                acc[r][b][0] = _mm512_dpbf16_ps(
-                    acc[r][b][0], load32(a->w + o[r] * a->ldw + k, n - k), xv);
+            for (int r = 0; r < S; r++) acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], wv[r], xv);
         }
+    }
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++)
             put(a, b, o[r], _mm512_reduce_add_ps(_mm512_add_ps(acc[r][b][0], acc[r][b][1])));
@@ -106,22 +108,25 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
  * rows of x and 3 for three or four (their 2 S B sums fit the 32 registers). Against one row of
  * W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream faster at the
  * same results (benchmarks/bf16_kernel.py). */
-#define PASS(o, S)                                          \
-    switch (B) { /* a constant B in each call: unrolled */ \
-        case 1: pass_wide(a, o, S, 1); break;               \
-        case 2: rows_s_wide(a, o, S, 2); break;             \
-        case 3: rows_s_wide(a, o, S, 3); break;             \
-        default: rows_s_wide(a, o, S, 4); break;            \
-    }
+#define PASS(o, S, B) ((B) == 1 ? pass_wide(a, o, S, 1) : rows_s_wide(a, o, S, B))
+#define PASSES(S, B)                                                                      \
+    do {                                                                                  \
+        long per = (o1 - o0) / (S), o[STREAMS];                                           \
+        for (long i = 0; i < per; i++) {                                                  \
+            for (int r = 0; r < (S); r++) o[r] = o0 + r * per + i;                        \
+            PASS(o, S, B);                                                                \
+        }                                                                                 \
+        for (long r = o0 + (S) * per; r < o1; r++) PASS(&r, 1, B); /* the rest */         \
+    } while (0)
 WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
-    int S = B <= 2 ? 4 : 3;
-    long per = (o1 - o0) / S, o[STREAMS];
-    for (long i = 0; i < per; i++) {
-        for (int r = 0; r < S; r++) o[r] = o0 + r * per + i;
-        PASS(o, S);
+    switch (B) { /* constant S and B in each call: unrolled, the sums in registers */
+        case 1: PASSES(4, 1); break;
+        case 2: PASSES(4, 2); break;
+        case 3: PASSES(3, 3); break;
+        default: PASSES(3, 4); break;
     }
-    for (long r = o0 + S * per; r < o1; r++) PASS(&r, 1);  /* the rest */
 }
+#undef PASSES
 #undef PASS
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
