@@ -105,11 +105,12 @@ WIDE INLINE void put16(const bf16_args* a, const long* o, int S, int B, __m512 s
         s = _mm512_add_ps(s, widen16(add));
     }
     __m512i u = _mm512_castps_si512(s), top = _mm512_srli_epi32(u, 16);
-    __m512i even = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                        _mm512_and_si512(top, _mm512_set1_epi32(1))));
+    __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    __m512i near = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(top, one)));
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                            _mm512_set1_epi32(0x7f800000));
-    __m512i r = _mm512_mask_or_epi32(_mm512_srli_epi32(even, 16), nan, top, _mm512_set1_epi32(0x40));
+    __m512i r = _mm512_mask_or_epi32(_mm512_srli_epi32(near, 16), nan, top,
+                                     _mm512_set1_epi32(0x40));
     _mm256_storeu_si256((__m256i*)h, _mm512_cvtepi32_epi16(r));
     for (int i = 0; i < S * B; i++) a->y[i % B * a->ldy + o[i / B]] = h[REDUCED(i)];
 }
@@ -118,7 +119,7 @@ WIDE INLINE void put16(const bf16_args* a, const long* o, int S, int B, __m512 s
  * and of x (weights 0-31 and 32-63 of each step, added at the end: the order of sums one row
  * of W at a time had, so the results are the same bit for bit). Each half-step loads the S
  * rows' 32 weights once, then each row of x's 32 once for the S rows: 2 S B sums, S weights and
- * one x in registers (at most 28 of the 32: S = 3 for four rows of x), where holding the 64
+ * one x in registers (29 of the 32 at most: S = 4 for 3 rows of x, 3 for 4), where holding the 64
  * weights of every row and both halves of x spilled sums to the stack. S and B are constants
  * in every call (unrolled). */
 WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
@@ -155,10 +156,11 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
 
 /* [o0, o1) as S contiguous parts, one row of each per pass: S long front-to-back streams,
  * which a core reads faster than one (~26 against ~23 GB/s here), x's loads shared by the S
- * rows. One row of x: 32 weights per step, S = 4; 2-4 rows: 64 (rows_s_wide), S = 4 for two
- * rows of x and 3 for three or four (their 2 S B sums fit the 32 registers). Against one row of
- * W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream faster at the
- * same results (benchmarks/bf16_kernel.py). */
+ * rows. One row of x: 32 weights per step, S = 4; 2-4 rows: 64 (rows_s_wide), S = 4 for two or
+ * three rows of x and 3 for four (2 S B sums, S weights and one x fit the 32 registers). S and
+ * B are constants in every call: with S chosen at run time (session 16) the sums lived on the
+ * stack, and four rows of x ran ~14 of vdpbf16ps's 32 products a cycle on a 576 x 576 matrix
+ * in cache; now ~25, the rest mostly each pass's reduction (benchmarks/bf16_kernel.py). */
 #define PASS(o, S, B) ((B) == 1 ? pass_wide(a, o, S, 1) : rows_s_wide(a, o, S, B))
 #define PASSES(S, B)                                                                      \
     do {                                                                                  \
