@@ -117,11 +117,13 @@ WIDE INLINE void put16(const bf16_args* a, const long* o, int S, int B, __m512 s
 
 /* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step in two sums per row of W
  * and of x (weights 0-31 and 32-63 of each step, added at the end: the order of sums one row
- * of W at a time had, so the results are the same bit for bit). Each half-step loads the S
- * rows' 32 weights once, then each row of x's 32 once for the S rows: 2 S B sums, S weights and
- * one x in registers (29 of the 32 at most: S = 4 for 3 rows of x, 3 for 4), where holding the 64
- * weights of every row and both halves of x spilled sums to the stack. S and B are constants
- * in every call (unrolled). */
+ * of W at a time had, so the results are the same bit for bit). Each half-step loads the 32
+ * weights of each of the S rows of W and of each of the B rows of x once: 2 S B sums in
+ * registers, and the smaller of the two sets held (B rows of x and one row of W at a time when
+ * B < S, else S rows of W and one of x): 28 of the 32 at most, where holding the 64 weights of
+ * every row and both halves of x spilled sums to the stack (and, for S = 4 and B = 3, holding
+ * the S rows let the compiler reload W for every row of x instead). S and B are constants in
+ * every call (unrolled). */
 WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
     __m512 acc[STREAMS][4][2];
     const bf16* w[STREAMS];
@@ -131,15 +133,24 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
     }
     long k = 0, n = a->n;
     for (; k + 64 <= n; k += 64)
-        for (int h = 0; h < 2; h++) {
-            __m512bh wv[STREAMS];
-            for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k + 32 * h, 32);
-            for (int b = 0; b < B; b++) {
-                __m512bh xv = load32(a->x + b * a->ldx + k + 32 * h, 32);
-                for (int r = 0; r < S; r++)
-                    acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv[r], xv);
+        for (int h = 0; h < 2; h++)
+            if (B < S) { /* the B rows of x held, each row of W loaded once */
+                __m512bh xv[4];
+                for (int b = 0; b < B; b++) xv[b] = load32(a->x + b * a->ldx + k + 32 * h, 32);
+                for (int r = 0; r < S; r++) {
+                    __m512bh wv = load32(w[r] + k + 32 * h, 32);
+                    for (int b = 0; b < B; b++)
+                        acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv, xv[b]);
+                }
+            } else { /* the S rows of W held, each row of x loaded once */
+                __m512bh wv[STREAMS];
+                for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k + 32 * h, 32);
+                for (int b = 0; b < B; b++) {
+                    __m512bh xv = load32(a->x + b * a->ldx + k + 32 * h, 32);
+                    for (int r = 0; r < S; r++)
+                        acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv[r], xv);
+                }
             }
-        }
     for (; k < n; k += 32) {
         __m512bh wv[STREAMS];
         for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k, n - k);
