@@ -65,6 +65,31 @@ def test_the_kernel_multiplies_by_the_codes_on_each_path(isa, out, groups, rows,
     assert ((got.double() - want).abs() <= bound).all(), (got.double() - want).abs().max()
 
 
+@settings(deadline=None, max_examples=10,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (isa: one path each)
+@given(rows=st.integers(1, 4), groups=st.sampled_from([2, 16, 18, 33]),
+       seed=st.integers(0, 2**31 - 1))
+def test_x_is_rounded_as_torch_rounds_it_ties_to_even(isa, rows, groups, seed):
+    """Every value of x halfway between two bfloat16 numbers (in the blocks of 16 groups, which
+    the wide path rounds in vectors, and in the tail): the product is that of x rounded as
+    torch rounds it, to even, within the float32 bound of the test above; rounding a tie the
+    other way moves a product by 2^-8 of it, far past that bound."""
+    g = torch.Generator().manual_seed(seed)
+    codes, scales, mins = random_int4(8, groups, seed)
+    w = _int4.Int4(codes, scales, mins)
+    n = groups * 32
+    base = torch.randn(rows, n, generator=g).to(torch.bfloat16).float()
+    half_ulp = (base.view(torch.int32) & 0x7F800000).view(torch.float32) * 2.0**-8
+    x = base + half_ulp * (torch.randint(0, 2, (rows, n), generator=g) * 2 - 1)
+    xb = x.to(torch.bfloat16).double()
+    assert not torch.equal(xb, base.double())  # (ties that round away from base exist)
+    want = xb @ _reference(w, codes).t()
+    terms = xb.abs() @ (143 * w.scales.double().abs().repeat_interleave(32, 1)
+                        + w.mins.double().abs().repeat_interleave(32, 1)).t()
+    got = _native.q4_matmul(x, w.codes, w.scales, w.mins)
+    assert ((got.double() - want).abs() <= (n + 8) * 2**-24 * terms).all()
+
+
 @pytest.mark.skipif(_native.status() != "ready", reason="headwise's kernel is not built here")
 @settings(deadline=None, max_examples=10)
 @given(out=st.integers(1, 70), groups=st.sampled_from([1, 6, 18, 33]), rows=st.integers(5, 11),
@@ -79,6 +104,45 @@ def test_many_rows_give_each_row_what_it_gets_alone(out, groups, rows, seed):
     whole = w.matmul(x, None, r)
     for i in range(rows):
         assert torch.equal(whole[i], w.matmul(x[i:i + 1], None, r[i:i + 1])[0])
+
+
+@settings(deadline=None, max_examples=25,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (isa: one path each)
+@example(rows=4, out=45, groups=18, pairs=6, threads=1, seed=0)  # SmolLM2's 576 inputs
+@example(rows=3, out=13, groups=48, pairs=8, threads=2, seed=1)  # its 1536: three blocks
+@example(rows=2, out=9, groups=33, pairs=3, threads=1, seed=2)  # 2 x 16 + a last 1
+@example(rows=4, out=8, groups=22, pairs=4, threads=1, seed=3)  # 16 + 4 + a last 2
+@given(rows=st.integers(1, 4), out=st.integers(1, 45),
+       groups=st.one_of(st.integers(1, 6), st.integers(15, 50)), pairs=st.integers(1, 8),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
+def test_q4_rows_are_each_row_of_x_and_of_w_alone_bit_for_bit(isa, rows, out, groups, pairs,
+                                                              threads, seed):
+    """However many rows of x (1-4) and of W (four per pass, the rest one at a time) a pass
+    takes, each output keeps its order of sums: the product is bit for bit that of each row of
+    x alone and of each row of W alone, so the decoding step's tokens do not depend on the
+    batch or on how the kernel walks W. x holds +-2^20 pairs that cancel, within a group (the
+    same code at both places: the float32 sum of its chain rounds at 2^3 until they meet) and
+    across groups (lanes and blocks added at 2^20 scale), so another order of sums shows."""
+    codes, scales, mins = random_int4(out, groups, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    n = groups * 32
+    x = torch.randn(rows, n, generator=g)
+    for _ in range(pairs):
+        i, j = torch.randint(0, n, (2,), generator=g).tolist()
+        if i // 32 == j // 32 or torch.rand(1, generator=g).item() < 0.5:
+            j = i // 32 * 32 + (i + 1 + j % 31) % 32  # another place in i's group
+            codes[:, j] = codes[:, i]
+        sign = torch.randint(0, 2, (rows, 1), generator=g) * 2 - 1
+        x[:, [i, j]] = torch.tensor([2.0**20, -2.0**20]) * sign
+    w = _int4.Int4(codes, scales, mins)
+    with torch_threads(threads):
+        whole = _native.q4_matmul(x, w.codes, w.scales, w.mins)
+        by_x = [_native.q4_matmul(x[b:b + 1], w.codes, w.scales, w.mins) for b in range(rows)]
+        by_w = [_native.q4_matmul(x, w.codes[o:o + 1], w.scales[o:o + 1], w.mins[o:o + 1])
+                for o in range(out)]
+    assert whole is not None and whole.shape == (rows, out)
+    assert torch.equal(whole, torch.cat(by_x, 0))
+    assert torch.equal(whole, torch.cat(by_w, 1))
 
 
 @settings(deadline=None, max_examples=10)

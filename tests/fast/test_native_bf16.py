@@ -180,3 +180,60 @@ def test_bf16_rows_matmul_is_its_rows_of_w_one_at_a_time_bit_for_bit(isa, rows, 
         one = [_native.rows_matmul(x, w[o:o + 1].contiguous()) for o in range(n_out)]
     assert whole is not None and all(y is not None for y in one)
     assert torch.equal(whole, torch.cat(one, 1))
+
+
+def _vdpbf16_order(x, w, bias=None, res=None):
+    """The AVX512-BF16 product's sums in float32, step by step (step_kernels_bf16.c): x (b, n)
+    and w (out, n) in 32-wide steps of 16 lanes; a lane adds its odd-numbered product, then its
+    even one (vdpbf16ps); for 2-4 rows of x, the first and second 32 of each 64 go to two sums
+    (a tail step of 32 to the first) added at the end; 16 lanes summed in
+    ``_mm512_reduce_add_ps``'s order (upper 8 + lower, 4 + 4, lanes 0 + 2 and 1 + 3, then
+    those two); bias, then residual; one rounding to bfloat16. Products of two bfloat16 are
+    exact in float32, and float32 tensor adds round as the instructions do, so this is the
+    kernel's result bit for bit."""
+    b, n = x.shape
+    pad = (-n) % 64
+    p = (F.pad(x.float(), (0, pad)).view(b, 1, -1, 16, 2)
+         * F.pad(w.float(), (0, pad)).view(1, w.shape[0], -1, 16, 2))  # (b, out, step, lane, 2)
+    acc = torch.zeros(2, b, w.shape[0], 16)
+    for step in range(-(-n // 32)):
+        h = step % 2 if b > 1 and step < n // 64 * 2 else 0
+        acc[h] = (acc[h] + p[:, :, step, :, 1]) + p[:, :, step, :, 0]
+    v = acc[0] + acc[1] if b > 1 else acc[0]
+    v = v[..., 8:] + v[..., :8]
+    v = v[..., 4:] + v[..., :4]
+    v = v[..., :2] + v[..., 2:]
+    s = v[..., 0] + v[..., 1]
+    for t in (bias, res):
+        if t is not None:
+            s = s + t.float()
+    return s.to(BF16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), n_in=st.integers(1, 640), n_out=st.integers(1, 100),
+       bias=st.booleans(), res=st.booleans(), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**31 - 1))
+@example(rows=4, n_in=576, n_out=97, bias=False, res=True, threads=1, seed=0)
+@example(rows=3, n_in=200, n_out=67, bias=True, res=False, threads=2, seed=1)
+def test_bf16_rows_matmul_avx512_sums_in_the_documented_order(rows, n_in, n_out, bias, res,
+                                                              threads, seed):
+    """The AVX512-BF16 path's every sum, in order, equals a float32 emulation of it
+    (_vdpbf16_order): how the kernel walks W, reduces its lanes and rounds may change for
+    speed, its results may not (the decoding step's tokens). Products of +-2^21 that cancel at
+    random places make any other order of the sums show in the bfloat16 result."""
+    if _native.isa() != "avx512-bf16":
+        pytest.skip(f"the AVX512-BF16 path only (this CPU: {_native.isa()})")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g).to(BF16)
+    w = torch.randn(n_out, n_in, generator=g).to(BF16)
+    if n_in > 1:
+        for _ in range(3):
+            i, j = torch.randperm(n_in, generator=g)[:2].tolist()
+            x[:, [i, j]] = 1
+            w[:, i], w[:, j] = 2.0**21, -2.0**21
+    b = torch.randn(n_out, generator=g).to(BF16) if bias else None
+    r = torch.randn(rows, n_out, generator=g).to(BF16) if res else None
+    with torch_threads(threads):
+        got = _native.rows_matmul(x, w, b, r)
+    assert torch.equal(got.view(torch.int16), _vdpbf16_order(x, w, b, r).view(torch.int16))

@@ -250,10 +250,17 @@ static inline __m256 exp_neg(__m256 x) {
 
 /* s (n scores) -> e^(s - max s) in place; returns their sum. */
 static float exps(float* s, long n) {
-    float m = s[0];
-    for (long j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
-    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    /* the max eight lanes at a time (the scores are finite: the same m as one at a time) */
+    __m256 mv = _mm256_set1_ps(s[0]);
     long j = 0;
+    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; j < n; j++) m = s[j] > m ? s[j] : m;
+    mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, e);

@@ -64,64 +64,133 @@ WIDE INLINE void pass_wide(const bf16_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
 }
 
+/* 16 bfloat16 at p as float32 */
+WIDE INLINE __m512 widen16(const uint16_t* p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+/* The sums of the lanes of v[0..n-1] (n <= 16) in lanes REDUCED(0..n-1), each in
+ * _mm512_reduce_add_ps's order (the upper 256 bits plus the lower, then 128-bit halves, lanes
+ * 0 + 2 and 1 + 3, then those two), but four vectors' halves added by one instruction at each
+ * level: 15 adds and 30 shuffles for 16 sums instead of 16 x 4 adds and 4 extractions. */
+#define REDUCED(i) (4 * ((i) % 4) + (i) / 4) /* v[i]'s sum: lane 4 j + p holds v[4 p + j] */
+WIDE INLINE __m512 reduce16(__m512* v, int n) {
+    for (int i = n; i < 16; i++) v[i] = _mm512_setzero_ps();
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++) /* v[2i]'s eight half sums, then v[2i + 1]'s */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++) /* 128-bit part j: v[4i + j]'s four */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; i++) /* part j: two of v[8i + j], two of v[8i + 4 + j] */
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
+}
+
+/* put() for the S B sums of rows o[0..S-1] of W and the B rows of x, s[REDUCED(r B + b)]:
+ * bias and residual added as put adds them (none added when absent: s + 0 would turn -0 into
+ * +0), each rounded to bfloat16 as to_bf16 rounds (in integer lanes: vcvtneps2bf16 would
+ * flush subnormals), then stored one by one. */
+WIDE INLINE void put16(const bf16_args* a, const long* o, int S, int B, __m512 s) {
+    uint16_t add[16] = {0}, h[16];
+    if (a->bias) {
+        for (int i = 0; i < S * B; i++) add[REDUCED(i)] = a->bias[o[i / B]];
+        s = _mm512_add_ps(s, widen16(add));
+    }
+    if (a->res) {
+        for (int i = 0; i < S * B; i++) add[REDUCED(i)] = a->res[i % B * a->ldr + o[i / B]];
+        s = _mm512_add_ps(s, widen16(add));
+    }
+    __m512i u = _mm512_castps_si512(s), top = _mm512_srli_epi32(u, 16);
+    __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    __m512i near = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(top, one)));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                           _mm512_set1_epi32(0x7f800000));
+    __m512i r = _mm512_mask_or_epi32(_mm512_srli_epi32(near, 16), nan, top,
+                                     _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i*)h, _mm512_cvtepi32_epi16(r));
+    for (int i = 0; i < S * B; i++) a->y[i % B * a->ldy + o[i / B]] = h[REDUCED(i)];
+}
+
 /* Rows o[0..S-1] of W against B >= 2 rows of x, 64 weights per step in two sums per row of W
  * and of x (weights 0-31 and 32-63 of each step, added at the end: the order of sums one row
- * of W at a time had, so the results are the same bit for bit), each pair of x loads serving
- * the S rows of W. */
+ * of W at a time had, so the results are the same bit for bit). Each half-step loads the 32
+ * weights of each of the S rows of W and of each of the B rows of x once: 2 S B sums in
+ * registers, and the smaller of the two sets held (B rows of x and one row of W at a time when
+ * B < S, else S rows of W and one of x): 28 of the 32 at most, where holding the 64 weights of
+ * every row and both halves of x spilled sums to the stack (and, for S = 4 and B = 3, holding
+ * the S rows let the compiler reload W for every row of x instead). S and B are constants in
+ * every call (unrolled). */
 WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
     __m512 acc[STREAMS][4][2];
-    for (int r = 0; r < S; r++)
+    const bf16* w[STREAMS];
+    for (int r = 0; r < S; r++) {
+        w[r] = a->w + o[r] * a->ldw;
         for (int b = 0; b < B; b++) acc[r][b][0] = acc[r][b][1] = _mm512_setzero_ps();
-    long k = 0, n = a->n;
-    for (; k + 64 <= n; k += 64) {
-        __m512bh w0[STREAMS], w1[STREAMS];
-        for (int r = 0; r < S; r++) {
-            const bf16* w = a->w + o[r] * a->ldw + k;
-            w0[r] = load32(w, 32), w1[r] = load32(w + 32, 32);
-        }
-        for (int b = 0; b < B; b++) {
-            const bf16* xb = a->x + b * a->ldx + k;
-            __m512bh x0 = load32(xb, 32), x1 = load32(xb + 32, 32);
-            for (int r = 0; r < S; r++) {
-                acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], w0[r], x0);
-                acc[r][b][1] = _mm512_dpbf16_ps(acc[r][b][1], w1[r], x1);
-            }
-        }
     }
-    for (; k < n; k += 32)
+    long k = 0, n = a->n;
+    for (; k + 64 <= n; k += 64)
+        for (int h = 0; h < 2; h++)
+            if (B < S) { /* the B rows of x held, each row of W loaded once */
+                __m512bh xv[4];
+                for (int b = 0; b < B; b++) xv[b] = load32(a->x + b * a->ldx + k + 32 * h, 32);
+                for (int r = 0; r < S; r++) {
+                    __m512bh wv = load32(w[r] + k + 32 * h, 32);
+                    for (int b = 0; b < B; b++)
+                        acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv, xv[b]);
+                }
+            } else { /* the S rows of W held, each row of x loaded once */
+                __m512bh wv[STREAMS];
+                for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k + 32 * h, 32);
+                for (int b = 0; b < B; b++) {
+                    __m512bh xv = load32(a->x + b * a->ldx + k + 32 * h, 32);
+                    for (int r = 0; r < S; r++)
+                        acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv[r], xv);
+                }
+            }
+    for (; k < n; k += 32) {
+        __m512bh wv[STREAMS];
+        for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k, n - k);
         for (int b = 0; b < B; b++) {
             __m512bh xv = load32(a->x + b * a->ldx + k, n - k);
-            for (int r = 0; r < S; r++)
-                acc[r][b][0] = _mm512_dpbf16_ps(
-                    acc[r][b][0], load32(a->w + o[r] * a->ldw + k, n - k), xv);
+            for (int r = 0; r < S; r++) acc[r][b][0] = _mm512_dpbf16_ps(acc[r][b][0], wv[r], xv);
         }
+    }
+    __m512 v[16];
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++)
-            put(a, b, o[r], _mm512_reduce_add_ps(_mm512_add_ps(acc[r][b][0], acc[r][b][1])));
+        for (int b = 0; b < B; b++) v[r * B + b] = _mm512_add_ps(acc[r][b][0], acc[r][b][1]);
+    put16(a, o, S, B, reduce16(v, S * B));
 }
 
 /* [o0, o1) as S contiguous parts, one row of each per pass: S long front-to-back streams,
  * which a core reads faster than one (~26 against ~23 GB/s here), x's loads shared by the S
- * rows. One row of x: 32 weights per step, S = 4; 2-4 rows: 64 (rows_s_wide), S = 4 for two
- * rows of x and 3 for three or four (their 2 S B sums fit the 32 registers). Against one row of
- * W per pass for 2-4 rows of x (before 2026-11-27), SmolLM2's matrices stream faster at the
- * same results (benchmarks/bf16_kernel.py). */
-#define PASS(o, S)                                          \
-    switch (B) { /* a constant B in each call: unrolled */ \
-        case 1: pass_wide(a, o, S, 1); break;               \
-        case 2: rows_s_wide(a, o, S, 2); break;             \
-        case 3: rows_s_wide(a, o, S, 3); break;             \
-        default: rows_s_wide(a, o, S, 4); break;            \
-    }
+ * rows. One row of x: 32 weights per step, S = 4; 2-4 rows: 64 (rows_s_wide), S = 4 for two or
+ * three rows of x and 3 for four (2 S B sums, S weights and one x fit the 32 registers). S and
+ * B are constants in every call: with S chosen at run time (session 16) the sums lived on the
+ * stack, and four rows of x ran ~14 of vdpbf16ps's 32 products a cycle on a 576 x 576 matrix
+ * in cache; now ~25, the rest mostly each pass's reduction (benchmarks/bf16_kernel.py). */
+#define PASS(o, S, B) ((B) == 1 ? pass_wide(a, o, S, 1) : rows_s_wide(a, o, S, B))
+#define PASSES(S, B)                                                                      \
+    do {                                                                                  \
+        long per = (o1 - o0) / (S), o[STREAMS];                                           \
+        for (long i = 0; i < per; i++) {                                                  \
+            for (int r = 0; r < (S); r++) o[r] = o0 + r * per + i;                        \
+            PASS(o, S, B);                                                                \
+        }                                                                                 \
+        for (long r = o0 + (S) * per; r < o1; r++) PASS(&r, 1, B); /* the rest */         \
+    } while (0)
 WIDE static void rows_wide(const bf16_args* a, int B, long o0, long o1) {
-    int S = B <= 2 ? 4 : 3;
-    long per = (o1 - o0) / S, o[STREAMS];
-    for (long i = 0; i < per; i++) {
-        for (int r = 0; r < S; r++) o[r] = o0 + r * per + i;
-        PASS(o, S);
+    switch (B) { /* constant S and B in each call: unrolled, the sums in registers */
+        case 1: PASSES(4, 1); break;
+        case 2: PASSES(4, 2); break;
+        case 3: PASSES(4, 3); break;
+        default: PASSES(3, 4); break;
     }
-    for (long r = o0 + S * per; r < o1; r++) PASS(&r, 1);  /* the rest */
 }
+#undef PASSES
 #undef PASS
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */

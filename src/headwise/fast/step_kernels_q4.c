@@ -63,27 +63,40 @@ INLINE void ahead(const q4_args* a, long o, int n) {
 }
 
 /* The lane sums of four vectors, each added in _mm512_reduce_add_ps's order (lanes L and L + 8,
- * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles. */
-WIDE INLINE void sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* s) {
-    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44),
-                              _mm512_shuffle_f32x4(a0, a1, 0xee));  /* a0's, a1's L + (0, 8) */
-    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44),
-                              _mm512_shuffle_f32x4(a2, a3, 0xee));
+ * then L + 4, L + 2, L + 1), so bit for bit its results, with fewer shuffles: halves() adds
+ * lanes L and L + 8 of two vectors (a's in the low 256 bits, b's in the high), sums4_of() the
+ * rest for two such. */
+WIDE INLINE __m512 halves(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+}
+
+WIDE INLINE __m128 sums4_of(__m512 u0, __m512 u1) {
     __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
                              _mm512_shuffle_f32x4(u0, u1, 0xdd));  /* + 4: a_r's in lanes 4r.. */
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
-    float t[16];
-    _mm512_storeu_ps(t, v);
-    s[0] = t[0], s[1] = t[4], s[2] = t[8], s[3] = t[12];
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
+WIDE INLINE __m128 sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    return sums4_of(halves(a0, a1), halves(a2, a3));
+}
+
+/* put() for outputs o..o+3 of row b of x at once (the same adds, in vectors). Why: four scalar
+ * reads of a vector just stored wait on the store (no forwarding at those offsets). */
+WIDE INLINE void put4(const q4_args* a, int b, long o, __m128 s) {
+    if (a->bias) s = _mm_add_ps(s, _mm_loadu_ps(a->bias + o));
+    if (a->res) s = _mm_add_ps(s, _mm_loadu_ps(a->res + b * a->ldr + o));
+    _mm_storeu_ps(a->y + b * a->ldy + o, s);
 }
 
 #define AND_OR 0xea /* vpternlogd's table for (a & b) | c */
 #define BLOCK 16    /* groups per block (codes layout, top of the file) */
 
-/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o[0..S-1] of W: four groups to a load, each 128-bit
+/* Tail groups g..g+ng-1 (ng 3 or 4) of rows o..o+S-1 of W: four groups to a load, each 128-bit
  * lane one group, d spread to the group's four lanes; the minima in low4's 128-bit lanes. */
-WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, long ng,
+WIDE INLINE void tail4(const q4_args* a, long o, int S, int B, long g, long ng,
                        __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -96,15 +109,15 @@ WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, lo
         for (int u = 0; u < 4; u++) xv[b][u] = (__m512bh)_mm512_loadu_si512(xb + 32 * u);
     }
     for (int r = 0; r < S; r++) {
-        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m512i cv = _mm512_maskz_loadu_epi8(cm, a->codes + (o + r) * a->ldc + g * 16);
         __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
         __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
                                                           bias128, AND_OR);
         __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
                                                           bias128, AND_OR);
         __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
         __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
         __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(d4));
         for (int b = 0; b < B; b++) {
@@ -118,52 +131,72 @@ WIDE INLINE void tail4(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
-/* The last 1 or 2 groups of rows o[0] and o[1] (rows of 576 inputs: 16 + 2 groups): both rows'
- * codes in one 512-bit load, against x's two groups repeated in the high 256 bits (prepare()),
- * so no vdpbf16ps lane idles; each row's d-scaled sums are added to the low lanes of its acc,
- * as tail2 adds them for a row on its own (the same values either way). */
-WIDE INLINE void tail2x2(const q4_args* a, const long* o, int B, long g, long ng,
-                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+/* The last 1 or 2 groups of rows o and o + 1 (rows of 576 inputs: 16 + 2 groups): both rows'
+ * codes in one 512-bit load (pair_of), against x's two groups repeated in the high 256 bits
+ * (prepare()), so no vdpbf16ps lane idles (pair_dots); each row's d-scaled sums are added to
+ * the low lanes of its acc, as tail2 adds them for a row on its own (the same values). */
+typedef struct {
+    __m512bh q[4];  /* the codes + 128, nibble k of each word */
+    __m512 dv;      /* each group's d in its four lanes */
+    __m128 e4[2];   /* each row's m - 128 d, per group */
+} pair_codes;
+
+WIDE INLINE pair_codes pair_of(const q4_args* a, long o, long g, long ng) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m128 k128 = _mm_set1_ps(128.0f);
     __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
     __mmask8 c4 = (__mmask8)((1u << ng) - 1);
-    const uint8_t *c0 = a->codes + o[0] * a->ldc + g * 16, *c1 = a->codes + o[1] * a->ldc + g * 16;
+    const uint8_t *c0 = a->codes + o * a->ldc + g * 16, *c1 = a->codes + (o + 1) * a->ldc + g * 16;
     __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(cm, c0)),
                                     _mm256_maskz_loadu_epi8(cm, c1), 1);
-    __m512bh q0 = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-    __m512bh q1 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128,
-                                                      AND_OR);
-    __m512bh q2 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128,
-                                                      AND_OR);
-    __m512bh q3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-    __m128 d4[2], e4[2];
+    pair_codes c;
+    c.q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
+    c.q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low, bias128, AND_OR);
+    c.q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low, bias128, AND_OR);
+    c.q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
+    __m128 d4[2];
     for (int r = 0; r < 2; r++) {
-        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
-        e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
+        d4[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
+        c.e4[r] = _mm_fnmadd_ps(k128, d4[r], m4);
     }
-    __m512 dv = _mm512_permutexvar_ps(
-        lanes, _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    c.dv = _mm512_permutexvar_ps(lanes,
+                                 _mm512_insertf32x4(_mm512_castps128_ps512(d4[0]), d4[1], 1));
+    return c;
+}
+
+/* The pair's d-scaled sums against x's vectors xv (row o's groups in the low 256 bits). */
+WIDE INLINE __m512 pair_dots(const pair_codes* c, const __m512bh* xv) {
+    __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), c->q[0], xv[0]);
+    __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), c->q[2], xv[2]);
+    s0 = _mm512_dpbf16_ps(s0, c->q[1], xv[1]);
+    s1 = _mm512_dpbf16_ps(s1, c->q[3], xv[3]);
+    return _mm512_mul_ps(_mm512_add_ps(s0, s1), c->dv);
+}
+
+WIDE INLINE void x_tail(const q4_args* a, int b, long g, __m512bh* xv) {
+    const bf16* xb = a->xq + b * a->ldq + g * GROUP;
+    for (int k = 0; k < 4; k++) xv[k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
+}
+
+WIDE INLINE void tail2x2(const q4_args* a, long o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    pair_codes c = pair_of(a, o, g, ng);
     for (int b = 0; b < B; b++) {
-        const bf16* xb = a->xq + b * a->ldq + g * GROUP;
-        __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, (__m512bh)_mm512_loadu_si512(xb));
-        __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q2,
-                                     (__m512bh)_mm512_loadu_si512(xb + 64));
-        s0 = _mm512_dpbf16_ps(s0, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
-        s1 = _mm512_dpbf16_ps(s1, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
-        __m512 t = _mm512_mul_ps(_mm512_add_ps(s0, s1), dv);
+        __m512bh xv[4];
+        x_tail(a, b, g, xv);
+        __m512 t = pair_dots(&c, xv);
         acc[0][b] = _mm512_mask_add_ps(acc[0][b], 0x00ff, acc[0][b], t);
         acc[1][b] = _mm512_mask_add_ps(acc[1][b], 0x00ff, acc[1][b],
                                        _mm512_shuffle_f32x4(t, t, 0xee));
         for (int r = 0; r < 2; r++)
-            low4[r][b] = _mm_fmadd_ps(e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
+            low4[r][b] = _mm_fmadd_ps(c.e4[r], _mm_loadu_ps(a->xs + b * a->lds + g), low4[r][b]);
     }
 }
 
 /* tail2x2 for one row, in the low 256 bits. */
-WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, long ng,
+WIDE INLINE void tail2(const q4_args* a, long o, int S, int B, long g, long ng,
                        __m512 (*acc)[4], __m128 (*low4)[4]) {
     const __m256i low = _mm256_set1_epi16(0x000f), bias128 = _mm256_set1_epi16(0x4300);
     const __m256i lanes = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
@@ -171,15 +204,15 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     __mmask32 cm = ng == 2 ? ~0u : 0xffffu;
     __mmask8 c4 = (__mmask8)((1u << ng) - 1);
     for (int r = 0; r < S; r++) {
-        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + o[r] * a->ldc + g * 16);
+        __m256i cv = _mm256_maskz_loadu_epi8(cm, a->codes + (o + r) * a->ldc + g * 16);
         __m256bh q0 = (__m256bh)_mm256_ternarylogic_epi32(cv, low, bias128, AND_OR);
         __m256bh q1 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 4), low,
                                                           bias128, AND_OR);
         __m256bh q2 = (__m256bh)_mm256_ternarylogic_epi32(_mm256_srli_epi16(cv, 8), low,
                                                           bias128, AND_OR);
         __m256bh q3 = (__m256bh)_mm256_or_si256(_mm256_srli_epi16(cv, 12), bias128);
-        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + o[r] * a->ldd + g));
-        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + o[r] * a->ldd + g));
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->d + (o + r) * a->ldd + g));
+        __m128 m4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(c4, a->m + (o + r) * a->ldd + g));
         __m128 e4 = _mm_fnmadd_ps(k128, d4, m4);
         __m256 dv = _mm256_permutexvar_ps(lanes, _mm256_castps128_ps256(d4));
         for (int b = 0; b < B; b++) {
@@ -198,58 +231,103 @@ WIDE INLINE void tail2(const q4_args* a, const long* o, int S, int B, long g, lo
     }
 }
 
-/* Rows o[0..S-1] of W against the B rows of x (S * B <= 8). Blocks of 16 groups: four loads of
- * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloatf16 weights + 128,
- * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
- * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
- * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes). */
-WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
+/* tail2x2 for rows o..o+3 (the two pairs' codes unpacked first, x's vectors loaded once for
+ * both), then their sums, each pair's tail added where sums4 adds the pair's low halves, so
+ * one add stands for tail2x2's two masked adds and shuffle and the +0 of the minima's lanes:
+ * (acc[r] + the tail, in lanes 0-7) + the minima (lanes 0-3) + 0 (the rest), then lanes L and
+ * L + 8, the same values as tail2x2, the minima's add and sums4 in turn. */
+WIDE INLINE void last2x4(const q4_args* a, long o, int B, long g, long ng,
+                         __m512 (*acc)[4], __m128 (*low4)[4]) {
+    pair_codes c[2] = {pair_of(a, o, g, ng), pair_of(a, o + 2, g, ng)};
+    for (int b = 0; b < B; b++) {
+        __m512bh xv[4];
+        x_tail(a, b, g, xv);
+        __m128 xs4 = _mm_loadu_ps(a->xs + b * a->lds + g);
+        __m512 u[2];
+        for (int p = 0; p < 2; p++) {
+            __m512 t = pair_dots(&c[p], xv);
+            __m128 l0 = _mm_fmadd_ps(c[p].e4[0], xs4, low4[2 * p][b]);
+            __m128 l1 = _mm_fmadd_ps(c[p].e4[1], xs4, low4[2 * p + 1][b]);
+            __m512 mins = _mm512_insertf32x4(_mm512_zextps128_ps512(l0), l1, 2);
+            __m512 lo = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0x44);
+            __m512 hi = _mm512_shuffle_f32x4(acc[2 * p][b], acc[2 * p + 1][b], 0xee);
+            lo = _mm512_add_ps(_mm512_add_ps(lo, t), mins);
+            u[p] = _mm512_add_ps(lo, _mm512_add_ps(hi, _mm512_setzero_ps()));
+        }
+        put4(a, b, o, sums4_of(u[0], u[1]));
+    }
+}
+
+/* Block g of rows o..o+S-1 of W against the B rows of x (rows_wide_s): the S * B chains of 16
+ * vdpbf16ps, then each group's d and minimum applied into acc (first: acc starts at 0). */
+WIDE INLINE void block16(const q4_args* a, long o, int S, int B, long g, int first,
+                         __m512 (*acc)[4]) {
     const __m512i low = _mm512_set1_epi16(0x000f), bias128 = _mm512_set1_epi16(0x4300);
     const __m512 k128 = _mm512_set1_ps(128.0f);
-    __m512 acc[4][4];
+    __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any S and B */
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
-    long full = a->groups / BLOCK * BLOCK;
-    for (long g = 0; g < full; g += BLOCK) {
-        __m512 s[4][4];  /* one chain of 16 vdpbf16ps for each: the same order for any B */
+        for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
+    for (int u = 0; u < 4; u++) {
+        __m512i cv[4];
         for (int r = 0; r < S; r++)
-            for (int b = 0; b < B; b++) s[r][b] = _mm512_setzero_ps();
-        for (int u = 0; u < 4; u++) {
-            __m512bh xv[4][4];
-            for (int b = 0; b < B; b++) {
-                const bf16* xb = a->xq + b * a->ldq + g * GROUP + u * 128;
-                for (int k = 0; k < 4; k++) xv[b][k] = (__m512bh)_mm512_loadu_si512(xb + 32 * k);
-            }
+            cv[r] = _mm512_loadu_si512(a->codes + (o + r) * a->ldc + g * 16 + u * 64);
+        for (int k = 0; k < 4; k++) {
+            __m512bh xv[4];
+            for (int b = 0; b < B; b++)
+                xv[b] = (__m512bh)_mm512_loadu_si512(a->xq + b * a->ldq + g * GROUP + u * 128
+                                                     + 32 * k);
             for (int r = 0; r < S; r++) {
-                __m512i cv = _mm512_loadu_si512(a->codes + o[r] * a->ldc + g * 16 + u * 64);
-                __m512bh q[4];
-                q[0] = (__m512bh)_mm512_ternarylogic_epi32(cv, low, bias128, AND_OR);
-                q[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 4), low,
-                                                           bias128, AND_OR);
-                q[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(cv, 8), low,
-                                                           bias128, AND_OR);
-                q[3] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(cv, 12), bias128);
-                for (int b = 0; b < B; b++)
-                    for (int k = 0; k < 4; k++)
-                        s[r][b] = _mm512_dpbf16_ps(s[r][b], q[k], xv[b][k]);
-            }
-        }
-        for (int r = 0; r < S; r++) {
-            const uint16_t *d = a->d + o[r] * a->ldd + g, *m = a->m + o[r] * a->ldd + g;
-            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
-            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
-            __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
-            for (int b = 0; b < B; b++) {
-                acc[r][b] = _mm512_fmadd_ps(s[r][b], dv, acc[r][b]);
-                acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), acc[r][b]);
+                __m512i n = k ? _mm512_srli_epi16(cv[r], 4 * k) : cv[r];
+                __m512bh q = (__m512bh)(k == 3 ? _mm512_or_si512(n, bias128)
+                                        : _mm512_ternarylogic_epi32(n, low, bias128, AND_OR));
+                for (int b = 0; b < B; b++) s[r][b] = _mm512_dpbf16_ps(s[r][b], q, xv[b]);
             }
         }
     }
+    for (int r = 0; r < S; r++) {
+        const uint16_t *d = a->d + (o + r) * a->ldd + g, *m = a->m + (o + r) * a->ldd + g;
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)d));
+        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)m));
+        __m512 e = _mm512_fnmadd_ps(k128, dv, mv);  /* m - 128 d: the 128 in each weight */
+        for (int b = 0; b < B; b++) {
+            __m512 t = _mm512_fmadd_ps(s[r][b], dv, first ? _mm512_setzero_ps() : acc[r][b]);
+            acc[r][b] = _mm512_fmadd_ps(e, _mm512_loadu_ps(a->xs + b * a->lds + g), t);
+        }
+    }
+}
+
+/* Rows o..o+S-1 of W against the B rows of x (S, B <= 4). Blocks of 16 groups: four loads of
+ * 64 bytes, each unpacked (shift, mask, or) into four vectors of 32 bfloat16 weights + 128,
+ * dword lane L holding two weights of group L; 16 vdpbf16ps sum the block's 512 products into
+ * the 16 lanes, one per group, so each group's d and minimum apply with one FMA each for all
+ * 16. Then the tail groups, 4 per step, each 128-bit lane one group (d spread to its lanes).
+ * The loop goes (u, k, r, b): each x vector is loaded once for the S rows of W and each
+ * unpacked q serves the B rows of x, so at S = B = 4 a vdpbf16ps needs 0.3 loads, and the
+ * S * B chains (one per output, 16 steps a block, in the same (u, k) order for any S and B)
+ * keep vdpbf16ps's 6-cycle latency covered (it issues one a cycle on Zen 4). Holding x for
+ * two rows of W instead (the loop (u, r, k, b), 2 x 4 chains) spilled and ran 2.8 cycles a
+ * vdpbf16ps at B = 4; this runs 1.1 in the block loop, 1.3 with each block's d and minimum
+ * FMAs (which take the same two pipes), ~1.5 with SmolLM2's tail of 2 groups (in L1, Zen 4).
+ * The first block is taken apart from the rest so that with one block (rows of 576 inputs)
+ * acc is not held across the loop (no spills). */
+WIDE INLINE void rows_wide_s(const q4_args* a, long o, int S, int B) {
+    __m512 acc[4][4];
+    long full = a->groups / BLOCK * BLOCK;
+    if (full)
+        block16(a, o, S, B, 0, 1, acc);
+    else
+        for (int r = 0; r < S; r++)
+            for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+    for (long g = BLOCK; g < full; g += BLOCK) block16(a, o, S, B, g, 0, acc);
     __m128 low4[4][4];  /* the tail's minima, four groups to a lane */
     for (int r = 0; r < S; r++)
         for (int b = 0; b < B; b++) low4[r][b] = _mm_setzero_ps();
     for (long g = full; g < a->groups; g += 4) {
         long ng = a->groups - g < 4 ? a->groups - g : 4;
+        if (ng <= 2 && S == 4) {
+            last2x4(a, o, B, g, ng, acc, low4);
+            return;
+        }
         if (ng > 2)
             tail4(a, o, S, B, g, ng, acc, low4);
         else if (S % 2 == 0)
@@ -261,45 +339,35 @@ WIDE INLINE void rows_wide_s(const q4_args* a, const long* o, int S, int B) {
         for (int r = 0; r < S; r++)
             for (int b = 0; b < B; b++)
                 acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_zextps128_ps512(low4[r][b]));
-    if (S == 4 && B == 1) {
-        float t[4];
-        sums4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], t);
-        for (int r = 0; r < 4; r++) put(a, 0, o[r], t[r]);
+    if (S == 4) {
+        for (int b = 0; b < B; b++)
+            put4(a, b, o, sums4(acc[0][b], acc[1][b], acc[2][b], acc[3][b]));
         return;
     }
     for (int r = 0; r < S; r++)
-        for (int b = 0; b < B; b++) put(a, b, o[r], _mm512_reduce_add_ps(acc[r][b]));
+        for (int b = 0; b < B; b++) put(a, b, o + r, _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* [o0, o1): for one row of x, STREAMS rows of W per pass (more sums in flight, the x loads
- * shared); for 2-4 rows of x, two rows of W per pass. Each pass first asks for the codes AHEAD
+/* [o0, o1): STREAMS rows of W per pass (more sums in flight, the x loads shared), the last
+ * 1-3 rows one at a time, with a constant B each. Each pass first asks for the codes AHEAD
  * bytes on (ahead()). */
 #define STREAMS 4
 WIDE static void rows_wide(const q4_args* a, int B, long o0, long o1) {
-    if (B == 1) {
-        long o[STREAMS], r = o0;
-        for (; r + STREAMS <= o1; r += STREAMS) {
-            ahead(a, r, STREAMS);
-            for (int s = 0; s < STREAMS; s++) o[s] = r + s;
-            rows_wide_s(a, o, STREAMS, 1);
-        }
-        for (; r < o1; r++) rows_wide_s(a, &r, 1, 1);
-        return;
-    }
-    long o = o0, pair[2];
-    for (; o + 1 < o1; o += 2) {  /* two rows of W (the x loads shared), a constant B each */
-        ahead(a, o, 2);
-        pair[0] = o, pair[1] = o + 1;
+    long o = o0;
+    for (; o + STREAMS <= o1; o += STREAMS) {
+        ahead(a, o, STREAMS);
         switch (B) {
-            case 2: rows_wide_s(a, pair, 2, 2); break;
-            case 3: rows_wide_s(a, pair, 2, 3); break;
-            default: rows_wide_s(a, pair, 2, 4); break;
+            case 1: rows_wide_s(a, o, STREAMS, 1); break;
+            case 2: rows_wide_s(a, o, STREAMS, 2); break;
+            case 3: rows_wide_s(a, o, STREAMS, 3); break;
+            default: rows_wide_s(a, o, STREAMS, 4); break;
         }
     }
-    if (o < o1) switch (B) {
-        case 2: rows_wide_s(a, &o, 1, 2); break;
-        case 3: rows_wide_s(a, &o, 1, 3); break;
-        default: rows_wide_s(a, &o, 1, 4); break;
+    for (; o < o1; o++) switch (B) {
+        case 1: rows_wide_s(a, o, 1, 1); break;
+        case 2: rows_wide_s(a, o, 1, 2); break;
+        case 3: rows_wide_s(a, o, 1, 3); break;
+        default: rows_wide_s(a, o, 1, 4); break;
     }
 }
 
@@ -374,6 +442,50 @@ NARROW_F16C static void rows_narrow(const q4_args* a, int B, long o0, long o1) {
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
+/* prepare() for a block of 16 groups of one row of x on the wide path, in vectors: each group's
+ * 32 values rounded as to_bf16 does (integer steps, so denormals too) and put in (u, k, p)
+ * order (vpermw), the 16 groups' dword (u, k) gathered into vector (u, k), and the groups'
+ * sums added front to back in the lanes (weight 8 u + 4 p + k of each group is word p of
+ * vector (u, k)'s lanes): the same bits as the scalar steps, ~15x fewer cycles. */
+WIDE static void block_row(const float* x, bf16* q, float* xs) {
+    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x40), high = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i order = _mm512_set_epi16(  /* word 2 (4 u + k) + p <- word 8 u + 4 p + k */
+        31, 27, 30, 26, 29, 25, 28, 24, 23, 19, 22, 18, 21, 17, 20, 16,
+        15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
+    uint32_t tmp[BLOCK][16] __attribute__((aligned(64)));
+    for (int L = 0; L < BLOCK; L++) {
+        __m256i h[2];
+        for (int c = 0; c < 2; c++) {
+            __m512i u = _mm512_loadu_si512(x + L * GROUP + 16 * c);
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(
+                u, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+            r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+            h[c] = _mm512_cvtepi32_epi16(r);
+        }
+        __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+        _mm512_store_si512(tmp[L], _mm512_permutexvar_epi16(order, w));
+    }
+    const __m512i lanes = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80,
+                                           64, 48, 32, 16, 0);
+    __m512i v[4][4];
+    for (int u = 0; u < 4; u++)
+        for (int k = 0; k < 4; k++) {
+            v[u][k] = _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(4 * u + k)),
+                                             tmp, 4);
+            _mm512_storeu_si512(q + (4 * u + k) * 32, v[u][k]);
+        }
+    __m512 s = _mm512_setzero_ps();
+    for (int u = 0; u < 4; u++)
+        for (int p = 0; p < 2; p++)
+            for (int k = 0; k < 4; k++)
+                s = _mm512_add_ps(s, _mm512_castsi512_ps(p ? _mm512_and_si512(v[u][k], high)
+                                                           : _mm512_slli_epi32(v[u][k], 16)));
+    _mm512_storeu_ps(xs, s);
+}
+
 /* x rounded to bfloat16 once per call (into t, `in` values), each group's sum, and the row in
  * the order the path's codes unpack (top of the file), written front to back:
  * - wide, a block of 16 groups: vector (u, k) of 32 bfloat16 holds in lane L (2 L, 2 L + 1)
@@ -388,20 +500,16 @@ static void prepare(const float* x, long ldx, int rows, long in, int wide, bf16*
     long groups = in / GROUP, padded = lds * GROUP, full = groups / BLOCK * BLOCK;
     for (int b = 0; b < rows; b++) {
         const float* xb = x + b * ldx;
-        for (long j = 0; j < in; j++) t[j] = to_bf16(xb[j]);
-        for (long g = 0; g < lds; g++) {
+        long from = wide ? full * GROUP : 0;  /* (the wide path's blocks: block_row()) */
+        for (long j = from; j < in; j++) t[j] = to_bf16(xb[j]);
+        for (long g = from / GROUP; g < lds; g++) {
             float s = 0.0f;
             for (long i = 0; g < groups && i < GROUP; i++) s += from_bf16(t[g * GROUP + i]);
             xs[b * lds + g] = s;
         }
         if (wide) {
-            bf16* q = xq + b * padded;
             for (long g = 0; g < full; g += BLOCK)
-                for (int u = 0; u < 4; u++)
-                    for (int k = 0; k < 4; k++)
-                        for (int L = 0; L < BLOCK; L++)
-                            for (int p = 0; p < 2; p++)
-                                *q++ = t[(g + L) * GROUP + 8 * u + 4 * p + k];
+                block_row(xb + g * GROUP, xq + b * padded + g * GROUP, xs + b * lds + g);
             for (long g = full; g < lds; g++)
                 for (long i = 0; i < GROUP; i++)
                     xq[b * padded + g / 4 * 128 + (i / 8) * 32 + (g % 4) * 8 + i % 8] =
