@@ -39,7 +39,10 @@ and the vocabulary head, stored ``(in, out)``, 72 -> 60 ms per SmolLM2-135M step
 for 2-4 rows ``(out, in)``). On an x86-64 CPU with AVX2 the products of 1-4 rows and the
 attention of the one new query run headwise's own C kernels (:mod:`headwise.fast.native`: the
 weights read at 20-24 GB/s where MKL's kernels reach 12-20 for one row and ~10 for 2-4; a
-SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout). The layout stays
+SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout); where every layer's
+form binds (``BlockRow.bind``), their calls are bound once per generation and each layer runs as
+one C call with torch's activation between (:mod:`headwise.fast.plan`: the same kernels and
+arguments, bit for bit; ~2 ms of Python a SmolLM2 4-bit step less). The layout stays
 after the generation (a run of generations at one batch size pays the copy once); values,
 shapes and parameters are untouched, and the module path multiplies either layout.
 
@@ -67,6 +70,8 @@ from torch import nn
 from headwise.cache import KVCache
 from headwise.fast import applies, fixed_shapes, graphs
 from headwise.fast import int4 as _int4
+from headwise.fast import native as _native
+from headwise.fast import plan as _plan
 from headwise.fast import rows as _rows
 from headwise.observe import observed
 
@@ -143,6 +148,8 @@ class DecodeStep:
         self.head = _rows.of_linear(dec.lm_head, t)
         self.like = p
         self.native = applies(p, autograd=True)  # (the step only reads its weights)
+        bound = not self.static and applies(p, autograd=True, bf16=True)
+        self.plan = self._bind() if bound else None
         if self.static:
             self.window = dec.blocks[0].self_attn.window
             self.keys = torch.arange(cache.max_len, device=p.device)  # (L,) key positions
@@ -155,25 +162,79 @@ class DecodeStep:
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if self.static:
             return self._fixed(ids)
+        step = self._step if self.plan is None else self._planned
         if not self.native:
-            return self._step(ids)
+            return step(ids)
         onednn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
         try:
-            return self._step(ids)
+            return step(ids)
         finally:
             torch._C._set_mkldnn_enabled(onednn)
 
     def _step(self, ids: torch.Tensor) -> torch.Tensor:
         pos = self.cache.length
-        x = self.embed(ids, pos)
+        return self._finish(self.embed(ids, pos), 0, pos)
+
+    def _finish(self, x: torch.Tensor, first: int, pos: int) -> torch.Tensor:
+        """The step from layer ``first`` on, unbound, for its input ``x (b, m)``."""
         rot = None if self.rope is None else self._angles(pos)
-        for layer in self.layers:
+        for layer in self.layers[first:]:
             x = layer(x, rot, self.memory_mask)
         self.cache.advance(1)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return _rows.linear(x, self.head)
+
+    # ----------------------------------------------------------------- the bound form
+    def _bind(self):
+        """The layers' row forms and the final norm bound to buffers kept for the generation,
+        as a :class:`~headwise.fast.plan.Plan` of one C call per layer (module docstring), or
+        None where some form does not bind (the step then runs unbound)."""
+        cache, n = self.cache, len(self.layers)
+        if _native.library() is None or cache.length >= cache.max_len or self.final_norm is None:
+            return None
+        m, dtype = self.like.shape[1], self.like.dtype
+        plan = _plan.Plan(cache.batch)
+        xs = [plan.buffer(f"x{k}", m, dtype) for k in (0, 1)]  # a layer's input, its output
+        self.rests = []  # the call between a layer's two stretches (its activation)
+        for k, layer in enumerate(self.layers):
+            plan.layer = k
+            rest = layer.bind(plan, xs[k % 2], xs[1 - k % 2], self.angles, cache.length)
+            if rest is None:
+                return None
+            self.rests.append(rest)
+        plan.layer, self.xs = n, xs
+        self.normed = plan.buffer("final", m, dtype)
+        if not getattr(self.final_norm, "bind", lambda *a: False)(plan, xs[n % 2], self.normed):
+            return None
+        plan.cut()
+        plan.seal()
+        self.selfs = [layer.self_attn for layer in cache.layers]
+        return plan
+
+    def _planned(self, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`_step` as the plan: one C call per layer and the activation between."""
+        plan, pos, lib = self.plan, self.cache.length, _native.library()
+        # the one-call attention attends only over keys/values known finite (as attend_new
+        # asks: read once, the prompt's after the prompt, then known)
+        if (lib is None or pos >= self.cache.max_len
+                or not all(c.checked >= pos or c.all_finite(pos) for c in self.selfs)):
+            return self._step(ids)
+        self.xs[0].copy_(self.embed(ids, pos))
+        threads, n = torch.get_num_threads(), len(self.layers)
+        for k in range(n + 1):
+            if (stop := plan.run(k, pos, threads, lib)) >= 0:  # redo that layer on, unbound
+                first = plan.owner[stop]
+                for c in self.selfs[:first]:
+                    c.checked = pos + 1
+                return self._finish(self.xs[first % 2], first, pos)
+            if k < n:
+                self.rests[k]()
+        for c in self.selfs:
+            c.checked = pos + 1  # (as attend_new: this position found finite with its query)
+        self.cache.advance(1)
+        return _rows.linear(self.normed, self.head)
 
     def _angles(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's ``(cos, signed sin)`` of position ``pos``, ``(1, 2, r/2)`` each."""

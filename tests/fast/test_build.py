@@ -44,3 +44,19 @@ def test_a_compiler_past_its_time_limit_is_killed(tmp_path):
     state = {}
     why = build.compile_library(str(slow), [tmp_path / "a.c"], [], tmp_path / "x.so", state, 0.5)
     assert "did not finish within 0.5 s (killed with its children)" in why
+
+
+def test_the_target_is_named_by_its_sources_and_flags(tmp_path, monkeypatch):
+    """An edited source or another flag builds a library of its own; no compiler: the reason."""
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "my-cc")
+    src = tmp_path / "kernels.c"
+    src.write_text("int f(void) { return 1; }\n")
+    cc, path = build.target((src,), ("-O2",))
+    assert cc == "my-cc" and path.parent == tmp_path and path.name.startswith("kernels-")
+    assert build.target((src,), ("-O3",))[1] != path
+    src.write_text("int f(void) { return 2; }\n")
+    assert build.target((src,), ("-O2",))[1] != path
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert build.target((src,), ("-O2",)) == "no C compiler (cc or gcc) on PATH"

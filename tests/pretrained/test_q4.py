@@ -126,6 +126,7 @@ def test_layers_reading_one_input_share_their_codes_and_one_product(tmp_path, mo
             assert (got - want).abs().max() <= 2**-8 * want.abs().max(), name
     if _native.status() != "ready":
         pytest.skip("headwise's kernel is not built here")
+    from headwise.fast.plan import KINDS
     from headwise.step import DecodeStep
 
     calls = []
@@ -139,6 +140,15 @@ def test_layers_reading_one_input_share_their_codes_and_one_product(tmp_path, mo
         step = DecodeStep(model, cache)
         calls.clear()
         logits = step(feed[:, 0])
+    # the layers' products as the step's plan binds them (one C call a layer, no Python
+    # call per product); the unbound step (no plan) calls each product
+    kinds = [op[0] for op in step.plan.ops]
+    assert kinds.count(KINDS["q4_matmul"]) == 4 * len(model.blocks), kinds
+    assert "q4_matmul" not in calls, calls
+    with torch.inference_mode():
+        unbound = DecodeStep(model, cache)
+        unbound.plan = None
+        unbound(feed[:, 1])
     assert calls.count("q4_matmul") == 4 * len(model.blocks), calls
     with torch.inference_mode():
         whole, _ = model(torch.cat((ids, feed[:, :1]), 1))

@@ -1,7 +1,8 @@
 """The speed layer: what makes headwise's paths fast on a given device, changing no value.
 
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
-their loader (``native`` + ``step_kernels*.c``; ``build`` runs the compiler), the 4-bit GGUF
+their loader (``native`` + ``step_kernels*.c``; ``build`` runs the compiler; ``plan`` binds a step's
+calls once and runs a layer's as one), the 4-bit GGUF
 weight form (``int4``), 8-bit codes the step reads beside a float32 weight (``q8``), the
 memory roof a step is measured against (``roof``), huge-page and recycled buffers (``large``),
 inference that reuses its own buffers (``reuse``), the CPU flash kernel that returns its

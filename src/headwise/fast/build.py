@@ -6,7 +6,8 @@ and when; this module only runs the compiler and opens the result).
   hung one is killed with its children (cc1, as, ld) at the time limit or when this process
   exits; the library is written to a temporary file and renamed into place (another process
   sees all of it or nothing).
-- :func:`open_library`: ``ctypes`` with each function's C signature, from a compact table.
+- :func:`open_library`: ``ctypes`` with each function's C signature, from a compact table;
+- :func:`target`: the compiler and the library's path.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["TYPES", "compile_library", "kill", "open_library", "start"]
+__all__ = ["TYPES", "compile_library", "kill", "open_library", "start", "target"]
 
 # the letters of a signature (open_library): pointer, long, int, float
 TYPES = {"p": ctypes.c_void_p, "l": ctypes.c_long, "i": ctypes.c_int, "f": ctypes.c_float}
@@ -99,3 +102,16 @@ def open_library(path: Path, signatures: dict[str, str]):
         fn.argtypes = [TYPES[c] for c in args]
         fn.restype = TYPES[result] if result else None
     return lib
+
+
+def target(sources, flags) -> tuple[str, Path] | str:
+    """``(compiler, library path)`` for ``sources`` built with ``flags``: ``$CC``, else ``cc`` /
+    ``gcc``; the library in ``$HEADWISE_CACHE`` (default ``~/.cache/headwise``) named by a hash of
+    sources and flags (an edited source builds its own); or why there is no compiler."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return "no C compiler (cc or gcc) on PATH"
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sources)
+                         + " ".join(flags).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
+    return cc, root / f"{Path(sources[0]).stem}-{key}.so"

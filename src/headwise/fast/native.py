@@ -1,27 +1,21 @@
 """The decoding step's C kernels, built on first use: the product of 1 to 4 rows, the attention
-of one new query per row over the cache, and RoPE and RMSNorm on rows (one call each instead of
-four or five small torch kernels, ~2.5% of a SmolLM2 step at batch 1; RoPE bit for bit
-:meth:`headwise.rope.RotaryEmbedding.rotate`).
+of one new query per row over the cache, RoPE (bit for bit :meth:`headwise.rope.RotaryEmbedding.
+rotate`) and RMSNorm on rows (one call each instead of four or five small torch kernels).
 
-Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix: the weights
-are read once, so the product should run at the speed memory delivers them
-(:mod:`headwise.fast.roof`). MKL's float32 kernels for so few rows do not: one row streams
-SmolLM2-135M's matrices at 12-20 GB/s here, 2-4 rows at ~10, compute-bound; a core reads ~21.
-``step_kernels.c`` reads eight rows of ``W (out, in)`` per pass for one row, or eight rows of a
-``W^T (in, out)`` storage with the result kept in cache, or two rows of ``W`` against every row
-of ``x`` for 2-4: 20-24 GB/s at one row, 14-15 at four (``RESULTS.md`` at 542c6ce). The newest
-query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer, mostly fixed costs) is 4 keys'
-scores at a time, a vector exp, values weighed 64 features at a time.
+Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix, read once,
+so the product should run at the speed memory delivers them (:mod:`headwise.fast.roof`); MKL's
+float32 kernels for so few rows stream SmolLM2-135M's matrices at 12-20 GB/s here (one row), ~10
+(2-4), where ``step_kernels.c`` reaches 20-24 and 14-15 (``RESULTS.md`` at 542c6ce). The newest
+query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer) is a vector exp over 4 keys'
+scores at a time. ``_plan.c`` runs a bound run of these calls as one (:mod:`headwise.fast.plan`).
 
-How. The first call compiles :data:`SOURCES` with ``$CC``, else ``cc`` / ``gcc`` (``-O3 -mavx2
--mfma -ffp-contract=off -fopenmp``: each product and sum rounded on its own) into
-``$HEADWISE_CACHE`` (default ``~/.cache/headwise``), named by a hash of sources and flags,
-written to a temporary file and renamed into place (concurrent first calls never load half a
-library). The build runs in a thread the first call waits :data:`WAIT_S` for: past that the
-process keeps the torch path, and the compiler, in its own process group, is killed with its
-children after :data:`BUILD_TIMEOUT_S` or at exit (:mod:`headwise.fast.build`). The kernels
-split output features over ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``).
-bfloat16, 4-bit and 8-bit weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
+How. The first call compiles :data:`SOURCES` (``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``:
+each product and sum rounded on its own) with :func:`headwise.fast.build.target`'s compiler into
+its path, in a thread the first call waits :data:`WAIT_S` for: past that the process keeps the
+torch path, and the compiler is killed after :data:`BUILD_TIMEOUT_S` or at exit
+(:mod:`headwise.fast.build`). The kernels split output features over
+``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``). bfloat16, 4-bit and 8-bit
+weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
 ``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``);
 ``_self.c`` runs RoPE, the cache write and the attention of a step's layer as one call.
 
@@ -33,10 +27,8 @@ a declined product's reason is kept (:func:`declined`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -45,13 +37,14 @@ import torch
 
 from headwise.fast import applies, build, host
 
-__all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "declined", "isa", "q4_matmul",
-           "q4_product", "q8_matmul", "rms_rows", "rope_rows", "rows_matmul", "self_rows",
-           "status", "use_isa"]
+__all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "declined", "fits", "isa", "library",
+           "q4_matmul", "q4_product", "q8_matmul", "rms_fits", "rms_rows", "rope_rows",
+           "rows_matmul", "self_fits", "self_rows", "status", "takes", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 # the library's sources: SOURCE, the bfloat16, 4-bit and 8-bit kernels, their shared header
-SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c") for k in ("bf16", "q4", "q8", "self")),
+SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c")
+                     for k in ("bf16", "q4", "q8", "self", "plan")),
            SOURCE.with_suffix(".h"), SOURCE.with_name("step_kernels_attend.inc"))
 ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
@@ -64,8 +57,8 @@ BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 _F32, _BF16, _U8, _I8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.int8, torch.float16
 _lock = threading.Lock()
 # "fn": the library (a ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
-# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc":
-# the build and its compiler while they run; "failed": why the build failed
+# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc",
+# "failed": the build and its compiler while they run, why the build failed
 _state: dict = {}
 _declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
 
@@ -95,6 +88,11 @@ def use_isa(name: str) -> None:
         _state.pop("fn", None)  # (settled again at the next call: the library is loaded once)
 
 
+def library():
+    """``(the loaded library, "wide", "f16c")`` as the wrappers pass them, or None."""
+    return None if _kernel() is None else (_state["fn"], _state["wide"], _state["f16c"])
+
+
 def declined() -> dict[str, str]:
     """For each kernel that declined a product it was asked for, the first reason (the caller
     then ran torch's kernel), e.g. ``{"q4_matmul": "more than 4 rows"}``."""
@@ -112,7 +110,7 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
     sums, rounded once); with ``wt=True``, one float32 row times ``w`` given as ``W^T (in,
     out)`` with contiguous rows (a :func:`headwise.fast.rows.lay_out` storage or a copy). None
     when the kernel does not apply (module docstring): the caller multiplies as usual."""
-    why = _takes(x, w, bias, res, wt)
+    why = takes(x, w, bias, res, wt)
     lib = None if why else _kernel()
     if lib is None:
         return _decline("rows_matmul", why or _state["why"])
@@ -148,8 +146,7 @@ def q4_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
 
 
 def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-              bias: torch.Tensor | None = None,
-              res: torch.Tensor | None = None) -> torch.Tensor | None:
+              bias: torch.Tensor | None = None, res: torch.Tensor | None = None):
     """:func:`q4_matmul` for 1 to :data:`ROWS` rows and ``W`` held as a :class:`headwise.fast.
     q8.Q8`'s ``codes (out, in)`` int8, ``scales (out, in / 32)`` float16: the products of the
     float32 matrix they dequantize to (exactly; ``x`` as it is), float32 sums."""
@@ -187,10 +184,7 @@ class Product:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  res: torch.Tensor | None = None) -> torch.Tensor | None:
         out, n = self.out, self.n
-        why = _rows_ok(x, n, out, bias, res, self.most or (x.shape[0] if x.dim() else 1))
-        if not why and not (applies(x) if bias is None and res is None else
-                            applies(x, *[t for t in (bias, res) if t is not None])):
-            why = "x, bias or the residual is not float32 on the CPU without autograd"
+        why = self.takes(x, bias, res)
         lib = None if why else _kernel()
         if lib is None or not _state["f16c"]:
             return _decline(self.name, why or _state["why"] or "this CPU has no F16C")
@@ -202,6 +196,14 @@ class Product:
             None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads(),
             _state["wide"])
         return _decline(self.name, "no scratch memory for the rows") if failed else y
+
+    def takes(self, x: torch.Tensor, bias, res) -> str:
+        """Why the kernel cannot take these rows (``""``: it can)."""
+        why = fits(x, self.n, self.out, bias, res, self.most or (x.shape[0] if x.dim() else 1))
+        if not why and not (applies(x) if bias is None and res is None else
+                            applies(x, *[t for t in (bias, res) if t is not None])):
+            why = "x, bias or the residual is not float32 on the CPU without autograd"
+        return why
 
 
 def rope_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, d: int,
@@ -227,15 +229,18 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
     """RMSNorm of rows ``x (b, m)`` with weight ``w (m,)`` -> a new ``(b, m)``, both float32 or
     both bfloat16 (then in :class:`headwise.models.norms.RMSNorm`'s order: the normalised row
     rounded to bfloat16 before ``w`` multiplies it); None when the kernel does not apply."""
-    if (x.dim() != 2 or x.stride(1) != 1 or w.shape != (x.shape[1],) or not w.is_contiguous()
-            or not applies(x, w, bf16=True)):
-        return None
-    if (lib := _kernel()) is None:
+    if not rms_fits(x, w) or (lib := _kernel()) is None:
         return None
     y = torch.empty(x.shape[0], x.shape[1], dtype=x.dtype)
     fn = lib.headwise_rms_rows if x.dtype is _F32 else lib.headwise_rms_rows_bf16
     fn(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(), eps, x.shape[1], y.data_ptr())
     return y
+
+
+def rms_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether :func:`rms_rows` takes ``x`` and ``w``."""
+    return (x.dim() == 2 and x.stride(1) == 1 and w.shape == (x.shape[1],) and w.is_contiguous()
+            and applies(x, w, bf16=True))
 
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
@@ -276,14 +281,7 @@ def self_rows(rows: torch.Tensor, rot, k: torch.Tensor, v: torch.Tensor, pos: in
     (``attend`` False, or no scratch memory), ``(0, None)`` when they are not finite (k and v
     are written either way); None, with nothing done, when the kernel does not apply."""
     b, g, n, d = k.shape
-    tables = () if rot is None else rot
-    if (rows.dim() != 2 or rows.stride(1) != 1 or rows.shape != (b, (heads + 2 * g) * d)
-            or k.stride() != v.stride() or k.shape != v.shape or k.stride(3) != 1 or heads % g
-            or not 0 <= start <= pos < n or (r > 0) is not (rot is not None)
-            or any(t.numel() != r or not t.is_contiguous() for t in tables)
-            or not applies(rows, k, v, *tables, bf16=True)):
-        return None
-    if (lib := _kernel()) is None:
+    if not self_fits(rows, rot, k, v, pos, start, heads, r) or (lib := _kernel()) is None:
         return None
     out = torch.empty(b, heads * d) if attend else None
     got = lib.headwise_self_rows(
@@ -296,10 +294,20 @@ def self_rows(rows: torch.Tensor, rot, k: torch.Tensor, v: torch.Tensor, pos: in
     return 2, out if rows.dtype is _F32 else out.to(_BF16)
 
 
-def _takes(x, w, bias, res, wt: bool) -> str:
+def self_fits(rows, rot, k, v, pos: int, start: int, heads: int, r: int) -> bool:
+    """Whether :func:`self_rows` takes these arguments."""
+    (b, g, n, d), tables = k.shape, () if rot is None else rot
+    return not (rows.dim() != 2 or rows.stride(1) != 1 or rows.shape != (b, (heads + 2 * g) * d)
+                or k.stride() != v.stride() or k.shape != v.shape or k.stride(3) != 1
+                or heads % g or not 0 <= start <= pos < n or (r > 0) is not (rot is not None)
+                or any(t.numel() != r or not t.is_contiguous() for t in tables)
+                or not applies(rows, k, v, *tables, bf16=True))
+
+
+def takes(x, w, bias, res, wt: bool) -> str:
     """Why :func:`rows_matmul` cannot take these tensors (``""``: it can): on the CPU (asked
     first: a device's step asks ~10 times a layer), ``w (out, in)`` with contiguous rows (``(in,
-    out)`` for one float32 row when ``wt``), rows as :func:`_rows_ok` says, :func:`applies`."""
+    out)`` for one float32 row when ``wt``), rows as :func:`fits` says, :func:`applies`."""
     if not host(x):
         return "not on the CPU"
     if w.dim() != 2 or w.stride(1) != 1:
@@ -307,7 +315,7 @@ def _takes(x, w, bias, res, wt: bool) -> str:
     out, n_in = w.shape
     if wt:
         out, n_in = n_in, out
-    why = _rows_ok(x, n_in, out, bias, res, 1 if wt else ROWS)
+    why = fits(x, n_in, out, bias, res, 1 if wt else ROWS)
     if not why and wt and x.dtype is not _F32:
         return "a W^T storage is multiplied for float32 rows only"
     if not why and not applies(x, w, *[t for t in (bias, res) if t is not None], bf16=True):
@@ -315,7 +323,7 @@ def _takes(x, w, bias, res, wt: bool) -> str:
     return why
 
 
-def _rows_ok(x, n_in: int, out: int, bias, res, most: int = ROWS) -> str:
+def fits(x, n_in: int, out: int, bias, res, most: int = ROWS) -> str:
     """Why ``x``, ``bias``, ``res`` do not fit a product ``(b <= most, n_in) -> (b, out)``."""
     if x.dim() != 2 or x.stride(1) != 1:
         return f"x is not (b, {n_in}) with contiguous rows"
@@ -375,17 +383,10 @@ def _compiler():
         return f"not an x86-64 CPU ({platform.machine()})"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return f"no AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return "no C compiler (cc or gcc) on PATH"
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)
-                         + " ".join(FLAGS).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
-    return cc, root / f"step_kernels-{key}.so"
+    return build.target(SOURCES, FLAGS)
 
 
-# the library's functions and their C signatures (p: pointer, l: long, i: int, f: float; the
-# letter after ":" the result, none for void), set once it is loaded (build.open_library)
+# the library's functions and C signatures (build.TYPES; the letter after ":" the result)
 SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
               "headwise_rows_matmul_bf16": "plplplplpillii:i",
               "headwise_q4_matmul": "plpppplplpillii:i",
@@ -395,4 +396,5 @@ SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
               "headwise_rms_rows": "pllpflp:", "headwise_rms_rows_bf16": "pllpflp:",
               "headwise_attend_rows": "plppllllllllfpli:i",
               "headwise_attend_rows_bf16": "plppllllllllfpli:i",
-              "headwise_self_rows": "pllllllppipplllllifpli:i"}
+              "headwise_self_rows": "pllllllppipplllllifpli:i",
+              "headwise_plan_run": "plllii:l"}

@@ -62,10 +62,12 @@ from headwise.fast import applies, host
 from headwise.fast import int4 as _int4
 from headwise.fast import large as _large
 from headwise.fast import native as _native
+from headwise.fast import plan as _plan
 from headwise.fast import q8 as _q8
 
-__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "joined", "lay_out",
-           "linear", "of_group", "of_linear", "residual", "stored_transposed", "weight"]
+__all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "bind", "joined",
+           "lay_out", "linear", "of_group", "of_linear", "residual", "stored_transposed",
+           "weight"]
 
 Weight = tuple  # (matrix, bias | None, layout): layout False: W (out, in); True: W^T (in, out),
 #                 a copy or a W^T storage's view; INT4: a headwise.fast.int4.Int4; Q8:
@@ -342,3 +344,18 @@ def residual(x: torch.Tensor, y: torch.Tensor, w: Weight) -> torch.Tensor:
     else:
         out = torch.addmm(x, y, m if layout else m.t())
     return out if bias is None else out.add_(bias)
+
+
+def bind(plan: _plan.Plan, x: torch.Tensor, w: Weight, y: torch.Tensor,
+         res: torch.Tensor | None = None) -> bool:
+    """Add to ``plan`` the C kernel's op that :func:`linear` (``res`` None) or :func:`residual`
+    (``res + x @ W^T + bias``) runs for these tensors, writing ``y``; False where they would not
+    run one (another layout, a declined kernel): the caller then runs unbound."""
+    m, bias, layout = w
+    if layout is INT4:  # (Int4.matmul: float32 rows through the codes' bound product)
+        product = _native.q4_product(m.codes, m.scales, m.mins)
+        return (product is not None and x.dtype is torch.float32
+                and plan.coded(product, x, y, bias, res))
+    if layout is Q8:
+        return False  # (a vocabulary head: outside the step's layers)
+    return plan.matmul(x, m, y, bias, res, wt=layout)

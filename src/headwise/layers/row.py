@@ -81,6 +81,24 @@ class AttentionRow:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.h != self.g)
         return out.view(x.shape[0], -1)
 
+    def bind(self, plan, x: torch.Tensor, cache, angles, pos: int, out: torch.Tensor) -> bool:
+        """Add :meth:`self_attend`'s one-call path for rows ``x (b, m)`` to ``plan``
+        (:class:`headwise.fast.plan.Plan`), heads into ``out (b, h*d)`` in ``x``'s dtype: the
+        q|k|v product, the C call of RoPE (``angles``: every position's, or None), the cache
+        write at the step's position and the attention (as of position ``pos``), in bfloat16
+        the rounding of its float32 output; False where :meth:`self_attend` takes another path
+        (then the step runs unbound)."""
+        if self.qkv is None or not self.vouch:
+            return False
+        r = 0 if self.rope is None else self.rope.rotary_dim
+        row = plan.buffer("q|k|v", (self.h + 2 * self.g) * self.d, x.dtype)
+        heads = (out if x.dtype is torch.float32
+                 else plan.buffer("heads float32", self.h * self.d, torch.float32))
+        return (_rows.bind(plan, x, self.qkv, row)
+                and plan.self_attention(row, angles if r else None, cache.k, cache.v, self.h,
+                                        r, self.window, pos, heads)
+                and (heads is out or plan.to_bf16(heads, out)))
+
     def static_attend(self, x: torch.Tensor, cache, rot, at) -> torch.Tensor:
         """The fixed-shape form of :meth:`self_attend` (a device's step, see
         :func:`headwise.fast.fixed_shapes`): ``at = (pos (1,), allowed (1, 1, 1, L) bool,

@@ -302,6 +302,31 @@ class BlockRow:
                 y, self.cache.cross_attn, memory_mask))
         return self._sublayer(x, self.ff_norm, self.ff_out, self.ff_inner)
 
+    def bind(self, plan, x: torch.Tensor, y: torch.Tensor, angles, pos: int):
+        """Add this block's ops for rows ``x (b, m)`` -> ``y (b, m)`` to ``plan``
+        (:class:`headwise.fast.plan.Plan`; ``angles``, ``pos`` as
+        :meth:`~headwise.layers.row.AttentionRow.bind` takes them), as two stretches: norm,
+        attention, output product with the residual, norm, the feed-forward's inner product;
+        then its down product with the residual. Returns the call to make between them (the
+        feed-forward's activation), or None where the block has no bound form (post-norm,
+        cross-attention, a form without ``bind``, a declined kernel): the step runs unbound."""
+        attn, norms = self.self_attn, (self.attn_norm, self.ff_norm)
+        if (not self.pre or self.cross_attn is not None
+                or not all(hasattr(f, "bind") for f in (*norms, self.ff_inner))):
+            return None
+        m, dtype = x.shape[1], x.dtype
+        normed, mid = plan.buffer("normed", m, dtype), plan.buffer("mid", m, dtype)
+        heads = plan.buffer("heads", attn.h * attn.d, dtype)
+        inner = (self.attn_norm.bind(plan, x, normed)
+                 and attn.bind(plan, normed, self.cache.self_attn, angles, pos, heads)
+                 and _rows.bind(plan, heads, attn.out, mid, res=x)
+                 and self.ff_norm.bind(plan, mid, normed) and self.ff_inner.bind(plan, normed))
+        if not inner:
+            return None
+        plan.cut()
+        rest, act = inner
+        return rest if _rows.bind(plan, act, self.ff_out, y, res=mid) else None
+
     def _sublayer(self, x, norm, out_w, inner):
         """Pre-norm ``x + inner(norm(x)) @ W``, post-norm ``norm(x + inner(x) @ W)``."""
         if self.pre:

@@ -22,8 +22,8 @@ from torch import nn
 from headwise.fast import reuse
 from headwise.fast import rows as _rows
 
-__all__ = ["ACTIVATIONS", "FFNS", "FeedForward", "GatedFeedForward", "check_activation", "drop",
-           "make_feedforward"]
+__all__ = ["ACTIVATIONS", "FFNS", "FeedForward", "GatedFeedForward", "GatedRow",
+           "check_activation", "drop", "make_feedforward"]
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -110,23 +110,45 @@ class GatedFeedForward(FeedForward):
         stored as one matrix or share one set of 4-bit codes (:meth:`joint_linears`,
         :func:`headwise.fast.rows.of_group`), or with ``fuse`` over a copy of
         ``cat(W_gate, W_up)`` (fewer calls; costs a copy of both matrices)."""
-        act, f = self._act, self.up.out_features
         both = _rows.of_group((self.gate, self.up), transpose)  # stored as one: no copy
         if fuse and both is None:
             bias = (None if self.up.bias is None
                     else torch.cat((self.gate.bias, self.up.bias)).detach())
             both = _rows.weight(torch.cat((self.gate.weight, self.up.weight)), bias, transpose)
-        if both is not None:
-
-            def inner(y: torch.Tensor) -> torch.Tensor:
-                g, u = _rows.linear(y, both).split_with_sizes((f, f), -1)  # (not .split: ~2 us)
-                return act(g).mul_(u)
-        else:
-            gate, up = _rows.of_linear(self.gate, transpose), _rows.of_linear(self.up, transpose)
-
-            def inner(y: torch.Tensor) -> torch.Tensor:
-                return act(_rows.linear(y, gate)).mul_(_rows.linear(y, up))
+        pair = None if both is not None else (_rows.of_linear(self.gate, transpose),
+                                              _rows.of_linear(self.up, transpose))
+        inner = GatedRow(both, pair, self._act, self.up.out_features)
         return inner, _rows.of_linear(self.down, transpose)
+
+
+class GatedRow:
+    """A gated feed-forward's ``inner`` for rows ``y (b, m)`` -> ``act(gate(y)) * up(y)`` ``(b,
+    f)``: ``both``, gate|up's one :data:`~headwise.fast.rows.Weight`, or ``pair``, theirs."""
+
+    __slots__ = ("both", "pair", "act", "f")
+
+    def __init__(self, both, pair, act, f: int):
+        self.both, self.pair, self.act, self.f = both, pair, act, f
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        if self.both is not None:
+            # (split_with_sizes, not .split: ~2 us)
+            g, u = _rows.linear(y, self.both).split_with_sizes((self.f, self.f), -1)
+            return self.act(g).mul_(u)
+        gate, up = self.pair
+        return self.act(_rows.linear(y, gate)).mul_(_rows.linear(y, up))
+
+    def bind(self, plan, y: torch.Tensor):
+        """Add gate|up's one product of ``y`` to ``plan`` (:class:`headwise.fast.plan.Plan`);
+        returns ``(rest, out)``: ``rest()`` writes ``out = act(g) * u`` ``(b, f)``, a call the
+        step makes between two of the plan's C calls (torch's own activation kernel: its vector
+        ``exp`` is not one a C kernel here would match bit for bit). None where it cannot bind."""
+        gu = plan.buffer("gate|up", 2 * self.f, y.dtype)
+        if self.both is None or not _rows.bind(plan, y, self.both, gu):
+            return None
+        (g, u), act = gu.split_with_sizes((self.f, self.f), -1), self.act
+        out = plan.buffer("act", self.f, y.dtype)
+        return (lambda: torch.mul(act(g), u, out=out)), out
 
 
 FFNS: dict[str, type[FeedForward]] = {"mlp": FeedForward, "glu": GatedFeedForward}

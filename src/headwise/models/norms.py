@@ -21,7 +21,7 @@ from torch import nn
 
 from headwise.fast import native as _native
 
-__all__ = ["LayerNorm", "NORMS", "RMSNorm", "make_norm"]
+__all__ = ["LayerNorm", "NORMS", "RMSNorm", "RMSRow", "make_norm"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -56,28 +56,39 @@ class RMSNorm(nn.Module):
             return self.weight * y.to(x.dtype)
         return torch.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
-    def row(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``f(x (b, m)) -> (b, m)``: the same formula without a module call, as four small
-        kernels with tensor constants (``torch.rms_norm`` and python-scalar arithmetic cost
-        several times more per call on one row here)."""
-        w = self.weight.detach()
-        if w.dtype in _HALF:
-            def half(x: torch.Tensor) -> torch.Tensor:  # bfloat16: one C call where it applies
-                y = _native.rms_rows(x, w, self.eps)
-                return self.forward(x) if y is None else y
-            return half
-        inv_m = torch.tensor(1.0 / self.normalized_shape[0], dtype=w.dtype, device=w.device)
-        eps = torch.tensor(self.eps, dtype=w.dtype, device=w.device)
-
-        def norm(x: torch.Tensor) -> torch.Tensor:
-            if (y := _native.rms_rows(x, w, self.eps)) is not None:  # one call, not five
-                return y
-            ms = torch.addcmul(eps, torch.linalg.vecdot(x, x).unsqueeze(-1), inv_m)
-            return x * torch.rsqrt(ms) * w
-        return norm
+    def row(self) -> RMSRow:
+        """``f(x (b, m)) -> (b, m)``: the same formula without a module call (:class:`RMSRow`)."""
+        return RMSRow(self)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape[0]}, eps={self.eps:g}"
+
+
+class RMSRow:
+    """:class:`RMSNorm` for rows ``x (b, m)``: one C call where it applies
+    (:func:`headwise.fast.native.rms_rows`); else, in float32, the formula as four small
+    kernels with tensor constants (``torch.rms_norm`` and python-scalar arithmetic cost several
+    times more per call on one row here), in bfloat16 the module's own forward."""
+
+    __slots__ = ("norm", "w", "eps", "inv_m", "eps_t")
+
+    def __init__(self, norm: RMSNorm):
+        self.norm, self.w, self.eps = norm, norm.weight.detach(), norm.eps
+        w = self.w
+        self.inv_m = torch.tensor(1.0 / norm.normalized_shape[0], dtype=w.dtype, device=w.device)
+        self.eps_t = torch.tensor(norm.eps, dtype=w.dtype, device=w.device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if (y := _native.rms_rows(x, self.w, self.eps)) is not None:  # one call, not five
+            return y
+        if self.w.dtype in _HALF:
+            return self.norm.forward(x)
+        ms = torch.addcmul(self.eps_t, torch.linalg.vecdot(x, x).unsqueeze(-1), self.inv_m)
+        return x * torch.rsqrt(ms) * self.w
+
+    def bind(self, plan, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Add this norm of ``x`` into ``y`` to ``plan`` (:class:`headwise.fast.plan.Plan`)."""
+        return plan.rms(x, self.w, self.eps, y)
 
 
 NORMS = {"layer": LayerNorm, "rms": RMSNorm}
