@@ -62,7 +62,7 @@ STEPS = [
     ("weights", 95, [PY, "benchmarks/weights.py", "{flags}"]),
     ("train", 55, [PY, "benchmarks/train.py", "{flags}"]),
     ("stats", 50, [PY, "benchmarks/stats.py", "{flags}"]),
-    ("generate", 120, [PY, "benchmarks/generate.py", "{flags}"]),
+    ("generate", 170, [PY, "benchmarks/generate.py", "{flags}"]),
 ]
 ORDER = ["ceilings", "tests", "attention", "weights", "stats", "generate", "train"]
 CARD = (
