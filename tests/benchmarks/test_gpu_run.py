@@ -27,6 +27,7 @@ def test_every_step_runs_and_is_recorded_whatever_the_others_do(tmp_path, monkey
         ("weights", 1, [PY, "-c", "import time; print('started', flush=True); time.sleep(60)"]),
         ("stats", 30, [PY, "benchmarks/no_such_script.py", "{flags}"]),
         ("train", 30, [PY, "-c", "import sys; print(' '.join(sys.argv[1:]))", "{flags}"]),
+        ("generate", 30, [PY, "-c", "import sys; sys.exit(5)"]),  # (needs CUDA: skipped)
     ]
     monkeypatch.setattr(gpu, "STEPS", steps)
     monkeypatch.setattr(sys, "argv", ["gpu.py", str(tmp_path), "--plumbing"])
@@ -35,7 +36,8 @@ def test_every_step_runs_and_is_recorded_whatever_the_others_do(tmp_path, monkey
     assert time.perf_counter() - t0 < 40  # the sleeper was stopped at its limit
     done = {s["name"]: s for s in json.loads((tmp_path / "steps.json").read_text())}
     assert {k: s["exit"] for k, s in done.items()} == {
-        "tests": 0, "attention": 3, "weights": 124, "stats": 127, "train": 0}
+        "tests": 0, "attention": 3, "weights": 124, "stats": 127, "train": 0, "generate": 0}
+    assert "not run with --plumbing" in (tmp_path / "generate.md").read_text()
     assert (tmp_path / "weights.md").read_text().startswith("started")  # kept as it went
     assert "--plumbing --quick" in (tmp_path / "train.md").read_text()
     sections = {s.name: s for s in R.parse((tmp_path / "gpu-section.md").read_text())}
