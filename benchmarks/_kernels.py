@@ -1,7 +1,7 @@
 """What the kernel-alone benchmarks (``q4_kernel.py``, ``bf16_kernel.py``) share: the working
 tree's step kernels and an earlier commit's, each built from its own sources into a library
 called through ``ctypes`` with the same arguments, and one table of GB/s per SmolLM2 matrix
-shape (in cache, streaming, the step's 210 products), old and new interleaved in one process
+shape (in cache, streaming, the step's 120 products), old and new interleaved in one process
 (rotating order; best of the rounds, and the median of the per-round ratios)."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from _common import interleave, ratio, set_clock
 from headwise.fast import build, native
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {"q/o": (576, 576), "k/v": (192, 576), "gate/up": (1536, 576), "down": (576, 1536)}
-LAYER = ("q/o", "k/v", "k/v", "q/o", "gate/up", "gate/up", "down")  # one layer's products
+# a SmolLM2 step's products: q|k|v and gate|up are one product each (headwise.fast.int4.share,
+# headwise.fast.rows.lay_out), so a layer makes four
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate+up": (3072, 576), "down": (576, 1536)}
+LAYER = ("qkv", "o", "gate+up", "down")  # one layer's products, in the step's order
 STREAM_BYTES = 64 << 20  # more than the 32 MiB L3
 AGAINST = "52720a5"  # session 15's kernels
 
@@ -93,7 +95,7 @@ def sweep(args, title: str, symbols: list[str], make: Callable, caller: Callable
         for threads in args.threads:
             for b in args.batches:
                 x = {n: torch.randn(b, n, generator=gen).to(dtype) for n in (576, 1536)}
-                y = {o: torch.empty(b, o, dtype=dtype) for o in (192, 576, 1536)}
+                y = {o: torch.empty(b, o, dtype=dtype) for o, _ in SHAPES.values()}
                 for name, (out, n) in SHAPES.items():
                     one = make(out, n, gen)
                     row(f"{name} {out}x{n} in cache", [one], max(1, (4 << 20) // one.nbytes),
@@ -101,4 +103,4 @@ def sweep(args, title: str, symbols: list[str], make: Callable, caller: Callable
                     many = [make(out, n, gen) for _ in range(STREAM_BYTES // one.nbytes + 1)]
                     row(f"{name} {out}x{n} streaming", many, 1, x, y, threads, b)
                     del many
-                row("model: 210 products", model, 1, x, y, threads, b)
+                row(f"model: {len(model)} products", model, 1, x, y, threads, b)

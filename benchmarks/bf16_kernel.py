@@ -3,13 +3,14 @@ bytes of W read per second, per SmolLM2 matrix shape, against the kernel of an e
 built from its own sources, interleaved in one process (rotating order; best of the rounds, and
 the median of the per-round ratios).
 
-Shapes: SmolLM2-135M's products (q and o 576x576, k and v 192x576, gate and up 1536x576, down
-576x1536), random bfloat16 weights (the time does not depend on their values):
+Shapes: SmolLM2-135M's products in the step (q|k|v 960x576, o 576x576, gate|up 3072x576, down
+576x1536: q|k|v and gate|up are one product each), random bfloat16 weights (the time does not
+depend on their values):
 
   in cache   one matrix called again and again (L2): the kernel's arithmetic
   streaming  as many distinct matrices of the shape as make 64 MiB (more than the 32 MiB L3),
              each called once per pass: what a decoding step sees
-  model      the 210 products of SmolLM2's 30 layers in the step's order (127 MiB)
+  model      the 120 products of SmolLM2's 30 layers in the step's order (127 MiB)
 
 Both kernels are called through ``ctypes`` with the same arguments (``_kernels.py``).
 

@@ -3,14 +3,14 @@ and minima read per second, per matrix shape, against the kernel of an earlier c
 its own sources, interleaved in one process (rotating order; best of the rounds, and the median
 of the per-round ratios).
 
-Shapes: SmolLM2-135M's seven products per layer (q and o 576x576, k and v 192x576, gate and up
-1536x576, down 576x1536), random codes, scales and minima (the kernel's time does not depend
-on their values):
+Shapes: the four products of a SmolLM2-135M layer in the step (q|k|v 960x576, o 576x576,
+gate|up 3072x576, down 576x1536: q|k|v and gate|up are one product each), random codes, scales
+and minima (the kernel's time does not depend on their values):
 
   in cache   one matrix called again and again (L2): the kernel's arithmetic
   streaming  as many distinct matrices of the shape as make 64 MiB (more than the 32 MiB L3),
              each called once per pass: what a decoding step sees
-  model      the 210 products of SmolLM2's 30 layers in the step's order (63 MiB), once per pass
+  model      the 120 products of SmolLM2's 30 layers in the step's order (63 MiB), once per pass
 
 The earlier kernel (``--against``, default 52720a5: session 15's kernel, which reads the codes in
 llama.cpp's nibble order, low nibbles weights 0-15, high 16-31) gets its codes in that order;
