@@ -105,13 +105,18 @@ class Int4:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
 
+    def product(self) -> _native.Product | None:
+        """headwise's kernel bound to these codes (:func:`headwise.fast.native.q4_product`: the
+        fields' form checked once, ~3 us a product less), or None where it declines (asked again
+        next time, e.g. after torch.compile or fast.as_device)."""
+        if self._product is None:
+            self._product = _native.q4_product(self.codes, self.scales, self.mins)
+        return self._product
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                res: torch.Tensor | None = None) -> torch.Tensor:
         """``x (b, in) @ W^T + bias (out,) + res (b, out)`` -> ``(b, out)`` in ``x``'s dtype."""
-        product = self._product
-        if product is None:  # (the fields' form checked once: ~3 us a product less; a decline
-            # is asked again next time, e.g. after torch.compile or fast.as_device)
-            product = self._product = _native.q4_product(self.codes, self.scales, self.mins)
+        product = self.product()
         if product is None:
             pass
         elif x.dtype is torch.float32:

@@ -353,7 +353,7 @@ def bind(plan: _plan.Plan, x: torch.Tensor, w: Weight, y: torch.Tensor,
     run one (another layout, a declined kernel): the caller then runs unbound."""
     m, bias, layout = w
     if layout is INT4:  # (Int4.matmul: float32 rows through the codes' bound product)
-        product = _native.q4_product(m.codes, m.scales, m.mins)
+        product = m.product()
         return (product is not None and x.dtype is torch.float32
                 and plan.coded(product, x, y, bias, res))
     if layout is Q8:
