@@ -6,6 +6,7 @@ takes more than :data:`LIMIT_S` to refuse, is a bug. Each crash found became a r
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, example, find, given, settings
 from hypothesis import strategies as st
 
 from tests.robustness.runner import USER_ERRORS
@@ -32,9 +33,11 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                 max_size=4),
     max_leaves=8)
-# Values a size field may be given: the edges and the absurd.
+# Values a size field may be given: the edges and the absurd. Each draw is a fresh copy: a
+# sampled list or dict is one shared object, and an edit that writes into it (a second edit of
+# the same config) would make it contain itself, and carry that into later examples.
 sizes = st.sampled_from([0, 1, 2, 3, -1, 7, 8, 64, 10**6, 10**9, 2**63, 2**70, 1.5, "8", None,
-                         True, [8], {"a": 1}, float("nan"), float("inf")])
+                         True, [8], {"a": 1}, float("nan"), float("inf")]).map(copy.deepcopy)
 
 
 def _warm_up():
@@ -67,6 +70,16 @@ def _bounded(fn):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_two_drawn_sizes_are_never_one_object():
+    """CI's run of 2026-11-27 failed both checkpoint targets with "Circular reference detected":
+    the sampled ``{"a": 1}`` was one object for every draw, an edit wrote it into itself, and
+    every later example that drew it could not be written as JSON."""
+    pair = find(st.lists(sizes, min_size=2, max_size=2),
+                lambda v: all(isinstance(x, dict) for x in v),
+                settings=settings(max_examples=10_000, database=None))
+    assert pair[0] == pair[1] and pair[0] is not pair[1]
 
 
 # ------------------------------------------------------------------------------ checkpoints
