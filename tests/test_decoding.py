@@ -6,9 +6,11 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import headwise
-from headwise.decoding import _sample, generate, generate_with_logits
+from headwise.decoding import _argmax, _sample, generate, generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 
 
@@ -219,3 +221,19 @@ def test_generation_keeps_training_mode_and_is_exported():
     assert torch.equal(a, generate(model.eval(), p, max_new_tokens=5))  # ran in eval mode
     assert headwise.generate is generate
     assert torch.equal(generate(model, p, max_new_tokens=0), p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       rows=st.integers(1, 4), v=st.integers(1, 300), levels=st.integers(1, 4),
+       nans=st.integers(0, 3), infs=st.integers(0, 3), seed=st.integers(0, 2**31 - 1))
+def test_greedy_choice_is_argmax_with_ties_nans_and_infs(dtype, rows, v, levels, nans, infs,
+                                                         seed):
+    """_argmax takes ``max``'s index: the same as ``argmax`` (the first of tied maxima, the first
+    NaN), which few distinct values (ties everywhere), NaNs and infinities would tell apart."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-levels, levels + 1, (rows, v), generator=gen).to(dtype)
+    for count, value in ((nans, float("nan")), (infs, float("inf")), (infs, -float("inf"))):
+        at = torch.randint(0, rows * v, (count,), generator=gen)
+        logits.view(-1)[at] = value
+    assert torch.equal(_argmax(logits), logits.argmax(-1))
