@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # headwise.fast.rows.lay_out), so a layer makes four
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate+up": (3072, 576), "down": (576, 1536)}
 LAYER = ("qkv", "o", "gate+up", "down")  # one layer's products, in the step's order
+HEAD = (49152, 576)  # SmolLM2's vocabulary head (its tied embedding)
 STREAM_BYTES = 64 << 20  # more than the 32 MiB L3
 AGAINST = "52720a5"  # session 15's kernels
 
@@ -69,9 +70,11 @@ def libraries(rev: str, tmp: Path, symbols: list[str]) -> dict:
 
 
 def sweep(args, title: str, symbols: list[str], make: Callable, caller: Callable,
-          dtype: torch.dtype) -> None:
+          dtype: torch.dtype, head: bool = False) -> None:
     """Print the table. ``make(out, n, gen)``: a matrix with ``nbytes``; ``caller(lib, variant,
-    mats, x, y, threads, wide, repeat)``: a function calling the kernel on every matrix."""
+    mats, x, y, threads, wide, repeat)``: a function calling the kernel on every matrix.
+    ``head``: also a row for the vocabulary head (:data:`HEAD`, larger than the L3 on its own),
+    where the kernel is also the head's (bf16: the tied embedding in bfloat16)."""
     set_clock(args.clock)
     gen = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,3 +107,7 @@ def sweep(args, title: str, symbols: list[str], make: Callable, caller: Callable
                     row(f"{name} {out}x{n} streaming", many, 1, x, y, threads, b)
                     del many
                 row(f"model: {len(model)} products", model, 1, x, y, threads, b)
+                if head:
+                    out, n = HEAD
+                    y[out] = torch.empty(b, out, dtype=dtype)
+                    row(f"head {out}x{n}", [make(out, n, gen)], 1, x, y, threads, b)

@@ -10,7 +10,8 @@ depend on their values):
   in cache   one matrix called again and again (L2): the kernel's arithmetic
   streaming  as many distinct matrices of the shape as make 64 MiB (more than the 32 MiB L3),
              each called once per pass: what a decoding step sees
-  model      the 120 products of SmolLM2's 30 layers in the step's order (127 MiB)
+  model      the 120 products of SmolLM2's 30 layers in the step's order (203 MiB)
+  head       the vocabulary head 49152x576 (its tied embedding, 54 MiB), once per pass
 
 Both kernels are called through ``ctypes`` with the same arguments (``_kernels.py``).
 
@@ -49,7 +50,8 @@ def caller(lib, variant: str, mats: list[Matrix], x: dict, y: dict, threads: int
 
 def main(argv=None) -> None:
     args = parser(__doc__, [1, 2, 4]).parse_args(argv)
-    sweep(args, "bf16 kernel", ["headwise_rows_matmul_bf16"], Matrix, caller, torch.bfloat16)
+    sweep(args, "bf16 kernel", ["headwise_rows_matmul_bf16"], Matrix, caller, torch.bfloat16,
+          head=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ static inline void put(const bf16_args* a, int b, long o, float s) {
 
 #define STREAMS 4 /* rows of W read per pass (rows_wide) */
 
+/* Four rows of x read three streams of W (rows_wide), and with the arithmetic of four rows per
+ * weight the hardware's prefetchers fall behind: each stream's W is asked into L2 AHEAD bytes
+ * on (prefetcht1), one request per 64-byte line. On this project's Zen 4 that took SmolLM2's
+ * 49152 x 576 head at four rows from 23.5 to 36.1 GB/s at 1 thread (benchmarks/bf16_kernel.py,
+ * "head"); 1 and 4 KiB ahead, prefetcht0, and the same for 2 and 3 rows (four streams) were
+ * slower. */
+#define AHEAD 8192
+
 /* 32 bfloat16 at p; the first n only when n < 32 (a masked load: zeros past them) */
 WIDE INLINE __m512bh load32(const bf16* p, long n) {
     if (n >= 32) return (__m512bh)_mm512_loadu_si512(p);
@@ -132,7 +140,11 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
         for (int b = 0; b < B; b++) acc[r][b][0] = acc[r][b][1] = _mm512_setzero_ps();
     }
     long k = 0, n = a->n;
-    for (; k + 64 <= n; k += 64)
+    for (; k + 64 <= n; k += 64) {
+        if (B == 4)
+            for (int r = 0; r < S; r++)
+                for (int line = 0; line < 128; line += 64)
+                    _mm_prefetch((const char*)(w[r] + k) + AHEAD + line, _MM_HINT_T1);
         for (int h = 0; h < 2; h++)
             if (B < S) { /* the B rows of x held, each row of W loaded once */
                 __m512bh xv[4];
@@ -151,6 +163,7 @@ WIDE INLINE void rows_s_wide(const bf16_args* a, const long* o, int S, int B) {
                         acc[r][b][h] = _mm512_dpbf16_ps(acc[r][b][h], wv[r], xv);
                 }
             }
+    }
     for (; k < n; k += 32) {
         __m512bh wv[STREAMS];
         for (int r = 0; r < S; r++) wv[r] = load32(w[r] + k, n - k);
