@@ -22,14 +22,16 @@ ratios), at each thread count:
              conservative for both); ``agree`` = leading new tokens equal to HF's in that row;
              ``ms/step`` = the same medians / 256 (per new token, the prefill included)
   prefill    one forward over 512 tokens (all logits), time ratio (>= 9 rounds)
-  roof       the step's floor: the bytes of weights one decode step reads
+  roof       the step's floor: the bytes one decode step reads, weights + KV cache
              (:func:`headwise.fast.roof.step_bytes`: every matrix it multiplies by once, in the
              form it reads: fp32 and bf16 every parameter, the tied embedding/head once, 513 and
              257 MiB; q4 the 4-bit codes + their float16 scales and minima and the head's Q8_0
              codes + scales, 92 MiB; the embedding's float32 table is only looked up, one row
-             a token, and not counted) over the machine's read bandwidth (:func:`headwise.fast.roof.
-             read_bandwidth`: a sum over 512 MiB) measured in the same run at the same thread
-             count. ``step ms`` is the decode steps alone: (the 256-token call - a 1-token call
+             a token, and not counted; :func:`headwise.fast.roof.cache_bytes`: the keys and
+             values at the timed steps' mean length, 192 positions, 8.4 MiB a row in float32
+             (fp32, q4), 4.2 in bf16) over the machine's read bandwidth
+             (:func:`headwise.fast.roof.read_bandwidth`: a sum over 512 MiB) measured in the same
+             run at the same thread count. ``step ms`` is the decode steps alone: (the 256-token call - a 1-token call
              of the same prompt, both medians of the interleaved rounds) / 255; ``% roof`` =
              roof ms / step ms
   paths      bf16 and q4 run headwise's kernels on the widest path the CPU has
@@ -54,6 +56,7 @@ import torch
 import _common as C
 
 NEW, PROMPT, PREFILL = 256, 64, 512
+KEYS = PROMPT + NEW // 2  # positions the timed steps attend, on average (roof)
 WARM = 8  # new tokens of the untimed call each decode candidate makes first
 AVX2 = "@avx2"  # suffix of a variant run on the AVX2 path
 PREFILL_ROUNDS = 9
@@ -195,7 +198,7 @@ def prefill_rows(threads, ids, ours, theirs, rounds) -> list[dict]:
 
 
 def measure(threads: int, rounds: int, batches, chat, ours, theirs, paths) -> list[dict]:
-    from headwise.fast.roof import read_bandwidth, step_bytes
+    from headwise.fast.roof import cache_bytes, read_bandwidth, step_bytes
 
     torch.set_num_threads(threads)
     prompt = chat_prompt(chat, PROMPT)
@@ -211,9 +214,13 @@ def measure(threads: int, rounds: int, batches, chat, ours, theirs, paths) -> li
           f"{', '.join(f'{x / 1e9:.1f}' for x in bws)})", flush=True)
     for row in rows:
         if "_step_s" in row:
-            read, step_s = step_bytes(ours[row.pop("_model")]), row.pop("_step_s")
+            model, step_s = ours[row.pop("_model")], row.pop("_step_s")
+            # the cache at the timed steps' mean length (step k attends PROMPT + k keys)
+            weights, cache = step_bytes(model), cache_bytes(model, row["batch"], KEYS)
+            read = weights + cache
             row["step ms"] = f"{step_s * 1e3:.1f}"
-            row["roof ms"] = f"{read / bw * 1e3:.1f} ({read / 2**20:.0f} MiB, {bw / 1e9:.1f} GB/s)"
+            row["roof ms"] = (f"{read / bw * 1e3:.1f} ({weights / 2**20:.0f} + "
+                              f"{cache / 2**20:.0f} MiB, {bw / 1e9:.1f} GB/s)")
             row["% roof"] = f"{read / bw / step_s:.0%}"
     return rows
 

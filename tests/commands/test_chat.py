@@ -21,18 +21,27 @@ def test_chat_answers_the_capital_of_france(smollm2_path, capsys):
 
 @pytest.mark.parametrize("flag", ["--bf16", "--q4"])
 def test_bf16_and_q4_print_their_speed_beside_the_roof(smollm2_path, capsys, flag):
-    """The second line: the roof in tok/s (bytes per token over the read bandwidth measured
-    then), the fraction of it the decoding reached, and the kernels' path."""
-    from headwise.fast import native
+    """The second line: the roof in tok/s (bytes per token, the weights' and the KV cache's at
+    the reply's mean length, over the read bandwidth measured then), the fraction of it the
+    decoding reached, and the kernels' path."""
+    import torch
+
+    from headwise.fast import native, roof
+    from headwise.pretrained import load_gguf
 
     assert main(["chat", "What is the capital of France?", "--max-new-tokens", "12",
                  "--threads", "1", flag]) == 0
     err = capsys.readouterr().err
-    found = re.search(r"\[roof: ([\d.]+) tok/s \((\d+) MiB read per token at ([\d.]+) GB/s, 1 "
-                      r"threads\); decoding ran at (\d+)% of it on (.+)\]", err)
+    found = re.search(r"\[roof: ([\d.]+) tok/s \((\d+) MiB read per token, weights and KV cache, "
+                      r"at ([\d.]+) GB/s, 1 threads\); decoding ran at (\d+)% of it on (.+)\]", err)
     assert found, err
-    roof, mib, gbs, percent, kernels = found.groups()
-    assert float(roof) == pytest.approx(float(gbs) * 1e9 / (int(mib) * 2**20), rel=0.01)
+    rate, mib, gbs, percent, kernels = found.groups()
+    assert float(rate) == pytest.approx(float(gbs) * 1e9 / (int(mib) * 2**20), rel=0.01)
+    prompt, new = map(int, re.search(r"\[(\d+) prompt tokens, (\d+) new tokens", err).groups())
+    model = load_gguf(smollm2_path, dtype=torch.bfloat16 if flag == "--bf16" else torch.float32,
+                      q4=flag == "--q4").model
+    read = roof.step_bytes(model) + roof.cache_bytes(model, 1, prompt + max(1, new // 2))
+    assert int(mib) == round(read / 2**20)
     # where the kernels decline (no AVX2 on the CPU or in torch's build), say whose ran and why
     want = (f"headwise's {native.isa()} kernels" if native.isa() else
             f"torch's kernels ({native.status()})")

@@ -1,10 +1,13 @@
 """headwise.fast.roof: the read bandwidth is a plausible reading of memory, the bytes a step
-reads are its weights' bytes (codes for 4-bit matrices), the CPU line names the features."""
+reads are its weights' bytes (codes for 4-bit matrices) and its cache's over the positions it
+attends, the CPU line names the features."""
 
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from headwise.fast import int4 as _int4
@@ -52,3 +55,33 @@ def test_cpu_names_the_features_the_paths_need():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     for feature in ("avx2", "avx512_bf16"):
         assert (feature in features.split()) is (f" {feature}" in flags), (feature, features)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 3), heads=st.sampled_from([(4, 4), (4, 2), (6, 3), (2, 1)]),
+       rows=st.integers(1, 4), keys=st.integers(1, 40),
+       window=st.none() | st.integers(1, 30), bf16=st.booleans())
+def test_cache_bytes_are_the_cache_positions_a_step_attends(layers, heads, rows, keys, window,
+                                                            bf16):
+    """What the step reads of its cache: the buffers new_cache allocates for ``keys`` positions
+    (the window's where it is shorter), in the cache's own dtype."""
+    from headwise.models import LMConfig, TransformerLM
+
+    h, g = heads
+    model = TransformerLM(LMConfig(vocab_size=11, d_model=8 * h, num_heads=h, num_kv_heads=g,
+                                   num_layers=layers, d_ff=16, max_len=64, norm="rms",
+                                   ffn="glu", sliding_window=window))
+    if bf16:
+        model = model.to(torch.bfloat16)
+    seen = keys if window is None else min(keys, window)
+    assert roof.cache_bytes(model, rows, keys) == model.new_cache(rows, seen).nbytes()
+
+
+def test_cache_bytes_refuses_what_it_does_not_count():
+    from headwise.models import LMConfig, TransformerLM
+
+    model = TransformerLM(LMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=8))
+    with pytest.raises(TypeError, match="decoder-only TransformerLM"):
+        roof.cache_bytes(nn.Linear(2, 2), 1, 1)
+    with pytest.raises(ValueError, match="keys must be a positive int, got 0"):
+        roof.cache_bytes(model, 1, 0)

@@ -60,21 +60,22 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _beside_the_roof(model, rate: float) -> str:
+def _beside_the_roof(model, rate: float, keys: int) -> str:
     """One line: the decoding rate against the machine's roof, the tokens per second a step
-    would make if it read its weights at the read bandwidth measured now (at these threads)."""
+    would make if it read its weights and its KV cache (``keys`` positions, the reply's mean)
+    at the read bandwidth measured now (at these threads)."""
     import torch
 
     from headwise.fast import native
-    from headwise.fast.roof import read_bandwidth, step_bytes
+    from headwise.fast.roof import cache_bytes, read_bandwidth, step_bytes
 
-    bw, read = read_bandwidth(), step_bytes(model)
+    bw, read = read_bandwidth(), step_bytes(model) + cache_bytes(model, 1, keys)
     roof = bw / read
     path = native.isa()
     kernels = f"headwise's {path} kernels" if path else f"torch's kernels ({native.status()})"
-    return (f"[roof: {roof:.1f} tok/s ({read / 2**20:.0f} MiB read per token at {bw / 1e9:.1f} "
-            f"GB/s, {torch.get_num_threads()} threads); decoding ran at {rate / roof:.0%} of it "
-            f"on {kernels}]")
+    return (f"[roof: {roof:.1f} tok/s ({read / 2**20:.0f} MiB read per token, weights and KV "
+            f"cache, at {bw / 1e9:.1f} GB/s, {torch.get_num_threads()} threads); decoding ran at "
+            f"{rate / roof:.0%} of it on {kernels}]")
 
 
 def _check(args: argparse.Namespace, device) -> None:
@@ -136,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
           f"first token after {t_first - start:.2f} s, then {decode_rate:.1f} tok/s; "
           f"{chat.config.name}, {torch.get_num_threads()} threads]", file=sys.stderr)
     if args.bf16 or args.q4:
-        print(_beside_the_roof(chat.model, decode_rate), file=sys.stderr)
+        # (the step making new token k + 1 attends len(prompt) + k keys)
+        keys = len(prompt) + max(1, len(answer) // 2)
+        print(_beside_the_roof(chat.model, decode_rate, keys), file=sys.stderr)
     if args.view is not None:
         from headwise.commands import _decoder_view as dv
 
