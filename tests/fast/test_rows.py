@@ -136,14 +136,16 @@ def _wide_and_tall(seed: int) -> nn.Module:
 @given(seed=st.integers(0, 2**31 - 1))
 def test_lay_out_moves_only_the_storage(seed):
     """One row: wide matrices stored (in, out), the rest (out, in); 2..COLUMN_ROWS rows: all
-    (out, in); more rows: untouched. Same Parameter objects, shapes, values and outputs."""
+    (out, in); more rows: untouched. Same Parameter objects, shapes, values and outputs. Every
+    matrix moves once into lay_out's buffers (the tied one once), then only when its layout
+    changes or its storage was replaced."""
     model = _wide_and_tall(seed)
     params = list(model.parameters())
     values = [p.detach().clone() for p in params]
     x = torch.randn(3, 6)
     want = model(x).detach()
     with torch.inference_mode():  # as in generate: the copies must still be ordinary tensors
-        assert _rows.lay_out(model, 1) == 1  # the tied wide matrix, once
+        assert _rows.lay_out(model, 1) == 3  # each matrix, the tied wide one once
     wide, tall = model[0].weight, model[1].weight
     assert _rows.stored_transposed(wide) and wide is model[3].weight
     assert tall.is_contiguous() and model[2].weight.is_contiguous()
@@ -155,6 +157,9 @@ def test_lay_out_moves_only_the_storage(seed):
     assert _rows.lay_out(model, _rows.COLUMN_ROWS + 1) == 0  # many rows: left as they are
     assert _rows.stored_transposed(wide)
     assert _rows.lay_out(model, 2) == 1 and wide.is_contiguous()
+    assert all(torch.equal(p, v) for p, v in zip(params, values, strict=True))
+    tall.data = tall.detach().clone()  # a storage lay_out did not place
+    assert _rows.lay_out(model, 2) == 1 and _rows.lay_out(model, 2) == 0
     assert all(torch.equal(p, v) for p, v in zip(params, values, strict=True))
 
 

@@ -54,6 +54,8 @@ product bound by reading the weights once. Each component's ``row`` form (beside
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,6 +83,8 @@ COLUMN_ROWS = _native.ROWS
 SPLIT_MIN = 1 << 17
 # lay_out stores the matrices it moves in buffers of about this many bytes, advised to huge pages
 ARENA_BYTES = 64 << 20
+# the weights lay_out placed there: id -> (a weak reference to the weight, its storage then)
+_PLACED: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def weight(w: torch.Tensor, bias: torch.Tensor | None, transpose: bool) -> Weight:
@@ -195,10 +199,12 @@ def lay_out(module: nn.Module, rows: int) -> int:
     stored as blocks of one buffer, laid out as their joined matrix, so the step (and the
     module path's fused projection) multiplies them as one without a copy (:func:`joined`).
     Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
-    optimizer keeps its references), their shapes and values. The moved matrices go into
+    optimizer keeps its references), their shapes and values. Every matrix it takes lives in
     buffers of about :data:`ARENA_BYTES` advised to transparent huge pages, one dtype each
-    (fewer TLB misses for a step that streams them every token); the extra memory while they move is a buffer
-    or two, or the largest group. The copies are ordinary tensors even inside
+    (fewer TLB misses for a step that streams them every token): one already in the layout
+    wanted moves too, once, unless lay_out put it there (SmolLM2's bfloat16 step at one thread:
+    ~0.9x the time with its head and its o and down matrices moved as well); the extra memory
+    while they move is a buffer or two, or the largest group. The copies are ordinary tensors even inside
     ``torch.inference_mode``, so the model still trains afterwards."""
     if rows > COLUMN_ROWS:
         return 0
@@ -214,8 +220,8 @@ def lay_out(module: nn.Module, rows: int) -> int:
         seen.update(id(w) for w in ws)
         want = rows == 1 and _wide(layers) and ws[0].dtype is torch.float32
         whole = _joined(layers)
-        if whole is None or not (stored_transposed(whole[0]) if want
-                                 else whole[0].is_contiguous()):
+        if whole is None or not all(map(_placed, ws)) or not (
+                stored_transposed(whole[0]) if want else whole[0].is_contiguous()):
             todo.append((layers, want))
     with torch.inference_mode(False), torch.no_grad():
         for chunk in _chunks(todo):
@@ -226,6 +232,17 @@ def lay_out(module: nn.Module, rows: int) -> int:
                 _store(layers, want, arena[at:at + _numel(layers)])
                 at += _numel(layers)
     return sum(len(layers) for layers, _ in todo)
+
+
+def _place(w: torch.Tensor) -> None:
+    key = id(w)
+    _PLACED[key] = weakref.ref(w, lambda _: _PLACED.pop(key, None)), w.untyped_storage().data_ptr()
+
+
+def _placed(w: torch.Tensor) -> bool:
+    """Whether :func:`lay_out` put ``w`` where it is now (in one of its huge-page buffers)."""
+    ref, at = _PLACED.get(id(w), (None, None))
+    return ref is not None and ref() is w and w.untyped_storage().data_ptr() == at
 
 
 def _numel(layers) -> int:
@@ -271,6 +288,7 @@ def _store(layers, transposed: bool, buf: torch.Tensor) -> None:
         n = w.shape[0]
         block = buf[:, at:at + n].t() if transposed else buf[at:at + n]
         w.data = block.copy_(w.detach())
+        _place(w)
         if biases is not None:
             layer.bias.data = biases[at:at + n].copy_(layer.bias.detach())
         at += n
