@@ -6,7 +6,10 @@ speed as a fraction of it.
 - :func:`read_bandwidth`: bytes per second one sum over a float32 buffer much larger than the
   caches reads, at the current torch thread count (torch's reduction splits it over them),
   best of a few: what the machine delivers to a reading loop, the step's kind of traffic (a
-  copy's writes would count bytes the step never moves).
+  copy's writes would count bytes the step never moves). The buffer is advised to huge pages,
+  as the weights a step streams are (:func:`headwise.fast.rows.lay_out`, the 4-bit and 8-bit
+  codes from loading): on this project's Zen 4 a sum over 4 KiB pages read 27-28 GB/s at one
+  thread where 2 MiB pages read 33-36, so a probe on 4 KiB pages would set the roof ~20% low.
 - :func:`step_bytes`: the bytes of weights one step reads: each matrix it multiplies by once
   (a tied matrix once) in the form the step reads it: a 4-bit matrix's codes, scales and minima
   (:class:`~headwise.fast.int4.Int4`), a float32 matrix with 8-bit codes beside it those codes
@@ -29,6 +32,7 @@ import time
 import torch
 from torch import nn
 
+from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import q8 as _q8
 from headwise.limits import cpu_model
@@ -40,12 +44,12 @@ _FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_b
 
 
 def read_bandwidth(repeats: int = 5, nbytes: int = BUFFER_BYTES) -> float:
-    """Bytes per second of ``torch.sum`` over ``nbytes`` of float32, the best of ``repeats``
-    (after one untimed pass that faults the pages in), at ``torch.get_num_threads()``."""
+    """Bytes per second of ``torch.sum`` over ``nbytes`` of float32 advised to huge pages, the
+    best of ``repeats`` (after one untimed pass), at ``torch.get_num_threads()``."""
     if repeats < 1 or nbytes < 2**20:
         raise ValueError(f"read_bandwidth: expected repeats >= 1 and nbytes >= 1 MiB, got "
                          f"{repeats} and {nbytes}; the defaults measure 512 MiB 5 times")
-    buf = torch.ones(nbytes // 4)
+    buf = _large.huge(nbytes // 4, torch.float32).fill_(1.0)
     buf.sum()
     best = float("inf")
     for _ in range(repeats):
