@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from headwise.fast import int4 as _int4
 from headwise.fast import native as _native
 from tests.fast.conftest import torch_threads
+from tests.fast.test_q8 import random_q8
 
 
 def random_int4(out, groups, seed):
@@ -307,3 +308,47 @@ def test_a_deep_copy_multiplies_by_its_own_codes():
     layer.int4.codes.zero_()
     del layer
     assert torch.equal(twin(x), want)
+
+
+@settings(deadline=None, max_examples=10)
+@given(outs=st.lists(st.sampled_from([16, 32, 48]), min_size=2, max_size=3),
+       groups=st.integers(1, 4), rows=st.integers(1, 5), bound=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_place_moves_every_code_into_one_huge_page_buffer(outs, groups, rows, bound, seed):
+    """place() copies a model's 4-bit fields (shared sets once, each layer still a view of its
+    rows) and its Q8 codes into one buffer advised to huge pages, 64-byte aligned, in module
+    order; every product is what it was bit for bit, also when the kernel had bound the old
+    addresses (``bound``) before the move."""
+    from headwise.fast import large as _large
+    from headwise.fast import q8 as _q8
+    g = torch.Generator().manual_seed(seed)
+    shared = [_int4.Int4Linear(_int4.Int4(*random_int4(out, groups, seed + i)), None,
+                               torch.float32) for i, out in enumerate(outs)]
+    single = _int4.Int4Linear(_int4.Int4(*random_int4(16, groups, seed + 9)),
+                              torch.randn(16, generator=g), torch.float32)
+    codes, scales, w = random_q8(24, groups, seed)
+    head = torch.nn.Linear(groups * 32, 24, bias=False)
+    head.weight = torch.nn.Parameter(w)
+    head.q8 = _q8.Q8(codes, scales, head.weight)
+    model = torch.nn.ModuleList([*shared, single, head])
+    assert _int4.share(shared)
+    x = torch.randn(rows, groups * 32, generator=g)
+    want = [m.int4.matmul(x) for m in (*shared, single)]
+    want_head = head.q8.matmul(x[:4]) if bound else None  # (the Q8 kernel takes 1-4 rows)
+    calls, huge = [], _large.huge
+    with pytest.MonkeyPatch.context() as mp:  # (huge()'s advice: tests/fast/test_large.py)
+        mp.setattr(_large, "huge", lambda n, dtype: calls.append((n, dtype)) or huge(n, dtype))
+        placed = _int4.place(model)
+    held = [getattr(_int4.joined([m.int4 for m in shared]), f) for f in _int4.FIELDS]
+    held += [getattr(single.int4, f) for f in _int4.FIELDS] + [head.q8.codes, head.q8.scales]
+    ptrs = [t.data_ptr() for t in held]
+    assert len({t.untyped_storage().data_ptr() for t in held}) == 1  # one buffer
+    assert ptrs == sorted(ptrs) and all(p % 64 == 0 for p in ptrs)  # in order, aligned
+    assert placed == sum(-(-t.nbytes // 64) * 64 for t in held)
+    assert calls == [(placed, torch.uint8)]
+    assert _int4.joined([m.int4 for m in shared]) is shared[0].int4._base  # still one set
+    for m, y in zip((*shared, single), want, strict=True):
+        assert torch.equal(m.int4.matmul(x), y)
+    assert _q8.of(head) is head.q8  # (the weight untouched: the codes still stand for it)
+    if want_head is not None:  # (None: no kernel built here)
+        assert torch.equal(head.q8.matmul(x[:4]), want_head)

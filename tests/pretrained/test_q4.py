@@ -119,7 +119,9 @@ def test_layers_reading_one_input_share_their_codes_and_one_product(tmp_path, mo
         for group in groups:
             whole = _int4.joined([layer.int4 for layer in group])
             assert whole is not None and whole.shape[0] == sum(m.out_features for m in group)
-            assert whole.codes.untyped_storage().data_ptr() == group[0].int4.codes.data_ptr()
+            assert whole.codes.data_ptr() == group[0].int4.codes.data_ptr()  # (no copy)
+            assert all(layer.int4.codes.untyped_storage().data_ptr()  # (place(): one buffer
+                       == whole.codes.untyped_storage().data_ptr() for layer in group)  # for all)
         names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "ff.gate", "ff.up")
         for name in names:  # the view's values are the file's (the float model dequantizes it)
             got, want = block.get_submodule(name).weight, plain.get_submodule(name).weight

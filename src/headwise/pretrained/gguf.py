@@ -323,8 +323,9 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
     dequantized ones do. Layers that read one input (q, k, v; gate, up) then share one set of
     codes, each a view of its rows (:func:`headwise.fast.int4.share`). Q8_0 matrices' codes go
     beside the float32 weight they dequantize to (:func:`headwise.pretrained.q4.attach_q8`: the
-    vocabulary head's, for the step)."""
-    from headwise.fast.int4 import Int4, Int4Linear, share
+    vocabulary head's, for the step). All these codes then move into one huge-page buffer
+    (:func:`headwise.fast.int4.place`)."""
+    from headwise.fast.int4 import Int4, Int4Linear, place, share
     from headwise.pretrained.q4 import BLOCK, KINDS, attach_q8, fields
 
     c, done = file.config, 0
@@ -350,6 +351,7 @@ def attach_q4(model: torch.nn.Module, file: GGUFFile) -> int:
         done += 1
     for group in (g for m in model.modules() for g in getattr(m, "joint_linears", tuple)()):
         share(group)  # (q|k|v, gate|up: one set of codes each, one product in the step)
+    place(model)  # (every code the step streams in one huge-page buffer)
     return done
 
 
