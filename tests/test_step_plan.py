@@ -1,5 +1,5 @@
-"""headwise.step.DecodeStep's bound form (headwise.fast.plan: one C call per layer, the
-activation between): where every layer's row form binds, the step's logits and cache are the
+"""headwise.step.DecodeStep's bound form (headwise.fast.plan: one C call a step, or one per
+layer where torch computes the activation between): where every layer's row form binds, the step's logits and cache are the
 unbound step's bit for bit, in float32, bfloat16 and 4-bit; where a form does not bind
 (LayerNorm, a plain MLP, post-norm, cross-attention, soft-capping, sinks), or the kernels are
 off, the step is unbound; a row that is not finite, or an op that fails, has its layer redone
@@ -126,3 +126,25 @@ def test_a_failed_op_redoes_its_layer_and_the_rest_unbound(monkeypatch):
     monkeypatch.setattr(_plan.Plan, "run", run)
     step = _bound_and_unbound(model, rows=3, steps=4)
     assert step.plan is not None and stopped == step.unbound_from == [1] * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_runs_in_the_plan_where_it_is_torchs_bit_for_bit(dtype):
+    """A SwiGLU feed-forward whose width is whole steps of torch's vector loop (here 128) has its
+    activation in the plan (Plan.silu_mul: torch's bits): no call between stretches, one C call
+    a step, still the unbound step bit for bit; one whose width is not (72) keeps torch's call."""
+    from headwise.fast import plan as _plan
+    if _plan._torch_exp() is None:
+        pytest.skip("torch's vector exp is not found in this build")
+    for d_ff, inside in ((128, True), (72, False)):
+        torch.manual_seed(d_ff)
+        model = _lm(d_model=32, num_heads=4, num_kv_heads=2, num_layers=3, d_ff=d_ff,
+                    vocab_size=29, max_len=16, positional="rope", norm="rms", ffn="glu",
+                    activation="silu").to(dtype)
+        # (in bfloat16 a small model's one-row step is unbound: the first test above)
+        for rows in (1, 3) if dtype is torch.float32 else (3,):
+            step = _bound_and_unbound(model, rows, seed=rows)
+            kinds = [op[0] for op in step.plan.ops]
+            assert kinds.count(_plan.KINDS["silu_mul"]) == (3 if inside else 0)
+            assert len(step.rests) == (0 if inside else 3)
+            assert len(step.plan.cuts) == (2 if inside else 5) and step.unbound_from == []

@@ -197,13 +197,14 @@ class DecodeStep:
         m, dtype = self.like.shape[1], self.like.dtype
         plan = _plan.Plan(cache.batch)
         xs = [plan.buffer(f"x{k}", m, dtype) for k in (0, 1)]  # a layer's input, its output
-        self.rests = []  # the call between a layer's two stretches (its activation)
+        self.rests = []  # the calls between stretches (activations the plan leaves to torch)
         for k, layer in enumerate(self.layers):
             plan.layer = k
             rest = layer.bind(plan, xs[k % 2], xs[1 - k % 2], self.angles, cache.length)
             if rest is None:
                 return None
-            self.rests.append(rest)
+            if rest is not True:
+                self.rests.append(rest)
         plan.layer, self.xs = n, xs
         self.normed = plan.buffer("final", m, dtype)
         if not getattr(self.final_norm, "bind", lambda *a: False)(plan, xs[n % 2], self.normed):
@@ -222,7 +223,7 @@ class DecodeStep:
                 or not all(c.checked >= pos or c.all_finite(pos) for c in self.selfs)):
             return self._step(ids)
         self.xs[0].copy_(self.embed(ids, pos))
-        threads, n = torch.get_num_threads(), len(self.layers)
+        threads, n = torch.get_num_threads(), len(self.rests)
         for k in range(n + 1):
             if (stop := plan.run(k, pos, threads, lib)) >= 0:  # redo that layer on, unbound
                 first = plan.owner[stop]

@@ -191,3 +191,82 @@ def test_q8_codes_bind_through_their_product():
     assert plan.coded(_native.q4_product(q8.codes, q8.scales, None), x, y)
     assert _run(plan) == -1
     assert torch.equal(y, q8.matmul(x))
+
+
+def _lanes() -> int:
+    from headwise.fast import plan as _plan
+    found = _plan._torch_exp()
+    if found is None:
+        pytest.skip("torch's vector exp is not found in this build")
+    return found[1]
+
+
+@settings(deadline=None, max_examples=40)
+@given(b=st.integers(1, 4), k=st.integers(1, 6), scale=st.sampled_from([1.0, 30.0, 120.0]),
+       dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_a_bound_silu_mul_is_torchs_bit_for_bit(b, k, scale, dtype, seed):
+    """The plan's silu * u is ``torch.mul(F.silu(g), u)`` bit for bit, g and u the two halves
+    of one gate|up buffer as the step binds them, over silu's range (exp underflowing and
+    overflowing at +-scale 120); a NaN stops the run there (torch then redoes the layer)."""
+    gen = torch.Generator().manual_seed(seed)
+    f = 2 * _lanes() * (2 if dtype is torch.bfloat16 else 1) * k  # (torch's vector steps)
+    gu = _randn(gen, b, 2 * f, dtype=dtype) * scale
+    g, u = gu.split_with_sizes((f, f), -1)
+    out, plan = torch.empty(b, f, dtype=dtype), Plan(b)
+    assert plan.silu_mul(g, u, out)
+    assert _run(plan) == -1
+    want = torch.mul(torch.nn.functional.silu(g), u)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    gu[b - 1, f - 1] = float("nan")
+    assert plan.run(0, 0, 1, _native.library()) == 0
+
+
+def test_silu_mul_declines_what_it_would_not_compute_as_torch(monkeypatch):
+    """Rows whose width is not a multiple of torch's vector step (two vectors: its remainder
+    goes through the scalar exp), more values than torch runs on one thread (its split could
+    fall inside a row), mixed dtypes, strided rows;
+    and, where the check against torch finds other bits (here: Sleef's 2^x handed in as the
+    exp), the op declines and says why."""
+    import ctypes
+    from pathlib import Path
+
+    from headwise.fast import plan as _plan
+    lanes = _lanes()
+    g, u = torch.randn(2, 2 * lanes), torch.randn(2, 2 * lanes)
+    plan = Plan(2)
+    assert not plan.silu_mul(g[:, :lanes], u[:, :lanes], torch.empty(2, lanes))
+    assert not plan.silu_mul(g.bfloat16(), u.bfloat16(), torch.empty(2, 2 * lanes,
+                                                                      dtype=torch.bfloat16))
+    assert not plan.silu_mul(g, u.bfloat16(), torch.empty(2, 2 * lanes))
+    assert not plan.silu_mul(g.t(), u.t(), torch.empty(2 * lanes, 2))
+    big = torch.randn(2, 16384 + 2 * lanes)
+    assert not plan.silu_mul(big, big, torch.empty_like(big))
+    assert plan.ops == []
+    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    rough = getattr(lib, "Sleef_exp2f16_u10" if lanes == 16 else "Sleef_exp2f8_u10avx2")
+    monkeypatch.setattr(_plan, "_torch_exp", lambda: (ctypes.cast(rough, ctypes.c_void_p).value,
+                                                      lanes))
+    _plan._same.cache_clear()
+    try:
+        assert not plan.silu_mul(g, u, torch.empty(2, 2 * lanes)) and plan.ops == []
+        assert "silu_mul" in _native.declined()
+    finally:
+        _plan._same.cache_clear()
+        _native._declined.pop("silu_mul", None)
+
+
+def test_silu_mul_on_torchs_avx2_path_is_torchs_bit_for_bit():
+    """Under torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, a CPU without AVX-512) the op
+    takes Sleef's 8-lane exp and still matches torch, in a fresh process (the capability is
+    fixed when torch loads)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from headwise.fast import plan as p; "
+            "assert torch.backends.cpu.get_cpu_capability() == 'AVX2'; "
+            "assert p._torch_exp()[1] == 8; "
+            "assert p._same(torch.float32) and p._same(torch.bfloat16); print('ok')")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0 and got.stdout.strip() == "ok", got.stderr[-2000:]

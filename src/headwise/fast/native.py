@@ -37,9 +37,9 @@ import torch
 
 from headwise.fast import applies, build, host
 
-__all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "declined", "fits", "isa", "library",
-           "q4_matmul", "q4_product", "q8_matmul", "rms_fits", "rms_rows", "rope_rows",
-           "rows_matmul", "self_fits", "self_rows", "status", "takes", "use_isa"]
+__all__ = ["ISA_ENV", "ROWS", "Product", "attend_rows", "decline", "declined", "fits", "isa",
+           "library", "q4_matmul", "q4_product", "q8_matmul", "rms_fits", "rms_rows",
+           "rope_rows", "rows_matmul", "self_fits", "self_rows", "status", "takes", "use_isa"]
 
 SOURCE = Path(__file__).with_name("step_kernels.c")
 # the library's sources: SOURCE, the bfloat16, 4-bit and 8-bit kernels, their shared header
@@ -99,8 +99,8 @@ def declined() -> dict[str, str]:
     return dict(_declined)
 
 
-def _decline(kernel: str, why: str) -> None:
-    _declined.setdefault(kernel, why)  # (the first reason); None: the caller's answer
+def decline(kernel: str, why: str) -> None:
+    _declined.setdefault(kernel, why)  # (its first reason, for declined()); returns None
 
 
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -113,7 +113,7 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
     why = takes(x, w, bias, res, wt)
     lib = None if why else _kernel()
     if lib is None:
-        return _decline("rows_matmul", why or _state["why"])
+        return decline("rows_matmul", why or _state["why"])
     (b, n), out = x.shape, w.shape[1] if wt else w.shape[0]
     y = torch.empty(b, out) if x.dtype is _F32 else torch.empty(b, out, dtype=_BF16)
     bias_ptr = None if bias is None else bias.data_ptr()
@@ -166,7 +166,7 @@ def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | N
     if (codes.dim() != 2 or n % 32 or codes.dtype is not (_I8 if mins is None else _U8)
             or any(t.dtype is not _F16 or t.shape != (out, n // 32) for t in coded)
             or not all(t.is_contiguous() for t in (codes, *coded)) or not host(codes, *coded)):
-        return _decline(name, f"codes and scales are not the {8 if mins is None else 4}-bit "
+        return decline(name, f"codes and scales are not the {8 if mins is None else 4}-bit "
                               "form of a matrix")
     return Product(name, (codes, *coded), out, n, ROWS if mins is None else None)
 
@@ -187,7 +187,7 @@ class Product:
         why = self.takes(x, bias, res)
         lib = None if why else _kernel()
         if lib is None or not _state["f16c"]:
-            return _decline(self.name, why or _state["why"] or "this CPU has no F16C")
+            return decline(self.name, why or _state["why"] or "this CPU has no F16C")
         b = x.shape[0]
         y = torch.empty(b, out)
         failed = getattr(lib, "headwise_" + self.name)(
@@ -195,7 +195,7 @@ class Product:
             *((None, 0) if res is None else (res.data_ptr(), res.stride(0))),
             None if bias is None else bias.data_ptr(), b, out, n, torch.get_num_threads(),
             _state["wide"])
-        return _decline(self.name, "no scratch memory for the rows") if failed else y
+        return decline(self.name, "no scratch memory for the rows") if failed else y
 
     def takes(self, x: torch.Tensor, bias, res) -> str:
         """Why the kernel cannot take these rows (``""``: it can)."""

@@ -25,7 +25,10 @@ new position with the same values, so a layer can be run again).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import struct
+from pathlib import Path
 
 import torch
 
@@ -36,7 +39,7 @@ __all__ = ["KINDS", "WIDTH", "Plan"]
 
 # the ops' kinds, numbered as step_kernels_plan.c numbers them
 KINDS = {"rms": 1, "rms_bf16": 2, "rows": 3, "rows_bf16": 4, "row_t": 5, "q4_matmul": 6,
-         "q8_matmul": 7, "self": 8, "to_bf16": 9}
+         "q8_matmul": 7, "self": 8, "to_bf16": 9, "silu_mul": 10}
 WIDTH = 24  # longs per op
 
 
@@ -146,6 +149,25 @@ class Plan:
             return False
         return self._add("to_bf16", (_ptr(x), _ptr(y), x.numel()), (x, y))
 
+    def silu_mul(self, g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> bool:
+        """``out = torch.mul(F.silu(g), u)`` for rows ``g, u (b, f)`` (columns of one buffer,
+        or two), float32 or bfloat16, with the vector exp torch's own silu calls
+        (:func:`_torch_exp`), where a check against torch found the same bits (:func:`_same`).
+        Only where torch takes that exp for every value: rows of whole steps of its vector loop
+        (two vectors: 32 float32 or 64 bfloat16 under AVX-512; the rest of a row goes through
+        the scalar ``std::exp``) and at most one thread's share (``at::internal::GRAIN_SIZE``,
+        32768: a split between threads could fall inside a row)."""
+        found = _torch_exp()
+        step = None if found is None else 2 * found[1] * (2 if g.dtype is torch.bfloat16 else 1)
+        if (found is None or not _fresh(out, g.shape, g.dtype) or u.shape != g.shape
+                or g.dtype not in (torch.float32, torch.bfloat16) or u.dtype is not g.dtype
+                or g.stride() != u.stride() or g.stride(1) != 1 or g.shape[1] % step
+                or g.numel() > 32768 or not _same(g.dtype)):
+            return False
+        return self._add("silu_mul", (_ptr(g), _ptr(u), g.stride(0), _ptr(out), g.shape[0],
+                                      g.shape[1], g.dtype is torch.bfloat16, *found),
+                         (g, u, out))
+
     def seal(self) -> None:
         """The ops as one table the C side reads; no more ops after this."""
         self.table = torch.tensor([op + [0] * (WIDTH - len(op)) for op in self.ops],
@@ -156,6 +178,44 @@ class Plan:
         every op ran, else the index of the op that did not (none after it ran)."""
         return lib[0].headwise_plan_run(self.table.data_ptr(), self.cuts[stretch],
                                         self.cuts[stretch + 1], pos, threads, lib[1])
+
+
+@functools.cache
+def _torch_exp() -> tuple[int, int] | None:
+    """``(address, lanes)`` of the vector exp torch's CPU kernels call at the instruction set
+    they run (Sleef's ``expf16_u10`` under AVX-512, ``expf8_u10avx2`` under AVX2: exported by
+    torch's own library), or None (another build, another platform, no library)."""
+    lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability())
+    if lanes is None or _native.library() is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        fn = getattr(lib, "Sleef_expf16_u10" if lanes == 16 else "Sleef_expf8_u10avx2")
+    except (OSError, AttributeError):
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value, lanes
+
+
+@functools.cache
+def _same(dtype: torch.dtype) -> bool:
+    """Whether the C op computes ``torch.mul(F.silu(g), u)`` bit for bit here, on 8192 values
+    across silu's range (exp's underflow and overflow, the ties of bfloat16 rounding, signed
+    zeros, subnormals), checked once per dtype and process."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.cat((torch.linspace(-110, 110, 4096), torch.randn(4064, generator=gen) * 8,
+                   torch.tensor([0.0, -0.0, 1e-40, -1e-40, 88.7, -88.7, 103.9, -103.9] * 4)))
+    g, u = g.to(dtype)[None], torch.randn(1, g.numel(), generator=gen).to(dtype)
+    plan, out = Plan(1), torch.empty_like(g)
+    plan._add("silu_mul", (_ptr(g), _ptr(u), g.stride(0), _ptr(out), 1, g.shape[1],
+                           dtype is torch.bfloat16, *_torch_exp()), ())
+    plan.cut()
+    plan.seal()
+    want = torch.mul(torch.nn.functional.silu(g), u)
+    ok = plan.run(0, 0, 1, _native.library()) == -1 and torch.equal(  # (the bits)
+        out.view(torch.int16), want.view(torch.int16))
+    if not ok:
+        _native.decline("silu_mul", f"the C silu * u differs from torch's in {dtype}")
+    return ok
 
 
 def _fresh(t: torch.Tensor, shape, dtype) -> bool:

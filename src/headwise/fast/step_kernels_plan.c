@@ -35,7 +35,7 @@ int headwise_self_rows(void* x, long rows, long ldx, long h, long g, long d, lon
                        float scale, float* out, long ldo, int threads);
 
 /* The kinds (headwise.fast.plan.KINDS has the same numbers) and the op's width in longs. */
-enum { RMS = 1, RMS_BF16, ROWS, ROWS_BF16, ROW_T, Q4, Q8, SELF, TO_BF16 };
+enum { RMS = 1, RMS_BF16, ROWS, ROWS_BF16, ROW_T, Q4, Q8, SELF, TO_BF16, SILU_MUL };
 #define WIDTH 24
 
 #define P(i) ((void*)op[i])
@@ -45,6 +45,89 @@ static inline double as_double(long bits) {
     double v;
     memcpy(&v, &bits, sizeof v);
     return v;
+}
+
+/* A gated feed-forward's activation, out = silu(g) * u, as torch computes it (F.silu then
+ * torch.mul), for rows of f features (f a multiple of the vector width): silu(x) = x / (1 +
+ * exp(-x)) in vectors, with the vector exp torch's own kernel calls (`exp`: Sleef's, found in
+ * torch's library by headwise.fast.plan, which checks the results against torch's once); in
+ * bfloat16 each of silu and the product computed in float32 and rounded once, as torch's
+ * bfloat16 vectors are. Returns 1 at a NaN (whose bits torch's paths spell differently: the
+ * step's layer is then redone by torch). The 16-lane form where torch runs AVX-512, the 8-lane
+ * one where it runs AVX2. */
+typedef __m512 (*exp16_fn)(__m512);
+typedef __m256 (*exp8_fn)(__m256);
+
+/* v's bfloat16 bits, rounded to nearest, ties to even (to_bf16's rounding; a NaN the caller
+ * stops at), in the high halves of the lanes */
+__attribute__((target("avx512f,avx512dq,avx2,fma")))
+static inline __m512i bf16_bits16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+}
+
+__attribute__((target("avx512f,avx512dq,avx2,fma")))
+static int silu_mul16(const void* g, const void* u, long ld, void* out, long rows, long f,
+                      int half, exp16_fn exp16) {
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    __mmask16 nan = 0;
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < f; i += 16) {
+            __m512 x, v;
+            if (half) {
+                const bf16 *gp = (const bf16*)g + r * ld + i, *up = (const bf16*)u + r * ld + i;
+                x = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)gp)), 16));
+                v = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)up)), 16));
+            } else {
+                x = _mm512_loadu_ps((const float*)g + r * ld + i);
+                v = _mm512_loadu_ps((const float*)u + r * ld + i);
+            }
+            __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_xor_ps(x, sign))));
+            nan |= _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
+            if (half)
+                s = _mm512_castsi512_ps(_mm512_and_si512(bf16_bits16(s),
+                                                         _mm512_set1_epi32((int)0xffff0000u)));
+            __m512 y = _mm512_mul_ps(s, v);
+            nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+            if (half) {
+                _mm256_storeu_si256((__m256i*)((bf16*)out + r * f + i),
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits16(y), 16)));
+            } else {
+                _mm512_storeu_ps((float*)out + r * f + i, y);
+            }
+        }
+    return nan != 0;
+}
+
+static int silu_mul8(const void* g, const void* u, long ld, void* out, long rows, long f,
+                     int half, exp8_fn exp8) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int nan = 0;
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < f; i += 8) {
+            float xs[8], vs[8];
+            for (int k = 0; k < 8; k++) {
+                long at = r * ld + i + k;
+                xs[k] = half ? from_bf16(((const bf16*)g)[at]) : ((const float*)g)[at];
+                vs[k] = half ? from_bf16(((const bf16*)u)[at]) : ((const float*)u)[at];
+            }
+            __m256 x = _mm256_loadu_ps(xs);
+            __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign))));
+            float t[8];
+            _mm256_storeu_ps(t, s);
+            for (int k = 0; k < 8; k++) {
+                float y = (half ? from_bf16(to_bf16(t[k])) : t[k]) * vs[k];
+                nan |= y != y;
+                if (half)
+                    ((bf16*)out)[r * f + i + k] = to_bf16(y);
+                else
+                    ((float*)out)[r * f + i + k] = y;
+            }
+        }
+    return nan;
 }
 
 /* One op; returns 0 when it ran as the unbound call would have succeeded. */
@@ -94,6 +177,12 @@ static int run(const long* op, long pos, int threads, int wide) {
             }
             return 0;
         }
+        case SILU_MUL: /* 1 g, 2 u, 3 their row stride, 4 out, 5 rows, 6 f, 7 bfloat16,
+                        * 8 the vector exp, 9 its lanes (16 or 8) */
+            return op[9] == 16 ? silu_mul16(P(1), P(2), op[3], P(4), op[5], op[6], (int)op[7],
+                                            (exp16_fn)P(8))
+                               : silu_mul8(P(1), P(2), op[3], P(4), op[5], op[6], (int)op[7],
+                                           (exp8_fn)P(8));
         default:
             return 1;
     }

@@ -305,11 +305,13 @@ class BlockRow:
     def bind(self, plan, x: torch.Tensor, y: torch.Tensor, angles, pos: int):
         """Add this block's ops for rows ``x (b, m)`` -> ``y (b, m)`` to ``plan``
         (:class:`headwise.fast.plan.Plan`; ``angles``, ``pos`` as
-        :meth:`~headwise.layers.row.AttentionRow.bind` takes them), as two stretches: norm,
-        attention, output product with the residual, norm, the feed-forward's inner product;
-        then its down product with the residual. Returns the call to make between them (the
-        feed-forward's activation), or None where the block has no bound form (post-norm,
-        cross-attention, a form without ``bind``, a declined kernel): the step runs unbound."""
+        :meth:`~headwise.layers.row.AttentionRow.bind` takes them): norm, attention, output
+        product with the residual, norm, the feed-forward's inner product, its activation, its
+        down product with the residual. Returns True, or where the plan leaves the activation to
+        torch (:meth:`~headwise.models.feedforward.GatedRow.bind`) the call to make for it
+        between the two stretches the block then is; None where the block has no bound form
+        (post-norm, cross-attention, a form without ``bind``, a declined kernel): the step runs
+        unbound."""
         attn, norms = self.self_attn, (self.attn_norm, self.ff_norm)
         if (not self.pre or self.cross_attn is not None
                 or not all(hasattr(f, "bind") for f in (*norms, self.ff_inner))):
@@ -323,9 +325,10 @@ class BlockRow:
                  and self.ff_norm.bind(plan, mid, normed) and self.ff_inner.bind(plan, normed))
         if not inner:
             return None
-        plan.cut()
         rest, act = inner
-        return rest if _rows.bind(plan, act, self.ff_out, y, res=mid) else None
+        if rest is not None:
+            plan.cut()
+        return (rest or True) if _rows.bind(plan, act, self.ff_out, y, res=mid) else None
 
     def _sublayer(self, x, norm, out_w, inner):
         """Pre-norm ``x + inner(norm(x)) @ W``, post-norm ``norm(x + inner(x) @ W)``."""

@@ -139,15 +139,18 @@ class GatedRow:
         return self.act(_rows.linear(y, gate)).mul_(_rows.linear(y, up))
 
     def bind(self, plan, y: torch.Tensor):
-        """Add gate|up's one product of ``y`` to ``plan`` (:class:`headwise.fast.plan.Plan`);
-        returns ``(rest, out)``: ``rest()`` writes ``out = act(g) * u`` ``(b, f)``, a call the
-        step makes between two of the plan's C calls (torch's own activation kernel: its vector
-        ``exp`` is not one a C kernel here would match bit for bit). None where it cannot bind."""
+        """Add gate|up's one product of ``y`` to ``plan`` (:class:`headwise.fast.plan.Plan`)
+        and ``out = act(g) * u`` ``(b, f)``; returns ``(rest, out)``: ``rest`` None when the
+        plan computes silu's product itself (:meth:`~headwise.fast.plan.Plan.silu_mul`, torch's
+        bits), else the call the step makes between two of the plan's C calls (torch's own
+        activation). None where it cannot bind."""
         gu = plan.buffer("gate|up", 2 * self.f, y.dtype)
         if self.both is None or not _rows.bind(plan, y, self.both, gu):
             return None
         (g, u), act = gu.split_with_sizes((self.f, self.f), -1), self.act
         out = plan.buffer("act", self.f, y.dtype)
+        if act is F.silu and plan.silu_mul(g, u, out):
+            return None, out
         return (lambda: torch.mul(act(g), u, out=out)), out
 
 

@@ -63,8 +63,7 @@ class GGUFConfig:
     num_layers [num_hidden_layers], num_heads ``h``, num_kv_heads ``g``, d_model ``m``
     [hidden_size], head_dim ``d``, d_ff [intermediate_size], rope_theta, rope_dim (rotated
     dimensions per head), rms_eps, tie_embeddings (no ``output.weight``: the lm_head is the
-    token embedding), context_length [max_position_embeddings], vocab_size.
-    """
+    token embedding), context_length [max_position_embeddings], vocab_size."""
 
     architecture: str
     name: str
@@ -119,8 +118,7 @@ def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's per-head row order ``(h, d/2, 2)`` -> rotate-half order ``(h, 2, d/2)``.
 
     ``weight``: ``(h * d, m)``. llama.cpp's converter wrote, per head, row ``i`` of the first
-    half next to row ``i`` of the second half; this puts the halves back one after the other.
-    """
+    half next to row ``i`` of the second half; this puts the halves back one after the other."""
     return rearrange(weight, "(h half two) m -> (h two half) m", h=heads, two=2)
 
 
