@@ -264,7 +264,7 @@ def place(model: nn.Module) -> int:
     for m in model.modules():
         if isinstance(m, Int4Linear):
             part = m.int4
-            root = part._base or part
+            root = part if part._base is None else part._base
             roots.setdefault(id(root), root)
             if root is not part:  # (its first row in the root's codes)
                 start = (part.codes.data_ptr() - root.codes.data_ptr()) // part.codes.stride(0)
