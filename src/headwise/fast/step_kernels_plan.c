@@ -57,6 +57,8 @@ static inline double as_double(long bits) {
  * one where it runs AVX2. */
 typedef __m512 (*exp16_fn)(__m512);
 typedef __m256 (*exp8_fn)(__m256);
+typedef int (*silu_fn)(const void* g, const void* u, long at, void* out, long o, int half,
+                       const void* exp);
 
 /* v's bfloat16 bits, rounded to nearest, ties to even (to_bf16's rounding; a NaN the caller
  * stops at), in the high halves of the lanes */
@@ -68,65 +70,51 @@ static inline __m512i bf16_bits16(__m512 v) {
 }
 
 __attribute__((target("avx512f,avx512dq,avx2,fma")))
-static int silu_mul16(const void* g, const void* u, long ld, void* out, long rows, long f,
-                      int half, exp16_fn exp16) {
-    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
-    __mmask16 nan = 0;
-    for (long r = 0; r < rows; r++)
-        for (long i = 0; i < f; i += 16) {
-            __m512 x, v;
-            if (half) {
-                const bf16 *gp = (const bf16*)g + r * ld + i, *up = (const bf16*)u + r * ld + i;
-                x = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)gp)), 16));
-                v = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)up)), 16));
-            } else {
-                x = _mm512_loadu_ps((const float*)g + r * ld + i);
-                v = _mm512_loadu_ps((const float*)u + r * ld + i);
-            }
-            __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_xor_ps(x, sign))));
-            nan |= _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
-            if (half)
-                s = _mm512_castsi512_ps(_mm512_and_si512(bf16_bits16(s),
-                                                         _mm512_set1_epi32((int)0xffff0000u)));
-            __m512 y = _mm512_mul_ps(s, v);
-            nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
-            if (half) {
-                _mm256_storeu_si256((__m256i*)((bf16*)out + r * f + i),
-                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits16(y), 16)));
-            } else {
-                _mm512_storeu_ps((float*)out + r * f + i, y);
-            }
-        }
+static inline __m512 load16(const void* p, long at, int half) {
+    if (!half) return _mm512_loadu_ps((const float*)p + at);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)((const bf16*)p + at))), 16));
+}
+
+/* The 16 values of g and u at `at`, their results at `o` of out; nonzero at a NaN. */
+__attribute__((target("avx512f,avx512dq,avx2,fma")))
+static int silu16(const void* g, const void* u, long at, void* out, long o, int half,
+                  const void* exp) {
+    __m512 x = load16(g, at, half), one = _mm512_set1_ps(1.0f);
+    __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, ((exp16_fn)exp)(
+                                                      _mm512_xor_ps(x, _mm512_set1_ps(-0.0f)))));
+    __mmask16 nan = _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
+    if (half)
+        s = _mm512_castsi512_ps(_mm512_and_si512(bf16_bits16(s), _mm512_set1_epi32(~0xffff)));
+    __m512 y = _mm512_mul_ps(s, load16(u, at, half));
+    nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+    if (half)
+        _mm256_storeu_si256((__m256i*)((bf16*)out + o),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits16(y), 16)));
+    else
+        _mm512_storeu_ps((float*)out + o, y);
     return nan != 0;
 }
 
-static int silu_mul8(const void* g, const void* u, long ld, void* out, long rows, long f,
-                     int half, exp8_fn exp8) {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+/* The same for 8 values, with torch's AVX2 exp; the rounding one value at a time. */
+static int silu8(const void* g, const void* u, long at, void* out, long o, int half,
+                 const void* exp) {
+    float xs[8], t[8];
+    for (int k = 0; k < 8; k++)
+        xs[k] = half ? from_bf16(((const bf16*)g)[at + k]) : ((const float*)g)[at + k];
+    __m256 x = _mm256_loadu_ps(xs);
+    _mm256_storeu_ps(t, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ((exp8_fn)exp)(
+                                                           _mm256_xor_ps(x, _mm256_set1_ps(-0.0f))))));
     int nan = 0;
-    for (long r = 0; r < rows; r++)
-        for (long i = 0; i < f; i += 8) {
-            float xs[8], vs[8];
-            for (int k = 0; k < 8; k++) {
-                long at = r * ld + i + k;
-                xs[k] = half ? from_bf16(((const bf16*)g)[at]) : ((const float*)g)[at];
-                vs[k] = half ? from_bf16(((const bf16*)u)[at]) : ((const float*)u)[at];
-            }
-            __m256 x = _mm256_loadu_ps(xs);
-            __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign))));
-            float t[8];
-            _mm256_storeu_ps(t, s);
-            for (int k = 0; k < 8; k++) {
-                float y = (half ? from_bf16(to_bf16(t[k])) : t[k]) * vs[k];
-                nan |= y != y;
-                if (half)
-                    ((bf16*)out)[r * f + i + k] = to_bf16(y);
-                else
-                    ((float*)out)[r * f + i + k] = y;
-            }
-        }
+    for (int k = 0; k < 8; k++) {
+        float v = half ? from_bf16(((const bf16*)u)[at + k]) : ((const float*)u)[at + k];
+        float y = (half ? from_bf16(to_bf16(t[k])) : t[k]) * v;
+        nan |= (t[k] != t[k]) | (y != y);
+        if (half)
+            ((bf16*)out)[o + k] = to_bf16(y);
+        else
+            ((float*)out)[o + k] = y;
+    }
     return nan;
 }
 
@@ -177,12 +165,15 @@ static int run(const long* op, long pos, int threads, int wide) {
             }
             return 0;
         }
-        case SILU_MUL: /* 1 g, 2 u, 3 their row stride, 4 out, 5 rows, 6 f, 7 bfloat16,
-                        * 8 the vector exp, 9 its lanes (16 or 8) */
-            return op[9] == 16 ? silu_mul16(P(1), P(2), op[3], P(4), op[5], op[6], (int)op[7],
-                                            (exp16_fn)P(8))
-                               : silu_mul8(P(1), P(2), op[3], P(4), op[5], op[6], (int)op[7],
-                                           (exp8_fn)P(8));
+        case SILU_MUL: { /* 1 g, 2 u, 3 their row stride, 4 out, 5 rows, 6 f, 7 bfloat16,
+                          * 8 the vector exp, 9 its lanes (16 or 8) */
+            silu_fn one = op[9] == 16 ? silu16 : silu8;
+            int nan = 0;
+            for (long r = 0; r < op[5]; r++)
+                for (long i = 0; i < op[6]; i += op[9])
+                    nan |= one(P(1), P(2), r * op[3] + i, P(4), r * op[6] + i, (int)op[7], P(8));
+            return nan;
+        }
         default:
             return 1;
     }
