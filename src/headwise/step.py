@@ -40,9 +40,9 @@ for 2-4 rows ``(out, in)``). On an x86-64 CPU with AVX2 the products of 1-4 rows
 attention of the one new query run headwise's own C kernels (:mod:`headwise.fast.native`: the
 weights read at 20-24 GB/s where MKL's kernels reach 12-20 for one row and ~10 for 2-4; a
 SmolLM2-135M step at one thread 36.4 -> 29-30 ms with the huge-page layout); where every layer's
-form binds (``BlockRow.bind``), their calls are bound once per generation and each layer runs as
-one C call with torch's activation between (:mod:`headwise.fast.plan`: the same kernels and
-arguments, bit for bit; ~2 ms of Python a SmolLM2 4-bit step less). The layout stays
+form binds (``BlockRow.bind``), their calls are bound once per generation and the step runs as
+one C call, or one per layer where torch computes the activation between (:mod:`headwise.fast.
+plan`: the same kernels and arguments, bit for bit; ~2 ms of Python a SmolLM2 4-bit step less). The layout stays
 after the generation (a run of generations at one batch size pays the copy once); values,
 shapes and parameters are untouched, and the module path multiplies either layout.
 
@@ -189,8 +189,8 @@ class DecodeStep:
     # ----------------------------------------------------------------- the bound form
     def _bind(self):
         """The layers' row forms and the final norm bound to buffers kept for the generation,
-        as a :class:`~headwise.fast.plan.Plan` of one C call per layer (module docstring), or
-        None where some form does not bind (the step then runs unbound)."""
+        as a :class:`~headwise.fast.plan.Plan` (module docstring), or None where some form does
+        not bind (the step then runs unbound)."""
         cache, n = self.cache, len(self.layers)
         if _native.library() is None or cache.length >= cache.max_len or self.final_norm is None:
             return None
@@ -215,7 +215,8 @@ class DecodeStep:
         return plan
 
     def _planned(self, ids: torch.Tensor) -> torch.Tensor:
-        """:meth:`_step` as the plan: one C call per layer and the activation between."""
+        """:meth:`_step` as the plan: its stretches, and the activations torch computes
+        between them (:attr:`rests`: none where the plan computes them)."""
         plan, pos, lib = self.plan, self.cache.length, _native.library()
         # the one-call attention attends only over keys/values known finite (as attend_new
         # asks: read once, the prompt's after the prompt, then known)

@@ -2,7 +2,7 @@
 
 Holds the CPU decoding step's weight layouts and products (``rows``), headwise's C kernels and
 their loader (``native`` + ``step_kernels*.c``; ``build`` runs the compiler; ``plan`` binds a step's
-calls once and runs a layer's as one), the 4-bit GGUF
+calls once and runs them as one C call), the 4-bit GGUF
 weight form (``int4``), 8-bit codes the step reads beside a float32 weight (``q8``), the
 memory roof a step is measured against (``roof``), huge-page and recycled buffers (``large``),
 inference that reuses its own buffers (``reuse``), the CPU flash kernel that returns its

@@ -164,6 +164,9 @@ class Plan:
                 or g.stride() != u.stride() or g.stride(1) != 1 or g.shape[1] % step
                 or g.numel() > 32768 or not _same(g.dtype)):
             return False
+        return self._silu(g, u, out, found)
+
+    def _silu(self, g, u, out, found) -> bool:
         return self._add("silu_mul", (_ptr(g), _ptr(u), g.stride(0), _ptr(out), g.shape[0],
                                       g.shape[1], g.dtype is torch.bfloat16, *found),
                          (g, u, out))
@@ -206,8 +209,7 @@ def _same(dtype: torch.dtype) -> bool:
                    torch.tensor([0.0, -0.0, 1e-40, -1e-40, 88.7, -88.7, 103.9, -103.9] * 4)))
     g, u = g.to(dtype)[None], torch.randn(1, g.numel(), generator=gen).to(dtype)
     plan, out = Plan(1), torch.empty_like(g)
-    plan._add("silu_mul", (_ptr(g), _ptr(u), g.stride(0), _ptr(out), 1, g.shape[1],
-                           dtype is torch.bfloat16, *_torch_exp()), ())
+    plan._silu(g, u, out, _torch_exp())
     plan.cut()
     plan.seal()
     want = torch.mul(torch.nn.functional.silu(g), u)

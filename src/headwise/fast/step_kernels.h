@@ -39,6 +39,15 @@ static inline bf16 to_bf16(float f) {
     return (bf16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* to_bf16's rounding of 16 lanes (to nearest, ties to even), the bfloat16 in the high half of
+ * each lane; a NaN is the caller's to handle. AVX-512F alone, so kernels for CPUs without
+ * AVX512-BF16 use it too. */
+__attribute__((target("avx512f"))) INLINE __m512i bf16_near16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+}
+
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

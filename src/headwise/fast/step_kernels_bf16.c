@@ -112,9 +112,7 @@ WIDE INLINE void put16(const bf16_args* a, const long* o, int S, int B, __m512 s
         for (int i = 0; i < S * B; i++) add[REDUCED(i)] = a->res[i % B * a->ldr + o[i / B]];
         s = _mm512_add_ps(s, widen16(add));
     }
-    __m512i u = _mm512_castps_si512(s), top = _mm512_srli_epi32(u, 16);
-    __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
-    __m512i near = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(top, one)));
+    __m512i u = _mm512_castps_si512(s), top = _mm512_srli_epi32(u, 16), near = bf16_near16(s);
     __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                            _mm512_set1_epi32(0x7f800000));
     __m512i r = _mm512_mask_or_epi32(_mm512_srli_epi32(near, 16), nan, top,

@@ -60,15 +60,6 @@ typedef __m256 (*exp8_fn)(__m256);
 typedef int (*silu_fn)(const void* g, const void* u, long at, void* out, long o, int half,
                        const void* exp);
 
-/* v's bfloat16 bits, rounded to nearest, ties to even (to_bf16's rounding; a NaN the caller
- * stops at), in the high halves of the lanes */
-__attribute__((target("avx512f,avx512dq,avx2,fma")))
-static inline __m512i bf16_bits16(__m512 v) {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    return _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-}
-
 __attribute__((target("avx512f,avx512dq,avx2,fma")))
 static inline __m512 load16(const void* p, long at, int half) {
     if (!half) return _mm512_loadu_ps((const float*)p + at);
@@ -85,12 +76,12 @@ static int silu16(const void* g, const void* u, long at, void* out, long o, int 
                                                       _mm512_xor_ps(x, _mm512_set1_ps(-0.0f)))));
     __mmask16 nan = _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
     if (half)
-        s = _mm512_castsi512_ps(_mm512_and_si512(bf16_bits16(s), _mm512_set1_epi32(~0xffff)));
+        s = _mm512_castsi512_ps(_mm512_and_si512(bf16_near16(s), _mm512_set1_epi32(~0xffff)));
     __m512 y = _mm512_mul_ps(s, load16(u, at, half));
     nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
     if (half)
         _mm256_storeu_si256((__m256i*)((bf16*)out + o),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits16(y), 16)));
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_near16(y), 16)));
     else
         _mm512_storeu_ps((float*)out + o, y);
     return nan != 0;
