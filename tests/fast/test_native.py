@@ -186,7 +186,7 @@ def _attention64(q, k, v):
 
 @needs_kernel
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 4), g=st.integers(1, 3), per=st.integers(1, 4), n=st.integers(1, 70),
+@given(rows=st.integers(1, 4), g=st.integers(1, 3), per=st.integers(1, 7), n=st.integers(1, 70),
        d=st.sampled_from([1, 5, 8, 12, 64, 72, 130]), start=st.integers(0, 6),
        spread=st.sampled_from([0.1, 1.0, 6.0]), threads=st.sampled_from([1, 2]),
        seed=st.integers(0, 2**31 - 1))
@@ -212,6 +212,31 @@ def test_attend_rows_equals_float64_attention(rows, g, per, n, d, start, spread,
     top = float((q.double() @ per_q.transpose(-1, -2)).abs().max()) / d ** 0.5
     torch.testing.assert_close(got.double(), _attention64(q, k, v), atol=1e-6 * (1 + top),
                                rtol=0)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16]), rows=st.integers(1, 4),
+       g=st.integers(1, 3), per=st.integers(2, 7), n=st.integers(1, 90),
+       d=st.sampled_from([8, 12, 64, 72, 130]), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**31 - 1))
+def test_attend_rows_gives_each_head_what_it_gets_alone(dtype, rows, g, per, n, d, threads,
+                                                        seed):
+    """The kernel reads a key/value head once for up to three of the query heads that share it;
+    each head's output is still, bit for bit, the one it gets as the only query head of its
+    key/value head (so the grouping, and how rows and groups are split between threads, never
+    changes a value)."""
+    gen = torch.Generator().manual_seed(seed)
+    h = g * per
+    q = torch.randn(rows, h, 1, d, generator=gen).to(dtype)
+    kc, vc = (torch.randn(rows, g, n + 4, d, generator=gen).to(dtype) for _ in range(2))
+    k, v = kc[:, :, 2:2 + n], vc[:, :, 2:2 + n]
+    with torch_threads(threads):
+        together = _native.attend_rows(q, k, v)
+        alone = [_native.attend_rows(q[:, t:t + 1], k[:, t // per:t // per + 1],
+                                     v[:, t // per:t // per + 1]) for t in range(h)]
+    assert together is not None and all(a is not None for a in alone)
+    assert torch.equal(together, torch.cat(alone, 1))
 
 
 @needs_kernel
