@@ -75,7 +75,7 @@ STEPS = [
 ]
 # steps whose --device cuda tables have no tiny form on a CPU: --plumbing skips them
 NO_PLUMBING = ("stats", "generate")
-ORDER = ["ceilings", "tests", "attention", "weights", "stats", "generate", "train"]
+ORDER = R.ORDER  # the file's one order (a merge keeps the CPU sections where they are)
 CARD = (
     "import torch\n"
     "if torch.cuda.is_available():\n"

@@ -169,3 +169,13 @@ def test_the_committed_file_is_current_only():
     assert goals and all(ln.rstrip().endswith(("PASS", "FAIL")) or " PASS " in ln
                          or " FAIL " in ln for ln in goals), goals
     assert all(len(ln) <= 140 for ln in goals), max(goals, key=len)
+
+
+def test_every_writer_keeps_the_files_one_order():
+    """run_all.py and gpu.py write in _results.ORDER, which names every benchmark either runs,
+    and the committed file is in that order (so no run reorders another machine's sections)."""
+    run_all, gpu = importlib.import_module("run_all"), importlib.import_module("gpu")
+    assert {"ceilings", *run_all.BENCHMARKS, *(s[0] for s in gpu.STEPS)} <= set(R.ORDER)
+    assert gpu.ORDER == R.ORDER
+    sections = R.parse((BENCH / "RESULTS.md").read_text(encoding="utf-8"))
+    assert sections == R.merge([], sections, R.ORDER)
