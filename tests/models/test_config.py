@@ -6,6 +6,7 @@ import json
 import pytest
 
 from headwise.models import CONFIGS, LMConfig, TransformerConfig, config_from_dict
+from headwise.models.config import FLAT_ATTENTION_KEYS
 
 
 def test_round_trip_through_json():
@@ -47,8 +48,13 @@ def test_from_dict_rejects_unknown_and_missing_keys():
     (dict(rotary_dim=16), "rotary_dim=16 needs positional='rope'"),
     (dict(positional="rope", rotary_dim=7), "rotary_dim must be even and <= the head size 64"),
     (dict(positional="rope", rotary_dim=66), "rotary_dim must be even and <= the head size 64"),
-    (dict(sliding_window=0), "sliding_window must be >= 1"),
-    (dict(attn_softcap=-1.0), "attn_softcap must be None or > 0"),
+    (dict(sliding_window=0), "window must be >= 1"),
+    (dict(attention={"window": 0}), "window must be >= 1"),
+    (dict(attn_softcap=-1.0), "softcap must be None or > 0"),
+    (dict(attention={"softcap": -1.0}), "softcap must be None or > 0"),
+    (dict(attention={"num_kv_heads": 3}, num_heads=8), "not a multiple of num_kv_heads=3"),
+    (dict(attention={"rotary_dim": 16}), "rotary_dim=16 needs positional='rope'"),
+    (dict(attention={"window": 4, "windw": 4}), r"unknown attention keys \['windw'\]"),
     (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
     (dict(num_layers=0), "num_layers must be >= 1"),
     (dict(pad_id=50), r"pad_id must be None or an id in \[0, 50\)"),
@@ -76,7 +82,7 @@ def test_one_base_config_for_every_family():
 
     shared = {f.name for f in dataclasses.fields(ModelConfig)}
     assert {"d_model", "num_heads", "num_layers", "d_ff", "max_len", "dropout", "activation",
-            "layer_norm_eps", "pad_id", "backend"} <= shared
+            "layer_norm_eps", "pad_id", "attention"} <= shared
     for cls in (LMConfig, TransformerConfig, BertConfig):
         assert issubclass(cls, ModelConfig)
         for method in ("to_dict", "from_dict", "replace", "_check"):
@@ -107,9 +113,12 @@ def test_config_json_keys_of_saved_runs_still_load():
             "d_ff": 1536, "max_len": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
             "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "pad_id": 0,
             "pooler": True, "backend": "auto"}
-    # every old key comes back with its value (fields added since take their defaults)
-    assert LMConfig.from_dict(lm).to_dict().items() >= lm.items()
-    assert BertConfig.from_dict(bert).to_dict().items() >= bert.items()
+    # every old key comes back with its value (fields added since take their defaults), the
+    # attention's under their names in ``attention``
+    for cls, old in ((LMConfig, lm), (BertConfig, bert)):
+        new = cls.from_dict(old).to_dict()
+        flat = {**new, **{k: new["attention"][v] for k, v in FLAT_ATTENTION_KEYS.items()}}
+        assert flat.items() >= old.items()
     with pytest.raises(ValueError, match=r"BertConfig: unknown keys \['hidden_size'\].*"
                                          "bert_config_from_hf"):
         BertConfig.from_dict({"hidden_size": 8})

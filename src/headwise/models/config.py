@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 from headwise import limits
@@ -109,7 +109,7 @@ class ModelConfig(metaclass=_FoldsFlatAttention):
     activation: str = "relu"
     layer_norm_eps: float = 1e-5
     pad_id: int | None = None
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     pruned_heads: dict[str, list[list[int]]] | None = None
 
     def __post_init__(self):
@@ -147,7 +147,8 @@ class ModelConfig(metaclass=_FoldsFlatAttention):
             raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known keys are "
                              f"{sorted(names)}{cls._from_dict_hint()}")
         required = [f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.name not in d]
+                    if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING and f.name not in d]
         if required:
             raise ValueError(f"{cls.__name__}: missing required keys {required}")
         return cls(**d)
@@ -259,10 +260,10 @@ class _StackConfig(ModelConfig):
     def _check(self) -> None:
         super()._check()
         name = type(self).__name__
-        for field_name, choices in (("positional", _POSITIONALS), ("norm", _NORMS), ("ffn", _FFNS)):
-            if getattr(self, field_name) not in choices:
-                raise ValueError(f"{name}: {field_name} must be one of {choices}, got "
-                                 f"{getattr(self, field_name)!r}")
+        for field, choices in (("positional", _POSITIONALS), ("norm", _NORMS), ("ffn", _FFNS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{name}: {field} must be one of {choices}, got "
+                                 f"{getattr(self, field)!r}")
 
 
 @dataclass(frozen=True)
