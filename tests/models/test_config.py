@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headwise.models import CONFIGS, LMConfig, TransformerConfig, config_from_dict
 from headwise.layers import AttentionConfig
+from headwise.models import CONFIGS, LMConfig, TransformerConfig, config_from_dict
 from headwise.models.config import FLAT_ATTENTION_KEYS
 
 
