@@ -262,7 +262,6 @@ def headwise_name(name: str) -> str | None:
 def lm_config(c: GGUFConfig, metadata: Mapping[str, Any]):
     """The :class:`~headwise.models.LMConfig` of a llama GGUF: pre-RMSNorm, SwiGLU, RoPE
     (rotate-half, ``rope_theta``), grouped-query attention, no biases, no dropout."""
-    from headwise.layers import AttentionConfig
     from headwise.models.config import LMConfig
 
     pad = metadata.get("tokenizer.ggml.padding_token_id")
@@ -272,9 +271,8 @@ def lm_config(c: GGUFConfig, metadata: Mapping[str, Any]):
         norm_first=True, activation="silu", positional="rope", tie_embeddings=c.tie_embeddings,
         pad_id=int(pad) if pad is not None and int(pad) < c.vocab_size else None,
         scale_embeddings=False, layer_norm_eps=c.rms_eps, bias=False, norm="rms", ffn="glu",
-        attention=AttentionConfig(
-            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-            rotary_dim=None if c.rope_dim == c.head_dim else c.rope_dim))
+        attention=dict(num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
+                       rotary_dim=None if c.rope_dim == c.head_dim else c.rope_dim))
 
 
 def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,
