@@ -66,6 +66,7 @@ from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import plan as _plan
 from headwise.fast import q8 as _q8
+from headwise.fast.storage import joined, joined_any, stored_transposed
 
 __all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "bind", "joined",
            "lay_out", "linear", "of_group", "of_linear", "residual", "stored_transposed",
@@ -126,66 +127,6 @@ def of_group(layers, transpose: bool) -> Weight | None:
     return whole, None if biases[0] is None else torch.cat(biases).detach(), INT4
 
 
-def stored_transposed(w: torch.Tensor) -> bool:
-    """Whether a matrix ``w (out, in)`` is stored as ``W^T``: ``(in, out)`` contiguous."""
-    return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
-
-
-def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(W, bias)`` of ``nn.Linear`` layers that read one input (q, k, v; gate, up) as one
-    ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
-    storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
-    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None.
-    Also None while autograd would need the parameters' gradients: the view is detached (a
-    product through it would train none of them), so training takes ``torch.cat``; and under
-    torch.compile, which cannot read storages."""
-    if not all(isinstance(layer, nn.Linear) for layer in layers):
-        return None  # (an Int4Linear's weight would be dequantized just to look)
-    if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
-        return None
-    whole = _joined(layers)  # (before the rule: not laid out is the common case, and cheaper)
-    if whole is None or not applies(*(t for layer in layers for t in (layer.weight, layer.bias)
-                                      if t is not None), bf16=True):
-        return None
-    return whole
-
-
-def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """:func:`joined` whatever autograd needs (for :func:`lay_out`'s "already so?")."""
-    ws = [layer.weight for layer in layers]
-    n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
-    strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
-    w = _consecutive(ws, (total, n_in), strides, strides and strides[0])
-    if w is None:
-        return None
-    biases = [layer.bias for layer in layers]
-    if all(bias is None for bias in biases):
-        return w, None
-    if any(bias is None for bias in biases):
-        return None
-    bias = _consecutive(biases, (total,), (1,), 1)
-    return None if bias is None else (w, bias)
-
-
-def _consecutive(ts, shape, strides, step):
-    """``ts`` as one tensor of ``shape``/``strides`` over their common storage, each starting
-    where the one before ends (``step`` elements per leading index); None otherwise. The
-    addresses are compared first: separate tensors (every call outside a generation) are
-    told apart by two attribute reads."""
-    first = ts[0]
-    if strides is None:
-        return None
-    at, size = first.data_ptr(), first.element_size()
-    for t in ts:
-        if t.data_ptr() != at or t.dtype != first.dtype or t.stride() != strides[-t.dim():]:
-            return None
-        at += t.shape[0] * step * size
-    if any(t.device != first.device or t.untyped_storage().data_ptr()
-           != first.untyped_storage().data_ptr() for t in ts[1:]):
-        return None
-    return first.detach().as_strided(shape, strides, first.storage_offset())
-
-
 def lay_out(module: nn.Module, rows: int) -> int:
     """Store the float32 (and bfloat16) CPU ``nn.Linear`` weights of ``module`` the way a
     decoding step over ``rows`` rows reads them fastest (module docstring), in place; returns
@@ -219,7 +160,7 @@ def lay_out(module: nn.Module, rows: int) -> int:
             continue
         seen.update(id(w) for w in ws)
         want = rows == 1 and _wide(layers) and ws[0].dtype is torch.float32
-        whole = _joined(layers)
+        whole = joined_any(layers)
         if whole is None or not all(map(_placed, ws)) or not (
                 stored_transposed(whole[0]) if want else whole[0].is_contiguous()):
             todo.append((layers, want))

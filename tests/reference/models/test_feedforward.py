@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headwise.decode.forms import form_of
 from headwise.fast import rows as _rows
 from headwise.models.feedforward import FeedForward, GatedFeedForward, make_feedforward
 
@@ -46,7 +47,7 @@ def test_row_form_equals_forward(kind, transpose, fuse):
     torch.manual_seed(0)
     ff = _randomise(make_feedforward(kind, 8, 12, activation="silu", bias=True)).eval()
     x = torch.randn(3, 8)
-    inner, down = ff.row(transpose=transpose, fuse=fuse)
+    inner, down = form_of(ff, transpose=transpose, fuse=fuse)
     with torch.no_grad():
         torch.testing.assert_close(_rows.residual(x, inner(x), down), x + ff(x), atol=1e-6,
                                    rtol=1e-6)
