@@ -10,7 +10,6 @@ from headwise.decode.config import GenerationConfig
 from headwise.decode.generation import generate, generate_with_logits
 from tests.decode.test_config import lm
 
-
 SETTINGS = [dict(max_new_tokens=6),
             dict(max_new_tokens=6, strategy="sample", temperature=0.7, top_k=5, top_p=0.9,
                  seed=3),

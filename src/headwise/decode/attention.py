@@ -20,7 +20,8 @@ __all__ = ["AttentionRow"]
 
 
 class AttentionRow:
-    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new position each.
+    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new
+    position each.
 
     The same projections (as :mod:`headwise.fast.rows` weights), the same RoPE, the same attention
     dispatch (backend, soft-capping, sinks) and the same :class:`~headwise.cache.KVCache` as the

@@ -6,10 +6,10 @@ positions.
 
 Why. The fused attention kernels take no NaN policy of their own: a NaN or inf in a query, key
 or value must reach exactly the outputs the module path's policy gives it (the eager reference of
-:func:`headwise.attend.dispatch` applies it). Reading the whole cache for NaN every step would cost a pass
-over it per layer and token, so a :class:`Vouch` remembers how many leading positions of one
-layer's :class:`~headwise.cache.SelfAttentionCache` were found finite: the prompt's are read once,
-then each step's new position is checked with its query (one total) and vouched for.
+:func:`headwise.attend.dispatch` applies it). Reading the whole cache for NaN every step would
+cost a pass over it per layer and token, so a :class:`Vouch` remembers how many leading positions
+of one layer's :class:`~headwise.cache.SelfAttentionCache` were found finite: the prompt's are
+read once, then each step's new position is checked with its query (one total) and vouched for.
 
 Every rule of that bookkeeping lives here. The cache only tells its vouch (if one is attached:
 :func:`vouched`) where it rewrote positions (``update``) or wrote behind its back (``write``);
