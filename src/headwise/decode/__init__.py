@@ -13,9 +13,11 @@
 
 May import: :mod:`headwise.models`, :mod:`headwise.layers`, :mod:`headwise.attend`,
 :mod:`headwise.fast`, :mod:`headwise.cache`, :mod:`headwise.rope`, :mod:`headwise.observe`. Nothing
-below it imports it (``models/``, ``layers/``, ``cache`` and ``fast/`` never do), so importing
-this wing cannot cycle; the names here are imported on first use (PEP 562), so
-``import headwise.decode.vouch`` does not load the models.
+below it imports it (``models/``, ``layers/``, ``cache`` and ``fast/`` never do; the cache is
+told about vouching through a slot, not an import), so importing this wing cannot cycle. Only
+the shims ``headwise.step`` and ``headwise.decoding`` import it, to keep those names for users.
+The names here are imported on first use (PEP 562), so ``import headwise.decode.vouch`` does not
+load the models.
 """
 
 from __future__ import annotations

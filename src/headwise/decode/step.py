@@ -148,8 +148,8 @@ def choose(decoder: nn.Module, cache: KVCache, *, steps: int | None = None,
 def usable(decoder: nn.Module) -> bool:
     """False while an observer is active (:func:`headwise.observe.observed`) or some module of
     ``decoder`` has forward hooks: both must see the module path, which the step bypasses; and
-    where some module the step replaces has no one-row form (:func:`headwise.decode.forms.
-    missing`), which the step would refuse."""
+    where some module the step replaces has no one-row form
+    (:func:`headwise.decode.forms.missing`), which the step would refuse."""
     if observed() or nn.modules.module._global_forward_hooks \
             or nn.modules.module._global_forward_pre_hooks:
         return False
