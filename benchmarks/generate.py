@@ -47,7 +47,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import headwise  # noqa: E402
-from headwise.decoding import _Stepper  # noqa: E402
+from headwise.decode.generation import _Stepper  # noqa: E402
 from headwise.models import LMConfig, TransformerLM  # noqa: E402
 
 PROMPT = 16

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwise
-from headwise.decoding import _argmax, _sample, generate, generate_with_logits
+from headwise.decode.generation import _argmax, _sample, generate, generate_with_logits
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 
 

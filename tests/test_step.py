@@ -208,7 +208,8 @@ def test_a_larger_model_is_laid_out_for_its_rows_in_place(monkeypatch, tmp_path,
     """Over COPY_BUDGET no copies: one row stores the wide matrices (q/k/v and gate/up each
     joined into one, up, the vocabulary head) as W^T, 2-4 rows as (out, in); tokens and logits
     equal the recomputed module path; a checkpoint of the laid-out model loads back equal."""
-    from headwise import checkpoint, step
+    from headwise import checkpoint
+    from headwise.decode import step
     from headwise.fast import rows as _rows
     monkeypatch.setattr(step, "COPY_BUDGET", 0)
     model = _lm(max_len=60, activation="silu", ffn=ffn, norm="rms", positional="rope",
@@ -249,7 +250,7 @@ def test_one_row_split_across_two_threads_matches_the_module_path(monkeypatch, b
     (SPLIT_MIN lowered so this small model's matrices qualify): over the transposed copies of
     a small model and over the joined, laid-out storage of a larger one, tokens and logits
     equal the module path."""
-    from headwise import step
+    from headwise.decode import step
     from headwise.fast import native as _native
     from headwise.fast import rows as _rows
     monkeypatch.setattr(_rows, "SPLIT_MIN", 1)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import headwise
-from headwise import decoding, fast
+from headwise import fast
+from headwise.decode import generation as decoding
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 from headwise.step import DecodeStep
 

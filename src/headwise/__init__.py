@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (None: the name is the submodule itself). No public
 # function shares its name with a submodule: attention lives in attend.py, generate in
-# decoding.py, trace in tracing/ (a test in tests/test_init.py keeps it so).
+# decode/generation.py, trace in tracing/ (a test in tests/test_init.py keeps it so).
 _EXPORTS = {
     "ABLATIONS": "headwise.analysis.ablation",
     "ablate": "headwise.analysis.ablation",
@@ -36,7 +36,8 @@ _EXPORTS = {
     "KVCache": "headwise.cache",
     "Catalogue": "headwise.analysis.catalogue",
     "catalogue": "headwise.analysis.catalogue",
-    "generate": "headwise.decoding",
+    "generate": "headwise.decode",
+    "GenerationConfig": "headwise.decode",
     "merge_heads": "headwise.heads",
     "split_heads": "headwise.heads",
     "PerHeadAttention": "headwise.per_head",

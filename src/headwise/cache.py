@@ -15,7 +15,9 @@ the first step and reused on every later one.
 A :class:`MultiHeadAttention` receives one layer's :class:`SelfAttentionCache` or
 :class:`CrossAttentionCache` as ``cache=``; both expose ``ready``, ``k``, ``v`` and
 ``update(k, v) -> (k, v)``; the self-attention cache also ``write(k, v, pos)``, the form with a
-position tensor that a device's fixed-shape decoding step uses (:mod:`headwise.step`).
+position tensor that a device's fixed-shape decoding step uses (:mod:`headwise.decode.step`).
+Which cached positions are known finite (the decoding step's NaN vouching) is kept by
+:mod:`headwise.decode.vouch`; the cache only tells it where it wrote.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from collections.abc import Sequence
 import torch
 
 from headwise import limits
-from headwise.fast import finite, host
-from headwise.fast import native as _native
 
 __all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "SelfAttentionCache"]
 
@@ -36,8 +36,8 @@ class Filled:
     """The number of filled positions, shared by a :class:`KVCache` and its layers' views.
 
     A back-reference from each layer to the cache would make a reference cycle: the buffers
-    (SmolLM2-135M at batch 4, 320 positions: 59 MB) would outlive the generation until the
-    garbage collector's next pass instead of being freed when the last reference goes."""
+    would outlive the generation until the garbage collector's next pass instead of being freed
+    when the last reference goes."""
 
     __slots__ = ("n",)
 
@@ -51,15 +51,16 @@ class SelfAttentionCache:
     ``update(k, v)`` writes the new positions ``(b, g, n, d)`` at the current length
     (``filled``, shared with the owning :class:`KVCache`) and returns every position so far,
     ``(b, g, length + n, d)`` (views, no copy). The owner advances the length once per model
-    step, after all layers.
+    step, after all layers. ``vouch``: the :class:`~headwise.decode.vouch.Vouch` that knows which
+    positions are finite, once a decoding step attached one (None before); every write tells it.
     """
 
-    __slots__ = ("filled", "k", "v", "checked")
+    __slots__ = ("filled", "k", "v", "vouch")
     ready = False  # self-attention always projects the new positions
 
     def __init__(self, filled: Filled, k: torch.Tensor, v: torch.Tensor):
         self.filled, self.k, self.v = filled, k, v
-        self.checked = 0  # positions before this one are known finite (see all_finite)
+        self.vouch = None
 
     @property
     def offset(self) -> int:
@@ -69,38 +70,15 @@ class SelfAttentionCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.filled.n
         end = start + k.shape[2]
-        self._fits(end)
+        self.fits(end)
         self.k.narrow(2, start, end - start).copy_(k)  # narrow + copy_: cheaper than k[..] = ..
         self.v.narrow(2, start, end - start).copy_(v)
-        self.checked = min(self.checked, start)  # rewritten positions are unchecked again
+        if self.vouch is not None:
+            self.vouch.rewritten(start)  # rewritten positions are unchecked again
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
 
-    def attend_new(self, rows: torch.Tensor, rot, heads: int, r: int, window: int | None):
-        """The decoding step's self-attention of one new position per row in one C call
-        (:func:`headwise.fast.native.self_rows`): RoPE on ``rows (b, (heads + 2 g) d)`` (a
-        fused q|k|v projection; ``rot``, ``r`` as that function takes them) in place, its k and
-        v written as :meth:`update` writes them, and the new queries' attention over every
-        cached position (the last ``window`` with a sliding window) when this position's and
-        all earlier keys/values are finite -> ``(b, heads*d)``. Otherwise ``(q (b, heads, 1,
-        d), k, v)`` as :meth:`update` returns them, for the caller's NaN policy; None, with
-        nothing done, when the kernel does not apply."""
-        start = self.filled.n
-        end = start + 1
-        self._fits(end)
-        self.checked = min(self.checked, start)  # (as update: a rewritten position)
-        before = self.all_finite(start)  # (the earlier positions: read once, then known)
-        first = 0 if window is None else max(0, end - window)
-        got = _native.self_rows(rows, rot, self.k, self.v, start, first, heads, r, before)
-        if got is None:
-            return None
-        if got[1] is not None:
-            self.checked = end  # (this position's k and v were found finite with its q)
-            return got[1]
-        b, d = rows.shape[0], self.k.shape[3]
-        q = rows[:, :heads * d].view(b, heads, 1, d)
-        return q, self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
-
-    def _fits(self, end: int) -> None:
+    def fits(self, end: int) -> None:
+        """Raise a clear error unless ``end`` positions fit the buffers."""
         if end > self.k.shape[2]:
             raise ValueError(f"KVCache: {end} positions do not fit a cache of max_len="
                              f"{self.k.shape[2]}; create the cache with a larger max_len")
@@ -118,24 +96,9 @@ class SelfAttentionCache:
             k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         self.k.index_copy_(2, pos, k)
         self.v.index_copy_(2, pos, v)
-        self.checked = 0  # (written behind all_finite's back: it reads again if asked)
+        if self.vouch is not None:
+            self.vouch.forget()  # (written at a tensor position: it reads again if asked)
         return self.k, self.v
-
-    def all_finite(self, end: int, vouched: int = 0) -> bool:
-        """Whether the keys/values of positions ``0 .. end - 1`` hold no NaN or inf, reading only
-        the positions not found finite before (the decoding step: the prompt's once, then one
-        new position per step, instead of the whole cache every step); the caller found the
-        last ``vouched`` of them finite itself (the step checks a new position's q, k and v in
-        one total). CPU only: elsewhere the answer would cost a device sync, and this says False
-        (the caller checks as usual)."""
-        if not host(self.k):
-            return False
-        if self.checked < end - vouched:
-            new = (slice(None), slice(None), slice(self.checked, end - vouched))
-            if not finite(self.k[new], self.v[new]):
-                return False
-        self.checked = max(self.checked, end)
-        return True
 
 
 class CrossAttentionCache:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headwise
-from headwise import decoding
+from headwise.decode import generation as decoding
 from headwise.models import LMConfig, Transformer, TransformerConfig, TransformerLM
 from headwise.step import DecodeStep
 

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headwise.decode.forms import form_of
 from headwise.models import LMConfig, build
 from headwise.models.embedding import Embeddings, init_weights
 
@@ -25,7 +26,7 @@ def test_forward_is_scaled_token_plus_position_and_the_row_form_agrees(positiona
         table = (emb.positions.weight if positional == "learned" else emb.positions.pe)
         want = want + table[offset:offset + n].reshape(1, n, 8)
     torch.testing.assert_close(out, want)
-    row = emb.row()
+    row = form_of(emb)
     for p in range(n):
         torch.testing.assert_close(row(ids[:, p], offset + p), out[:, p])
 

@@ -53,7 +53,7 @@ def continue_greedily(chat, ids: list[int], generate: int) -> list[int]:
     """Up to ``generate`` greedy tokens after ``ids`` (stopping at the end-of-turn token)."""
     import torch
 
-    from headwise.decoding import generate as decode
+    from headwise.decode.generation import generate as decode
 
     if generate < 1:
         return []

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     from headwise import limits
     from headwise.commands._common import parse_device
-    from headwise.decoding import check_sampling
+    from headwise.decode.config import check_sampling
     from headwise.pretrained import ChatTokenizer, find_smollm2, load_gguf, read_gguf
     from headwise.pretrained.chat import check_length
     from headwise.pretrained.gguf import check_q4_device

@@ -173,7 +173,7 @@ def _continue(model, ids, n, tok, config, device) -> list[int]:
     if n <= 0:
         raise ValueError(f"--generate: the text already fills max_len={config.max_len}; "
                          "shorten --text")
-    from headwise.decoding import generate
+    from headwise.decode.generation import generate
 
     with torch.no_grad():
         out = generate(model, torch.tensor([ids], device=device), max_new_tokens=n,
@@ -240,7 +240,7 @@ def _seq2seq_input(args, tok, config, model, device, metadata) -> tuple[list[int
     warn_if_untrained_length(len(src_ids), "--src", metadata)  # once every input is valid
     if tgt_ids is not None:
         return src_ids, tgt_ids
-    from headwise.decoding import generate
+    from headwise.decode.generation import generate
 
     limit = args.max_new_tokens or 2 * len(src_ids) + 8
     limit = max(1, min(limit, config.max_len - 1))

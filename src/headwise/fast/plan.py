@@ -2,10 +2,11 @@
 
 Axis legend: ``b`` rows, ``m`` model dim, ``in`` / ``out`` a product's features.
 
-Why. A cached decoding step of a small model is a few hundred kernel calls of some microseconds
-each (SmolLM2-135M in 4-bit: ~120 products, ~60 RMSNorms, 30 self-attentions), and each call's
-Python around it (the wrapper's checks, an output ``torch.empty``, a 16-argument ctypes
-conversion, the row forms' dispatch) costs about as long again: ~2 ms of an 8 ms step. What those
+Why. A cached decoding step of a small model is a few hundred short kernel calls (SmolLM2-135M
+in 4-bit: ~120 products, ~60 RMSNorms, 30 self-attentions), and each call's Python around it
+(the wrapper's checks, an output ``torch.empty``, a 16-argument ctypes conversion, the row
+forms' dispatch) costs about as long again: a large share of the step (measured:
+``benchmarks/RESULTS.md``, ``generate``). What those
 calls pass does not change from step to step except the position and the thread count: their
 checks can be made once, their outputs written into buffers kept for the generation, and a
 stretch of them run by one C call (``step_kernels_plan.c``).
@@ -15,7 +16,7 @@ How. :class:`Plan` holds a table of ops, one row of :data:`WIDTH` longs each: th
 wrapper's own checks (:func:`~headwise.fast.native.takes`, :func:`~headwise.fast.native.rms_fits`,
 :meth:`~headwise.fast.native.Product.takes`, :func:`~headwise.fast.native.self_fits`); a binder
 returns False where the wrapper would decline. The ops are the components' row forms bound to
-buffers (:meth:`headwise.models.blocks.BlockRow.bind`): the step strings them together as it
+buffers (:meth:`headwise.decode.block.BlockRow.bind`): the step strings them together as it
 strings the row forms, so there is one description of the math. The C side calls the same
 kernels with the same arguments: bit for bit the unbound step. A run stops at the first op that
 does not succeed (a self-attention whose rows are not finite, no scratch memory) and says which:

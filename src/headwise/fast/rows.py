@@ -1,55 +1,53 @@
-"""Weights in the form a one-row decoding step multiplies fastest (see :mod:`headwise.step`).
+"""Weights in the form a one-row decoding step multiplies fastest (see :mod:`headwise.decode.step`).
 
 Axis legend: ``b`` rows, ``in`` / ``out`` a linear map's input and output features.
 
 A cached decoding step feeds ``(b, in)`` rows with ``b`` small: every product is a matrix-vector
-product bound by reading the weights once. Each component's ``row`` form (beside its
-``forward``) holds its matrices as :data:`Weight` tuples and multiplies through
-:func:`linear` / :func:`residual`, so the layout choice is made here, once:
+product bound by reading the weights once. Each component's one-row form
+(:mod:`headwise.decode.forms`) holds its matrices as :data:`Weight` tuples and multiplies through
+:func:`linear` / :func:`residual`, so the layout choice is made here, once. What each choice
+gains on the machines measured: ``benchmarks/RESULTS.md`` (``generate``, ``weights``).
 
-- the C kernel: for 1 to :data:`COLUMN_ROWS` rows of float32 on an x86-64 CPU with AVX2, every
-  product of either layout below is headwise's own (:mod:`headwise.fast.native`), which reads the
-  weights at the speed memory delivers them: SmolLM2-135M's matrices at one row 20-24 GB/s
-  against MKL's 12-20 (its step's products 26.8 -> 23.0 ms at one thread, 21.9 -> 17.5 ms
-  at two), at 2-4 rows 14-15 GB/s against ~10 (a step at batch 4, one thread, 86 -> 70 ms).
-  It splits its products over the intra-op threads itself. The rest of this list is what
-  runs where it does not apply;
+- the C kernel: for 1 to :data:`COLUMN_ROWS` rows of float32 (or bfloat16) on an x86-64 CPU
+  with AVX2, every product of either layout below is headwise's own
+  (:mod:`headwise.fast.native`), which reads the weights at close to the speed memory delivers
+  them, faster than MKL's small-``b`` kernels. It splits its products over the intra-op threads
+  itself. The rest of this list is what runs where it does not apply;
 - ``transpose=False``: the module's own ``(out, in)`` weight, no copy (the faster layout from
   two rows on, and the one that costs no memory). For 2 to :data:`COLUMN_ROWS` rows it is
-  taken as ``(W @ x^T)^T``:
-  MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear`` calls) runs at ~25 GFLOP/s here,
-  so four rows cost twice one row's time although the weights are read once; ``W @ x^T`` (the
-  rows as ``b`` columns) is the kernel it is faster on (~10 GB/s, compute-bound; the ``(out,
-  b)`` result is copied back to rows, a few microseconds). From ~8 rows on ``F.linear`` is as
-  fast; bfloat16 products run oneDNN's kernels, where the column form measured no faster;
-- ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams 1.3-1.5x
-  faster on this CPU, at the price of a second copy of the weights while a generation runs
-  (small models only: :data:`headwise.step.COPY_BUDGET`);
+  taken as ``(W @ x^T)^T``: MKL's small-``b`` kernel for ``x @ W^T`` (what ``F.linear`` calls)
+  runs at a fraction of the memory's speed, so four rows cost about twice one row's time
+  although the weights are read once; ``W @ x^T`` (the rows as ``b`` columns) is the kernel it
+  is faster on (the ``(out, b)`` result is copied back to rows). From ~8 rows on ``F.linear`` is
+  as fast; bfloat16 products run oneDNN's kernels, where the column form measured no faster;
+- ``transpose=True``: a copy of ``W^T`` ``(in, out)``, which a single row streams faster on a
+  CPU, at the price of a second copy of the weights while a generation runs (small models only:
+  :data:`headwise.decode.step.COPY_BUDGET`);
 - :func:`lay_out`: no copy kept: the module's own weight *stored* as ``W^T`` (its
   ``(out, in)`` shape and values unchanged, strides ``(1, out)``), for the matrices where the
   layout matters most. One row of ``x @ W^T`` over a wide matrix (``out > in``: a gated
-  feed-forward's gate/up, the vocabulary head) streams ``(in, out)`` storage at 11-17 GB/s
-  here against 6-9 GB/s for ``(out, in)`` (float32, MKL, 1-2 threads; square and tall matrices
-  measure the same either way or better untransposed); ``F.linear`` takes such a weight as it
-  is. Larger models are laid out this way for a one-row generation and back for 2 to
-  :data:`COLUMN_ROWS` rows, whose column form needs ``(out, in)``. Layers that read one input
-  (q, k, v; gate, up) are stored as blocks of one buffer and laid out as their joined matrix:
-  one product per group, with no copy (:func:`joined`), which for SmolLM2's q/k/v also turns
-  three square-ish matrices that stream at 7-10 GB/s into one wide one;
+  feed-forward's gate/up, the vocabulary head) streams ``(in, out)`` storage faster than
+  ``(out, in)`` (float32, MKL; square and tall matrices measure the same either way or better
+  untransposed); ``F.linear`` takes such a weight as it is. Larger models are laid out this way
+  for a one-row generation and back for 2 to :data:`COLUMN_ROWS` rows, whose column form needs
+  ``(out, in)``. Layers that read one input (q, k, v; gate, up) are stored as blocks of one
+  buffer and laid out as their joined matrix: one product per group, with no copy
+  (:func:`headwise.fast.storage.joined`), which for SmolLM2's q/k/v also turns three
+  square-ish matrices into one wide one, which streams faster;
 - one row, two or more threads, no C kernel: a float32 product of at least :data:`SPLIT_MIN`
   elements is one ``torch.bmm`` over one block of output features per intra-op thread (views
-  of whichever storage the weight has, no copy). MKL's one-row kernel uses one thread here whatever the
-  setting: a SmolLM2-135M matrix streams at 7-12 GB/s with one thread or two, split in two
-  blocks at 13-20 GB/s with two (the machine reads 15-16 GB/s with one thread, 20-24 with two);
-  a SmolLM2 step at two threads: ~60 -> ~50 ms. Smaller matrices sit in cache, where the split
-  costs more than it gains, and with one thread it gains nothing;
+  of whichever storage the weight has, no copy). MKL's one-row kernel uses one thread whatever
+  the setting, so split in blocks a matrix streams at nearly the two threads' memory speed.
+  Smaller matrices sit in cache, where the split costs more than it gains, and with one thread
+  it gains nothing;
 - :class:`~headwise.fast.int4.Int4`: when a layer carries 4-bit codes (``layer.int4``; an
   :class:`~headwise.fast.int4.Int4Linear`, which :func:`headwise.pretrained.load_gguf` with
   ``q4=True`` puts in place of an ``nn.Linear`` to hold a GGUF's own Q4_1 blocks and no float32
   copy), the product reads those, about 1/6 of the float32 bytes, whatever ``transpose`` says;
 - :class:`~headwise.fast.q8.Q8`: 8-bit codes attached beside a float32 weight (SmolLM2's tied
-  vocabulary head, ``q4=True``): 1 to :data:`COLUMN_ROWS` rows read those (29 of 108 MiB),
-  other row counts or a declined kernel the weight as above (:data:`Q8` layout).
+  vocabulary head, ``q4=True``): 1 to :data:`COLUMN_ROWS` rows read those (about a quarter of
+  the float32 bytes), other row counts or a declined kernel the weight as above (:data:`Q8`
+  layout).
 """
 
 from __future__ import annotations
@@ -60,12 +58,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise.fast import applies, host
+from headwise.fast import applies
 from headwise.fast import int4 as _int4
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import plan as _plan
 from headwise.fast import q8 as _q8
+from headwise.fast.storage import joined, joined_any, stored_transposed
 
 __all__ = ["ARENA_BYTES", "COLUMN_ROWS", "INT4", "Q8", "SPLIT_MIN", "Weight", "bind", "joined",
            "lay_out", "linear", "of_group", "of_linear", "residual", "stored_transposed",
@@ -126,66 +125,6 @@ def of_group(layers, transpose: bool) -> Weight | None:
     return whole, None if biases[0] is None else torch.cat(biases).detach(), INT4
 
 
-def stored_transposed(w: torch.Tensor) -> bool:
-    """Whether a matrix ``w (out, in)`` is stored as ``W^T``: ``(in, out)`` contiguous."""
-    return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
-
-
-def joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """``(W, bias)`` of ``nn.Linear`` layers that read one input (q, k, v; gate, up) as one
-    ``(sum of out, in)`` matrix and ``(sum of out,)`` bias, *without a copy*: views of one
-    storage, when :func:`lay_out` stored the weights as consecutive blocks of it (rows of an
-    ``(out, in)`` buffer or columns of an ``(in, out)`` one, biases end to end); else None.
-    Also None while autograd would need the parameters' gradients: the view is detached (a
-    product through it would train none of them), so training takes ``torch.cat``; and under
-    torch.compile, which cannot read storages."""
-    if not all(isinstance(layer, nn.Linear) for layer in layers):
-        return None  # (an Int4Linear's weight would be dequantized just to look)
-    if not host(layers[0].weight):  # (first: off the CPU every training forward asks)
-        return None
-    whole = _joined(layers)  # (before the rule: not laid out is the common case, and cheaper)
-    if whole is None or not applies(*(t for layer in layers for t in (layer.weight, layer.bias)
-                                      if t is not None), bf16=True):
-        return None
-    return whole
-
-
-def _joined(layers) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """:func:`joined` whatever autograd needs (for :func:`lay_out`'s "already so?")."""
-    ws = [layer.weight for layer in layers]
-    n_in, total = ws[0].shape[1], sum(w.shape[0] for w in ws)
-    strides = next((s for s in ((n_in, 1), (1, total)) if ws[0].stride() == s), None)
-    w = _consecutive(ws, (total, n_in), strides, strides and strides[0])
-    if w is None:
-        return None
-    biases = [layer.bias for layer in layers]
-    if all(bias is None for bias in biases):
-        return w, None
-    if any(bias is None for bias in biases):
-        return None
-    bias = _consecutive(biases, (total,), (1,), 1)
-    return None if bias is None else (w, bias)
-
-
-def _consecutive(ts, shape, strides, step):
-    """``ts`` as one tensor of ``shape``/``strides`` over their common storage, each starting
-    where the one before ends (``step`` elements per leading index); None otherwise. The
-    addresses are compared first: separate tensors (every call outside a generation) are
-    told apart by two attribute reads."""
-    first = ts[0]
-    if strides is None:
-        return None
-    at, size = first.data_ptr(), first.element_size()
-    for t in ts:
-        if t.data_ptr() != at or t.dtype != first.dtype or t.stride() != strides[-t.dim():]:
-            return None
-        at += t.shape[0] * step * size
-    if any(t.device != first.device or t.untyped_storage().data_ptr()
-           != first.untyped_storage().data_ptr() for t in ts[1:]):
-        return None
-    return first.detach().as_strided(shape, strides, first.storage_offset())
-
-
 def lay_out(module: nn.Module, rows: int) -> int:
     """Store the float32 (and bfloat16) CPU ``nn.Linear`` weights of ``module`` the way a
     decoding step over ``rows`` rows reads them fastest (module docstring), in place; returns
@@ -197,15 +136,16 @@ def lay_out(module: nn.Module, rows: int) -> int:
     (``F.linear`` measures the same on either). The layers a component lists as reading one
     input (``joint_linears()``: self-attention's q, k, v; a gated feed-forward's gate, up) are
     stored as blocks of one buffer, laid out as their joined matrix, so the step (and the
-    module path's fused projection) multiplies them as one without a copy (:func:`joined`).
+    module path's fused projection) multiplies them as one without a copy
+    (:func:`~headwise.fast.storage.joined`).
     Only the storage changes: the same ``Parameter`` objects (tied weights stay tied, an
     optimizer keeps its references), their shapes and values. Every matrix it takes lives in
     buffers of about :data:`ARENA_BYTES` advised to transparent huge pages, one dtype each
     (fewer TLB misses for a step that streams them every token): one already in the layout
-    wanted moves too, once, unless lay_out put it there (SmolLM2's bfloat16 step at one thread:
-    ~0.9x the time with its head and its o and down matrices moved as well); the extra memory
-    while they move is a buffer or two, or the largest group. The copies are ordinary tensors even inside
-    ``torch.inference_mode``, so the model still trains afterwards."""
+    wanted moves too, once, unless lay_out put it there (a measured gain even for the matrices
+    whose layout does not change); the extra memory while they move is a buffer or two, or the
+    largest group. The copies are ordinary tensors even inside ``torch.inference_mode``, so the
+    model still trains afterwards."""
     if rows > COLUMN_ROWS:
         return 0
     todo, seen = [], set()
@@ -219,7 +159,7 @@ def lay_out(module: nn.Module, rows: int) -> int:
             continue
         seen.update(id(w) for w in ws)
         want = rows == 1 and _wide(layers) and ws[0].dtype is torch.float32
-        whole = _joined(layers)
+        whole = joined_any(layers)
         if whole is None or not all(map(_placed, ws)) or not (
                 stored_transposed(whole[0]) if want else whole[0].is_contiguous()):
             todo.append((layers, want))

@@ -3,10 +3,11 @@
 Axis legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query position, ``j`` key
 position, ``d`` head dim, ``m`` model (query feature) dim.
 
-The wing holds the module (here), its options (``config``: :class:`AttentionConfig`), its
-boundary checks (``checks``) and its one-row decoding form (``row``). May import: the core below
-it (masks, heads, attend, cache, rope, observe, stats, limits) and :mod:`headwise.fast`; never a
-model or a tool.
+The wing holds the module (here), its options (``config``: :class:`AttentionConfig`) and its
+boundary checks (``checks``); its one-row decoding form lives in the decode wing
+(:mod:`headwise.decode.attention`). May import: the core below it (masks, heads, attend, cache,
+rope, observe, stats, limits) and :mod:`headwise.fast` (never its decoding kernels, ``fast.rows`` /
+``fast.native``); never a model, the decode wing or a tool.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from headwise import masks as _masks
 from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.fast import joint_qkv
-from headwise.fast import rows as _rows
+from headwise.fast.storage import joined
 from headwise.heads import MERGE, SPLIT, merge, split
 from headwise.layers import checks
 from headwise.layers.config import AttentionConfig
-from headwise.layers.row import AttentionRow
 from headwise.observe import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.rope import RotaryEmbedding
 
-__all__ = ["AttentionConfig", "AttentionRow", "MultiHeadAttention"]
+__all__ = ["AttentionConfig", "MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -185,14 +185,14 @@ class MultiHeadAttention(nn.Module):
         A view, with no copy, when the speed layer stored the three as blocks of one matrix at
         the start of a generation (:meth:`joint_linears`, :func:`headwise.fast.rows.lay_out`;
         never for autograd, which would then train none of them, nor under torch.compile,
-        which cannot read storages: :func:`headwise.fast.rows.joined` says which).
+        which cannot read storages: :func:`headwise.fast.storage.joined` says which).
 
         Otherwise made afresh on every call, never cached: an in-place weight update need not
         bump the tensors' version counters (the fused AdamW kernel and ``p.data.add_`` do not),
         so no cache key could tell a stale copy from a fresh one. The concatenation costs one
         pass over the three matrices."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        whole = _rows.joined(projs)
+        whole = joined(projs)
         if whole is not None:
             return whole
         bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
@@ -210,12 +210,6 @@ class MultiHeadAttention(nn.Module):
         x = split(x, heads)  # (the SPLIT pattern, as views)
         record(SPLIT_HEADS[name], x, pattern=SPLIT)
         return x
-
-    def row(self, *, transpose: bool, fuse: bool, cross: bool = False) -> AttentionRow:
-        """This attention's one-row form for the cached decoding step (:class:`AttentionRow`).
-        ``fuse``: self-attention's q, k, v as one product over a copy of ``cat(W_q, W_k, W_v)``;
-        ``cross``: the encoder-decoder's cross-attention (keys/values come from the cache)."""
-        return AttentionRow(self, transpose=transpose, fuse=fuse, cross=cross)
 
     # ------------------------------------------------------------------ sizes and conversion
 

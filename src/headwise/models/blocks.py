@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from headwise.fast import reuse
-from headwise.fast import rows as _rows
 from headwise.layers import AttentionConfig, MultiHeadAttention
 from headwise.models.feedforward import (
     ACTIVATIONS,
@@ -142,10 +141,6 @@ class _Block(nn.Module):
         out, extra = fn(x)
         return norm(reuse.add(x, drop(self, out))), extra
 
-    def row(self, cache, *, transpose: bool, fuse: bool) -> BlockRow:
-        """This block's one-row form for the cached decoding step (:class:`BlockRow`)."""
-        return BlockRow(self, cache, transpose=transpose, fuse=fuse)
-
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
@@ -264,73 +259,6 @@ class DecoderBlock(_Block):
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}, cross_attention={self.cross_attn is not None}"
-
-
-class BlockRow:
-    """A block for decoding rows ``x (b, m)``: its sublayers' one-row forms (attention, norms,
-    feed-forward) in the block's residual order, each output projection with the residual
-    addition fused (``x + y @ W^T`` as one ``addmm``). Dropout is off (eval)."""
-
-    __slots__ = ("pre", "self_attn", "attn_norm", "cross_attn", "cross_norm", "ff_inner",
-                 "ff_out", "ff_norm", "cache")
-
-    def __init__(self, block: _Block, cache, *, transpose: bool, fuse: bool):
-        self.pre, self.cache = block.norm_first, cache
-        self.self_attn = block.self_attn.row(transpose=transpose, fuse=fuse)
-        self.attn_norm, self.ff_norm = block.attn_norm.row(), block.ff_norm.row()
-        cross = getattr(block, "cross_attn", None)
-        self.cross_attn = (None if cross is None
-                           else cross.row(transpose=transpose, fuse=fuse, cross=True))
-        self.cross_norm = None if cross is None else block.cross_norm.row()
-        self.ff_inner, self.ff_out = block.ff.row(transpose=transpose, fuse=fuse)
-
-    def __call__(self, x: torch.Tensor, rot, memory_mask, at=None) -> torch.Tensor:
-        """``x (b, m)`` -> ``(b, m)``; ``rot``: this position's RoPE ``(cos, sin)`` or None;
-        ``at``: the fixed-shape step's position and masks (``AttentionRow.static_attend``) or
-        None (the growing cache)."""
-        attn, cache = self.self_attn, self.cache.self_attn
-        x = self._sublayer(x, self.attn_norm, attn.out,
-                           (lambda y: attn.self_attend(y, cache, rot)) if at is None else
-                           (lambda y: attn.static_attend(y, cache, rot, at)))
-        if self.cross_attn is not None:
-            cross = self.cross_attn
-            x = self._sublayer(x, self.cross_norm, cross.out, lambda y: cross.cross_attend(
-                y, self.cache.cross_attn, memory_mask))
-        return self._sublayer(x, self.ff_norm, self.ff_out, self.ff_inner)
-
-    def bind(self, plan, x: torch.Tensor, y: torch.Tensor, angles, pos: int):
-        """Add this block's ops for rows ``x (b, m)`` -> ``y (b, m)`` to ``plan``
-        (:class:`headwise.fast.plan.Plan`; ``angles``, ``pos`` as
-        :meth:`~headwise.layers.row.AttentionRow.bind` takes them): norm, attention, output
-        product with the residual, norm, the feed-forward's inner product, its activation, its
-        down product with the residual. Returns True, or where the plan leaves the activation to
-        torch (:meth:`~headwise.models.feedforward.GatedRow.bind`) the call to make for it
-        between the two stretches the block then is; None where the block has no bound form
-        (post-norm, cross-attention, a form without ``bind``, a declined kernel): the step runs
-        unbound."""
-        attn, norms = self.self_attn, (self.attn_norm, self.ff_norm)
-        if (not self.pre or self.cross_attn is not None
-                or not all(hasattr(f, "bind") for f in (*norms, self.ff_inner))):
-            return None
-        m, dtype = x.shape[1], x.dtype
-        normed, mid = plan.buffer("normed", m, dtype), plan.buffer("mid", m, dtype)
-        heads = plan.buffer("heads", attn.h * attn.d, dtype)
-        inner = (self.attn_norm.bind(plan, x, normed)
-                 and attn.bind(plan, normed, self.cache.self_attn, angles, pos, heads)
-                 and _rows.bind(plan, heads, attn.out, mid, res=x)
-                 and self.ff_norm.bind(plan, mid, normed) and self.ff_inner.bind(plan, normed))
-        if not inner:
-            return None
-        rest, act = inner
-        if rest is not None:
-            plan.cut()
-        return (rest or True) if _rows.bind(plan, act, self.ff_out, y, res=mid) else None
-
-    def _sublayer(self, x, norm, out_w, inner):
-        """Pre-norm ``x + inner(norm(x)) @ W``, post-norm ``norm(x + inner(x) @ W)``."""
-        if self.pre:
-            return _rows.residual(x, inner(norm(x)), out_w)
-        return norm(_rows.residual(x, inner(x), out_w))
 
 
 def block_args(c) -> dict:

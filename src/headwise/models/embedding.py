@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
@@ -52,24 +50,6 @@ class Embeddings(nn.Module):
             x = self.positions(x, offset)
             record(StepKind.ADD_POSITIONS, x, offset=offset)
         return drop(self, x)
-
-    def row(self) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor]:
-        """The one-row form: ``f(ids (b,), position) -> (b, m)`` (eval: no dropout);
-        ``position`` an int or a ``(1,)`` long tensor (the fixed-shape step's)."""
-        tokens, scale, pos = self.tokens.weight, self.scale, self.positions
-        table = None
-        if pos is not None:
-            table = pos.weight if isinstance(pos, LearnedPositionalEncoding) else pos.pe
-            table = table.detach().to(tokens.dtype)
-
-        def embed(ids: torch.Tensor, position: int) -> torch.Tensor:
-            x = F.embedding(ids, tokens)
-            x = x * scale if scale != 1.0 else x
-            if table is None:
-                return x
-            return x + (table[position] if isinstance(position, int)
-                        else table.index_select(0, position))
-        return embed
 
     def extra_repr(self) -> str:
         return f"scale={self.scale:.4g}"

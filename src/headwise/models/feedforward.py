@@ -8,9 +8,7 @@ Axis legend: ``b`` batch, ``n`` position, ``m`` model dim, ``f`` feed-forward wi
   ``gelu_tanh`` GeGLU (Gemma). Parameter names follow Llama's ``gate_proj`` / ``up_proj`` /
   ``down_proj`` as ``gate`` / ``up`` / ``down``.
 
-Each supplies :meth:`row`, its one-row form for the cached decoding step: ``(inner, down)``
-where ``inner(y (b, m)) -> (b, f)`` and ``down`` is the output :data:`~headwise.fast.rows.Weight`
-the step multiplies with the residual addition fused.
+Their one-row forms for the cached decoding step live in :mod:`headwise.decode.feedforward`.
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from headwise.fast import reuse
-from headwise.fast import rows as _rows
 
-__all__ = ["ACTIVATIONS", "FFNS", "FeedForward", "GatedFeedForward", "GatedRow",
-           "check_activation", "drop", "make_feedforward"]
+__all__ = ["ACTIVATIONS", "FFNS", "FeedForward", "GatedFeedForward", "check_activation", "drop",
+           "make_feedforward"]
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -43,9 +40,6 @@ def drop(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
     one token at a time is bound by per-call overhead, not arithmetic (``owner.training`` is a
     plain attribute; reading the submodule is not free)."""
     return owner.dropout(x) if owner.training and owner.dropout.p > 0 else x
-
-
-RowForm = tuple  # (inner: (b, m) -> (b, f), down: _rows.Weight)
 
 
 class FeedForward(nn.Module):
@@ -74,12 +68,6 @@ class FeedForward(nn.Module):
         """``x: (b, n, m) -> (b, n, m)``."""
         return self.down(drop(self, reuse.activate(self.activation, self.up(x), self._act)))
 
-    def row(self, *, transpose: bool, fuse: bool) -> RowForm:
-        """``(inner, down)`` for rows ``(b, m)`` (eval: no dropout). ``fuse`` is unused (one
-        input product)."""
-        up, act = _rows.of_linear(self.up, transpose), self._act
-        return (lambda y: act(_rows.linear(y, up))), _rows.of_linear(self.down, transpose)
-
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
 
@@ -101,57 +89,9 @@ class GatedFeedForward(FeedForward):
         return self.down(drop(self, reuse.gate(gated, self.up(x))))
 
     def joint_linears(self) -> tuple[tuple[nn.Linear, ...], ...]:
-        """gate and up read one input (:func:`headwise.fast.rows.lay_out` stores them as one
-        matrix)."""
+        """gate and up read one input (the speed layer may store them as one matrix:
+        :func:`headwise.fast.storage.joined`)."""
         return ((self.gate, self.up),)
-
-    def row(self, *, transpose: bool, fuse: bool) -> RowForm:
-        """``(inner, down)`` for rows ``(b, m)``: gate and up as one product when they are
-        stored as one matrix or share one set of 4-bit codes (:meth:`joint_linears`,
-        :func:`headwise.fast.rows.of_group`), or with ``fuse`` over a copy of
-        ``cat(W_gate, W_up)`` (fewer calls; costs a copy of both matrices)."""
-        both = _rows.of_group((self.gate, self.up), transpose)  # stored as one: no copy
-        if fuse and both is None:
-            bias = (None if self.up.bias is None
-                    else torch.cat((self.gate.bias, self.up.bias)).detach())
-            both = _rows.weight(torch.cat((self.gate.weight, self.up.weight)), bias, transpose)
-        pair = None if both is not None else (_rows.of_linear(self.gate, transpose),
-                                              _rows.of_linear(self.up, transpose))
-        inner = GatedRow(both, pair, self._act, self.up.out_features)
-        return inner, _rows.of_linear(self.down, transpose)
-
-
-class GatedRow:
-    """A gated feed-forward's ``inner`` for rows ``y (b, m)`` -> ``act(gate(y)) * up(y)`` ``(b,
-    f)``: ``both``, gate|up's one :data:`~headwise.fast.rows.Weight`, or ``pair``, theirs."""
-
-    __slots__ = ("both", "pair", "act", "f")
-
-    def __init__(self, both, pair, act, f: int):
-        self.both, self.pair, self.act, self.f = both, pair, act, f
-
-    def __call__(self, y: torch.Tensor) -> torch.Tensor:
-        if self.both is not None:
-            # (split_with_sizes, not .split: Tensor.split is a Python wrapper around it)
-            g, u = _rows.linear(y, self.both).split_with_sizes((self.f, self.f), -1)
-            return self.act(g).mul_(u)
-        gate, up = self.pair
-        return self.act(_rows.linear(y, gate)).mul_(_rows.linear(y, up))
-
-    def bind(self, plan, y: torch.Tensor):
-        """Add gate|up's one product of ``y`` to ``plan`` (:class:`headwise.fast.plan.Plan`)
-        and ``out = act(g) * u`` ``(b, f)``; returns ``(rest, out)``: ``rest`` None when the
-        plan computes silu's product itself (:meth:`~headwise.fast.plan.Plan.silu_mul`, torch's
-        bits), else the call the step makes between two of the plan's C calls (torch's own
-        activation). None where it cannot bind."""
-        gu = plan.buffer("gate|up", 2 * self.f, y.dtype)
-        if self.both is None or not _rows.bind(plan, y, self.both, gu):
-            return None
-        (g, u), act = gu.split_with_sizes((self.f, self.f), -1), self.act
-        out = plan.buffer("act", self.f, y.dtype)
-        if act is F.silu and plan.silu_mul(g, u, out):
-            return None, out
-        return (lambda: torch.mul(act(g), u, out=out)), out
 
 
 FFNS: dict[str, type[FeedForward]] = {"mlp": FeedForward, "glu": GatedFeedForward}

@@ -261,7 +261,7 @@ class ChatModel:
         answer ids)``; the answer ends at ``<|im_end|>`` (not included) or after
         ``max_new_tokens``. ``compile``: replay the decoding step as a CUDA graph
         (:func:`headwise.generate`; the model on a GPU)."""
-        from headwise.decoding import generate
+        from headwise.decode.generation import generate
 
         prompt = self.prompt(messages, system=system, max_new_tokens=max_new_tokens)
         stream, answer, eos = self.tokenizer.stream(), [], self.tokenizer.eos_id

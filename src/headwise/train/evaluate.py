@@ -51,7 +51,7 @@ def loss_sum(model: nn.Module, batch, *, pad_id: int, label_smoothing: float,
 def greedy_decode(model: nn.Module, src: torch.Tensor, src_lens: torch.Tensor, *, bos_id: int,
                   eos_id: int, pad_id: int, max_new_tokens: int) -> torch.Tensor:
     """Greedy translations ``(b, <= max_new_tokens)`` of ``src (b, j)`` (after ``<eos>``: pad)."""
-    from headwise.decoding import generate
+    from headwise.decode.generation import generate
     start = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
     out = generate(model, start, src=src, src_valid_lens=src_lens, max_new_tokens=max_new_tokens,
                    eos_id=eos_id, pad_id=pad_id)

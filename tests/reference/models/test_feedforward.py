@@ -1,7 +1,5 @@
 """Feed-forward networks: SwiGLU / GeGLU and the plain MLP against float64 references, and
-their one-row forms (fused or not, transposed or not) equal their forwards."""
-
-import itertools
+their one-row forms: tests/reference/decode/test_feedforward.py."""
 
 import pytest
 import torch
@@ -9,7 +7,6 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headwise.fast import rows as _rows
 from headwise.models.feedforward import FeedForward, GatedFeedForward, make_feedforward
 
 
@@ -38,18 +35,6 @@ def test_gated_matches_float64_reference(m, f, bias, act, seed):
     if act == "silu":  # SwiGLU spelled out: silu(z) = z * sigmoid(z)
         z = lin(ff.gate, xd)
         torch.testing.assert_close(want, lin(ff.down, z * torch.sigmoid(z) * lin(ff.up, xd)))
-
-
-@pytest.mark.parametrize("kind, transpose, fuse",
-                         list(itertools.product(["mlp", "glu"], [False, True], [False, True])))
-def test_row_form_equals_forward(kind, transpose, fuse):
-    torch.manual_seed(0)
-    ff = _randomise(make_feedforward(kind, 8, 12, activation="silu", bias=True)).eval()
-    x = torch.randn(3, 8)
-    inner, down = ff.row(transpose=transpose, fuse=fuse)
-    with torch.no_grad():
-        torch.testing.assert_close(_rows.residual(x, inner(x), down), x + ff(x), atol=1e-6,
-                                   rtol=1e-6)
 
 
 def test_parameter_names_and_bad_kind():

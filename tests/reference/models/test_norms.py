@@ -6,6 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headwise.decode.forms import form_of
 from headwise.models.norms import LayerNorm, RMSNorm, make_norm
 
 
@@ -21,7 +22,7 @@ def test_rms_norm_matches_float64_reference(m, eps, seed):
     torch.testing.assert_close(norm(x).double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(norm.double()(xd), want, atol=1e-12, rtol=1e-12)
     norm.float()
-    torch.testing.assert_close(norm.row()(x[:, 0]), norm(x[:, 0]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(form_of(norm)(x[:, 0]), norm(x[:, 0]), atol=1e-6, rtol=1e-6)
 
 
 def test_rms_norm_bf16_rounds_like_hf_llama():
@@ -36,7 +37,7 @@ def test_rms_norm_bf16_rounds_like_hf_llama():
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
     want = norm.weight * h.to(torch.bfloat16)
     assert torch.equal(norm(x), want)
-    assert torch.equal(norm.row()(x), want)
+    assert torch.equal(form_of(norm)(x), want)
 
 
 @given(m=st.integers(2, 40), seed=st.integers(0, 2**16))
@@ -54,7 +55,7 @@ def test_layer_norm_matches_float64_reference_and_row(m, seed):
     # seed=1604: 3.7e-5 on 1.4; at most 1.4e-4 over every other seed for m = 2, 3, 5, 40, all
     # within this tolerance); a wrong eps or an unbiased variance is off by 1e-2 and more
     torch.testing.assert_close(norm(x).double(), want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(norm.row()(x), norm(x), atol=0, rtol=0)
+    torch.testing.assert_close(form_of(norm)(x), norm(x), atol=0, rtol=0)
 
 
 def test_make_norm():

@@ -1,5 +1,5 @@
 """Multi-head attention for one new position per row: the cached decoding step's form of
-:class:`~headwise.layers.MultiHeadAttention` (built by its ``row`` method).
+:class:`~headwise.layers.MultiHeadAttention` (chosen for it by :data:`headwise.decode.forms.FORMS`).
 
 Axis legend: ``b`` rows, ``m`` model dim, ``h`` query heads, ``g`` key/value heads, ``d`` head
 dim, ``j`` cached positions, ``r`` rotated features.
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from headwise.attend import dispatch, fused_path
+from headwise.decode.vouch import vouched
 from headwise.fast import finite
 from headwise.fast import native as _native
 from headwise.fast import rows as _rows
@@ -19,7 +20,8 @@ __all__ = ["AttentionRow"]
 
 
 class AttentionRow:
-    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new position each.
+    """A :class:`~headwise.layers.MultiHeadAttention` for decoding rows ``x (b, m)``, one new
+    position each.
 
     The same projections (as :mod:`headwise.fast.rows` weights), the same RoPE, the same attention
     dispatch (backend, soft-capping, sinks) and the same :class:`~headwise.cache.KVCache` as the
@@ -60,17 +62,17 @@ class AttentionRow:
         if self.qkv is not None and self.vouch:  # RoPE, the cache write and the attention
             row = _rows.linear(x, self.qkv)      # in one C call where it applies
             r = 0 if self.rope is None else self.rope.rotary_dim
-            got = cache.attend_new(row, rot, self.h, r, self.window)
-            if got is not None and not isinstance(got, tuple):
-                return got
-        if got is not None:  # (written; some key, value or query not finite: the policy)
-            (q, k, v), finite = got, False
+            got = vouched(cache).attend_new(cache, row, rot, self.h, r, self.window)
+            if got.heads is not None:
+                return got.heads
+        if got is not None and not got.declined:  # (written; some input not finite: the policy)
+            q, k, v, finite = got.q, got.k, got.v, False
         else:
             q, k, v, fresh = self._project(x, rot, row)
             k, v = cache.update(k, v)
-            # NaN policy: this position's q, k, v were looked at once; the cache vouches for
-            # the others, so with every input known finite the fused kernel needs no policy
-            finite = fresh and cache.all_finite(k.shape[2], vouched=1)
+            # NaN policy: this position's q, k, v were looked at once; the cache's vouch stands
+            # for the others, so with every input known finite the fused kernel needs no policy
+            finite = fresh and vouched(cache).all_finite(k.shape[2], vouched=1)
         if self.window is not None and k.shape[2] > self.window:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         # a single newest query sees every cached key: no causal mask (bottom-right alignment)

@@ -1,11 +1,24 @@
-"""The one-row form of MultiHeadAttention equals the module, position by position."""
+"""The one-row form of MultiHeadAttention (headwise.decode.attention) equals the module, position
+by position."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwise as hw
+from headwise.decode.forms import form_of
+from headwise.decode.vouch import DECLINED
 from headwise.fast import rows as _rows
+
+
+class _Vouch:
+    """A cache's NaN vouching that vouches for nothing."""
+
+    def all_finite(self, end, vouched=0):
+        return False  # vouches for nothing: the NaN policy reads k and v as usual
+
+    def attend_new(self, cache, rows, rot, heads, r, window):
+        return DECLINED  # (the one-call C form does not apply: the row form's own steps run)
 
 
 class _Cache:
@@ -13,17 +26,12 @@ class _Cache:
 
     def __init__(self):
         self.k = self.v = None
+        self.vouch = _Vouch()
 
     def update(self, k, v):
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
-
-    def all_finite(self, end, vouched=0):
-        return False  # vouches for nothing: the NaN policy reads k and v as usual
-
-    def attend_new(self, rows, rot, heads, r, window):
-        return None  # (the one-call C form does not apply: the row form's own steps run)
 
 
 @settings(max_examples=20, deadline=None)
@@ -35,7 +43,7 @@ def test_self_attention_rows_equal_the_causal_module(g, r, n, transpose, fuse, w
                                 window=window).double().eval()
     x = torch.randn(2, n, 8, dtype=torch.float64)
     want, _ = mha(x, causal=True)
-    row, cache = mha.row(transpose=transpose, fuse=fuse, cross=False), _Cache()
+    row, cache = form_of(mha, transpose=transpose, fuse=fuse, cross=False), _Cache()
     for p in range(n):
         got = _rows.linear(row.self_attend(x[:, p], cache, None), row.out)
         torch.testing.assert_close(got, want[:, p])
@@ -47,7 +55,7 @@ def test_cross_attention_rows_read_the_stored_keys():
     x, memory = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
     mask = hw.masks.from_valid_lens(torch.tensor([5, 2]), 5)
     want, _ = mha(x, memory, mask=mask)
-    row, cache = mha.row(transpose=True, fuse=False, cross=True), _Cache()
+    row, cache = form_of(mha, transpose=True, fuse=False, cross=True), _Cache()
     cache.k = mha._split(mha.k_proj(memory), "k", 2)
     cache.v = mha._split(mha.v_proj(memory), "v", 2)
     for p in range(3):
@@ -68,8 +76,8 @@ def test_only_the_fused_path_asks_the_cache_for_finiteness(softcap, sinks, seed)
             mha.sinks.normal_()
     x = torch.randn(2, 4, 8)
     want, _ = mha(x, causal=True)
-    row, cache, asked = mha.row(transpose=False, fuse=False, cross=False), _Cache(), []
-    cache.all_finite = lambda end, vouched=0: asked.append(end) or False
+    row, cache, asked = form_of(mha, transpose=False, fuse=False, cross=False), _Cache(), []
+    cache.vouch.all_finite = lambda end, vouched=0: asked.append(end) or False
     for p in range(4):
         got = _rows.linear(row.self_attend(x[:, p], cache, None), row.out)
         torch.testing.assert_close(got, want[:, p], atol=1e-5, rtol=0)
