@@ -28,70 +28,56 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from headwise.commands import _flags as F
 from headwise.commands._common import parse_device, report_paths
+from headwise.commands._flags import flag
 
 # torch is imported inside run: `headwise heads score --help` stays fast
 HELP = "score every head (greedy ablation by default, or another method) and write the grid"
 EXAMPLE = "headwise heads score --checkpoint headwise-demo/checkpoint --method ablation"
 
 
+FLAGS = (
+    F.OneOf((F.CHECKPOINT, F.hf(
+        "a causal LM scored by its next-token loss on windows of --length tokens of Emma (`make "
+        "corpora`) or of --sentences FILE; an encoder has no loss: use a behaviour method on "
+        "its sentences")), required=True),
+    *F.DATA,
+    flag("--method", default="greedy",
+         help="greedy (default: heads zeroed one by one, each time the one whose removal raises "
+              "the loss least), ablation (the loss change when the head alone is removed), "
+              "attribution (its first-order estimate), gradient (Michel et al. 2019), or a "
+              "behaviour: prev_token, induction, sink, entropy"),
+    flag("--ablation", default="zero", choices=("zero", "mean"),
+         help="what removing a head means (greedy, ablation, attribution): zero its output, or "
+              "set it to its mean"),
+    flag("--compare", action="store_true",
+         help="compare every ranking method: Spearman between them, and the task's metric on "
+              "other held-out examples after removing each one's 10%% and 25%% least important "
+              "heads, against random heads (10 draws)"),
+    flag("--top", type=int, default=5, at_least=1,
+         help="how many most/least important heads to list (default 5)"),
+    F.output("heads-score-CHECKPOINT"),
+    F.DEVICE,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "score",
-        description="Score every head of a checkpoint on held-out examples of its training "
-                    "task: print the (layers, heads) grid per attention kind and the most and "
-                    "least important heads; write importance.json and importance.png.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="DIR", help="checkpoint folder")
-    source.add_argument("--hf", metavar="DIR",
-                        help="any local Hugging Face model folder (or .gguf file) on "
-                             "attn_implementation='headwise', with its own tokenizer: a causal "
-                             "LM scored by its next-token loss on windows of --length tokens of "
-                             "Emma (`make corpora`) or of --sentences FILE; an encoder has no "
-                             "loss: use a behaviour method on its sentences; nothing downloads")
-    p.add_argument("--sentences", metavar="FILE",
-                   help="--hf: the text (a causal LM: cut into windows; an encoder: one "
-                        "sentence per line)")
-    p.add_argument("--length", type=int, default=128,
-                   help="--hf causal LM: tokens per window (default 128)")
-    p.add_argument("--batch-size", type=int, default=32, help="--hf: inputs per forward pass")
-    p.add_argument("--method", default="greedy",
-                   help="greedy (default: heads zeroed one by one, each time the one whose "
-                        "removal raises the loss least), ablation (the loss change when the head "
-                        "alone is removed), attribution (its first-order estimate), gradient "
-                        "(Michel et al. 2019), or a behaviour: prev_token, induction, sink, "
-                        "entropy")
-    p.add_argument("--ablation", default="zero", choices=("zero", "mean"),
-                   help="what removing a head means (greedy, ablation, attribution): zero its "
-                        "output, or set it to its mean")
-    p.add_argument("--compare", action="store_true",
-                   help="compare every ranking method: Spearman between them, and the task's "
-                        "metric on other held-out examples after removing each one's 10%% and "
-                        "25%% least important heads, against random heads (10 draws)")
-    p.add_argument("--examples", type=int, default=256,
-                   help="held-out examples to score on (default 256)")
-    p.add_argument("--top", type=int, default=5, help="how many most/least important heads "
-                   "to list (default 5)")
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="report folder (default: headwise-reports/heads-score-CHECKPOINT/)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "score", "Score every head of a checkpoint on held-out examples of its "
+             "training task: print the (layers, heads) grid per attention kind and the most and "
+             "least important heads; write importance.json and importance.png.", FLAGS, run,
+             full_command="heads score")
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise import checkpoint, limits
+    from headwise import checkpoint
     from headwise.analysis.scoring import importance
 
-    for flag, value in (("--examples", args.examples), ("--top", args.top),
-                        ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.hf and args.compare:
         raise ValueError("--compare measures a checkpoint's task metric; with --hf, score one "
                          "method at a time (--method)")
     if args.hf is None and args.sentences is not None:
         raise ValueError("--sentences goes with --hf (a checkpoint is scored on its own task)")
-    limits.size(args.examples, "--examples", "batch", "heads score")  # before the task is built
     folder = _folder(args.output, args.checkpoint or args.hf)
     if args.hf:
         model, data = _hf(args)

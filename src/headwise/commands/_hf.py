@@ -49,8 +49,6 @@ def read_data(args) -> tuple[str, str, str]:
     from headwise.hf.model import kind
 
     found = kind(skeleton(args.hf, f"--hf {args.hf}"))
-    if args.length < 1:
-        raise ValueError(f"--length must be >= 1, got {args.length}")
     if args.sentences:
         from headwise.data import read_text
         return found, read_text(args.sentences), Path(args.sentences).name

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwise.commands import _flags as F
+from headwise.commands._flags import flag
+
 if TYPE_CHECKING:  # imported when the demo runs: `headwise demo --help` stays fast
     import torch
 
@@ -29,21 +32,22 @@ HELP = "the main job: train a Transformer to reverse strings and look inside it"
 EXAMPLE = "headwise demo --out headwise-demo"
 
 
+FLAGS = (
+    flag("--out", default="headwise-demo", help="report folder (default headwise-demo)"),
+    flag("--steps", type=int, default=DEFAULT_STEPS, help="training steps"),
+    F.SEED,
+    F.DEVICE.but(default="auto", help="auto, cpu, cuda, cuda:N"),
+    flag("--precision", default="fp32", choices=("auto", "fp32", "bf16"),
+         help="fp32 by default: at d_model 64 bf16 casts cost more than they save"),
+    F.THREADS.but(default=1, help="CPU threads (default 1: a model this small gains nothing "
+                                  "from more)"),
+    F.QUIET,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        description="Train an encoder-decoder Transformer on `reverse` (about two minutes on "
-                    "2 CPU cores), print what it learned, write a report folder.")
-    p.add_argument("--out", default="headwise-demo", help="report folder (default headwise-demo)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"),
-                   help="fp32 by default: at d_model 64 bf16 casts cost more than they save")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads (default 1: a model this small gains nothing from more)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "demo", "Train an encoder-decoder Transformer on `reverse` (about two "
+             "minutes on 2 CPU cores), print what it learned, write a report folder.", FLAGS, run)
 
 
 def demo_config(steps: int = DEFAULT_STEPS, seed: int = 0, **runtime):
