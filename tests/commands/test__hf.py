@@ -183,3 +183,28 @@ def test_bad_flags_with_hf_are_one_line(folders, capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_heads_score_hf_names_every_problem_at_once_before_the_model_loads(
+        folders, tmp_path, capsys, monkeypatch, weights_read):
+    """An encoder, the default (loss) method and no corpus: one line names both fixes (the
+    method and `make corpora`), and neither the weights nor the loader are reached."""
+    from headwise.commands import _hf
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the checks")
+
+    monkeypatch.setattr(_hf, "load", never)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("HEADWISE_CORPORA", str(tmp_path / "empty"))
+    code = main(["heads", "score", "--hf", str(folders / "bert")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("headwise heads score: error: ")
+    assert "is an encoder: it has no next-token loss for method 'greedy'" in err
+    assert "make corpora" in err
+    assert weights_read == []
+    # an unknown method is refused before anything is read
+    assert main(["heads", "score", "--hf", str(folders / "bert"), "--method", "gradeint"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'gradeint'" in err and "did you mean 'gradient'?" in err

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from headwise.commands._common import default_png, indices, parse_device, report_paths
 
-__all__ = ["batches", "explain", "load", "read_data"]
+__all__ = ["batches", "explain", "load", "model_kind", "read_data"]
 
 
 def _offline() -> None:
@@ -39,16 +39,22 @@ def load(source: str, device):
     return load_hf(source, device=device, where=f"--hf {source}")
 
 
-def read_data(args) -> tuple[str, str, str]:
-    """``(kind, text, label)`` of ``--hf DIR``, read before any weights load (a missing file or
-    corpus is one line): ``--sentences FILE`` or the default corpus of the model's kind
-    (``decoder_self``: Austen's *Emma*; ``encoder_self``: the English Ding sentences, one per
-    line)."""
+def model_kind(args) -> str:
+    """The attention kind of ``--hf DIR`` (``"decoder_self"`` or ``"encoder_self"``), from its
+    configuration built on the meta device: no weights are read."""
     _offline()
     from headwise.hf.local import skeleton
     from headwise.hf.model import kind
 
-    found = kind(skeleton(args.hf, f"--hf {args.hf}"))
+    return kind(skeleton(args.hf, f"--hf {args.hf}"))
+
+
+def read_data(args, found: str | None = None) -> tuple[str, str, str]:
+    """``(kind, text, label)`` of ``--hf DIR``, read before any weights load (a missing file or
+    corpus is one line): ``--sentences FILE`` or the default corpus of the model's kind
+    ``found`` (default: :func:`model_kind`; ``decoder_self``: Austen's *Emma*;
+    ``encoder_self``: the English Ding sentences, one per line)."""
+    found = found or model_kind(args)
     if args.sentences:
         from headwise.data import read_text
         return found, read_text(args.sentences), Path(args.sentences).name
