@@ -31,10 +31,19 @@ EXAMPLE = "headwise heads prune --model minilm --quick"
 
 
 FLAGS = (
-    flag("--model", default="reverse", choices=MODELS,
-         help="reverse: the demo's model (held-out exact match); minilm: all-MiniLM-L6-v2 "
-              "(agreement of sentence similarities); smollm2: SmolLM2-135M (perplexity on "
-              "held-out Austen)"),
+    F.OneOf((
+        flag("--model", default="reverse", choices=MODELS,
+             help="reverse: the demo's model (held-out exact match); minilm: all-MiniLM-L6-v2 "
+                  "(agreement of sentence similarities); smollm2: SmolLM2-135M (perplexity on "
+                  "held-out Austen)"),
+        F.hf("a causal LM's heads ordered by importance on windows of its own tokens of Emma "
+             "(`make corpora`) or of --sentences FILE, the least important key/value groups "
+             "covering --fraction of its heads cut, the pruned folder saved in the report "
+             "folder"),
+    )),
+    flag("--fraction", type=float, default=0.25,
+         help="--hf: the fraction of heads to prune (default 0.25), by whole key/value groups"),
+    *F.DATA,
     F.CHECKPOINT.but(help="reverse: a trained checkpoint folder (default "
                           "headwise-demo/checkpoint, else one is trained here)"),
     flag("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
@@ -71,6 +80,9 @@ def parse_fractions(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hf:
+        from headwise.commands._hf import prune
+        return prune(args)
     fractions = parse_fractions(args.fractions)
     if args.checkpoint and args.model != "reverse":
         raise ValueError(f"--checkpoint is for --model reverse (a trained headwise checkpoint); "
