@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 from headwise.commands import _flags as F
-from headwise.commands._common import parse_device, report_paths
+from headwise.commands._common import MIRROR, mirror_head, parse_device, report_paths
 from headwise.commands._flags import flag
 
 HELP = "every head's dataset-level scores, typical pattern and top tokens (HTML + JSON)"
@@ -77,18 +77,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(cat) -> None:
-    """The heads that stand out most on a few scores, one line each."""
+    """The heads that stand out most on a few scores, one line each, naming what the score
+    measures; the mirror head is :func:`headwise.commands._common.mirror_head`'s, the one
+    ``headwise demo`` names."""
     print(f"{cat.meta['model']}: {len(cat.heads)} heads over {cat.meta['inputs']} inputs "
           f"({cat.meta['dataset']})")
-    for score in ("prev_token", "next_token", "mirror", "induction", "sink"):
+    for score in ("prev_token", "next_token", MIRROR, "induction", "sink"):
         best = cat.ranked(score)
-        if best:
-            e = best[0]
+        e = mirror_head(cat) if score == MIRROR else best[0] if best else None
+        if e is not None:
             print(f"  most {score:<10} {e['kind']} layer {e['layer']} head {e['head']}: "
-                  f"{e['scores'][score]:.3f}")
+                  f"{e['scores'][score]:.3f} ({cat.meta['scores'][score]})")
 
 
-def _chunks(batch, size: int) -> list:
+def chunks(batch, size: int) -> list:
+    """``batch`` (a dataclass of tensors) as batches of ``size`` rows."""
     from dataclasses import fields
 
     n = len(batch)
@@ -109,7 +112,7 @@ def _checkpoint(args, device):
                          "`headwise demo`")
     cfg = TrainConfig.from_dict(cfg).resolved()
     task = task_for(cfg)
-    batches = _chunks(task.eval_set(args.examples), args.batch_size)
+    batches = chunks(task.eval_set(args.examples), args.batch_size)
     tok = loaded.tokenizer
     names = tok.tokens if tok is not None else None
     label = Path(args.checkpoint).resolve().name

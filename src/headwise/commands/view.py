@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
     title = args.title or f"{Path(args.checkpoint).name}: {summary}"
     view = head_view(attentions, tokens, html, title=title, kind=kind, layer=layer, head=head,
                      importance=_importance(args.importance))
+    why = ("as asked" if args.layer is not None and args.head is not None else
+           f"{FOCUS}; --layer/--head choose another")
     print(f"head view: {view.path} ({view.path.stat().st_size / 1e6:.2f} MB; opens on {kind} "
-          f"layer {layer} head {head}; any browser, offline)")
+          f"layer {layer} head {head}, {why}; any browser, offline)")
     if png is not None:
         q_side, k_side = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"),
                           "cross": ("tgt", "src")}[kind]
@@ -104,9 +106,13 @@ def _importance(path: str | None):
                          f"({exc})") from None
 
 
+FOCUS = ("the most focused head on this input (largest mean of its rows' maximum weight, not "
+         "the mirror score)")
+
+
 def _opening_head(layers, layer: int | None, head: int | None) -> tuple[int, int]:
-    """The head the page opens on: the one given, else the most focused one (largest mean of
-    its rows' maximum weight: the head that looks at one position rather than everywhere)."""
+    """The head the page opens on: the one given, else the most focused one (:data:`FOCUS`:
+    the head that looks at one position rather than everywhere)."""
     recorded = [l for l, w in enumerate(layers) if w is not None]
     focus = {l: layers[l][0].amax(-1).mean(-1) for l in recorded}  # (h,) per layer
     if layer is None:
