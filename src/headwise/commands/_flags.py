@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["DATA", "DEVICE", "GGUF", "KINDS", "SIZES", "Flag", "Group", "OneOf", "check", "flag",
            "hf", "output", "parser"]
@@ -60,7 +60,7 @@ class Group:
     rows: tuple[Row, ...]
 
 
-Row = Union[Flag, OneOf, Group]
+Row = Flag | OneOf | Group
 
 
 def flag(*names: str, at_least: float | None = None, limit: str | None = None,

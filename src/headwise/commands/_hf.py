@@ -171,21 +171,7 @@ def prune(args: argparse.Namespace) -> int:
     from headwise.hf.prune import prune_heads
     from headwise.hf.tools import next_token_loss
 
-    if args.order != "importance":
-        raise ValueError("--order norm reads headwise's own attention modules; with --hf the "
-                         "heads are ordered by importance (drop --order)")
-    if not 0 < args.fraction < 1:
-        raise ValueError(f"--fraction must be in (0, 1), got {args.fraction}")
-    page, beside = report_paths(args.output, "heads-prune", Path(args.hf).name)
-    if beside is None:
-        raise ValueError(f"-o {args.output}: expected a folder (the pruned model is saved in it)")
-    folder = page.parent
-    found = model_kind(args)
-    if found != "decoder_self":
-        raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss to order its "
-                         "heads by; heads prune --hf takes a causal LM (prune an encoder in "
-                         "Python: headwise.hf.prune_heads(model, {'layers': {layer: [heads]}}))")
-    data = read_data(args, found)
+    folder, data = _prune_checks(args)
     model, tokenizer = load(args.hf, "cpu")
     inputs, dataset = batches(model, tokenizer, data, args, "cpu")
     layers = attention_layers(model)
@@ -217,3 +203,22 @@ def prune(args: argparse.Namespace) -> int:
           f"{after:.4f} after (no retraining)")
     print(f"pruned model: {folder} (headwise.hf.load({str(folder)!r}), or any --hf {folder})")
     return 0
+
+
+def _prune_checks(args: argparse.Namespace) -> tuple[Path, tuple[str, str, str]]:
+    """``heads prune --hf``'s checks, none of which reads weights: ``(the folder the pruned
+    model goes to, the data :func:`read_data` read)``."""
+    if args.order != "importance":
+        raise ValueError("--order norm reads headwise's own attention modules; with --hf the "
+                         "heads are ordered by importance (drop --order)")
+    if not 0 < args.fraction < 1:
+        raise ValueError(f"--fraction must be in (0, 1), got {args.fraction}")
+    page, beside = report_paths(args.output, "heads-prune", Path(args.hf).name)
+    if beside is None:
+        raise ValueError(f"-o {args.output}: expected a folder (the pruned model is saved in it)")
+    found = model_kind(args)
+    if found != "decoder_self":
+        raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss to order its "
+                         "heads by; heads prune --hf takes a causal LM (prune an encoder in "
+                         "Python: headwise.hf.prune_heads(model, {'layers': {layer: [heads]}}))")
+    return page.parent, read_data(args, found)

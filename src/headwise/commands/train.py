@@ -210,9 +210,9 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
         value = getattr(args, row.dest)
         if value is not None:
             argv += [row.names[0], str(value)]
-    for flag, value in (("--out", args.out), ("--resume", args.resume)):
+    for name, value in (("--out", args.out), ("--resume", args.resume)):
         if value is not None:
-            argv += [flag, str(value)]
+            argv += [name, str(value)]
     if args.quiet:
         argv.append("--quiet")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
