@@ -135,3 +135,28 @@ def test_score_a_checkpoint_written_by_training(tmp_path, capsys):
     scores = hw.HeadScores.from_json((tmp_path / "scores" / "importance.json").read_text())
     assert {k: tuple(t.shape) for k, t in scores.scores.items()} == {
         "encoder_self": (2, 4), "decoder_self": (2, 4), "cross": (2, 4)}
+
+
+def test_the_grid_fits_80_columns_and_keeps_three_digits(monkeypatch, capsys):
+    """12 heads of scores in (0, 1) at 80 columns: whole numbers scaled by the power of ten the
+    title states, none cut to '0.…'; 32 heads wrap into blocks; every line fits."""
+    from headwise.commands._heads_score import grid, print_grid
+
+    values = [[(7 * layer + 3 * head) % 97 / 97 + 0.005 for head in range(12)]
+              for layer in range(6)]
+    lines = grid(values, "layers: sink importance", 80)
+    assert all(len(line) <= 80 for line in lines) and "…" not in "\n".join(lines)
+    assert lines[0].startswith("layers: sink importance (shown x 1000: ")
+    assert lines[1].split() == ["layer", *(f"H{h}" for h in range(12))]
+    for layer, line in enumerate(lines[2:]):
+        layer_, *cells = line.split()
+        assert int(layer_) == layer
+        assert [int(c) for c in cells] == [round(v * 1000) for v in values[layer]]
+    wide = grid([[float(h) for h in range(32)], [float("nan")] * 32], "t", 80)
+    assert all(len(line) <= 80 for line in wide)
+    shown = [c for line in wide if line.split()[0] in ("0", "1") for c in line.split()[1:]]
+    assert len(shown) == 64 and shown.count("–") == 32  # every head, in blocks; NaN as –
+    monkeypatch.setenv("COLUMNS", "80")
+    print_grid(hw.HeadScores("sink", {"layers": torch.tensor(values, dtype=torch.float64)}))
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines()) and "…" not in printed

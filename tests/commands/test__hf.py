@@ -183,3 +183,68 @@ def test_bad_flags_with_hf_are_one_line(folders, capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_heads_score_hf_names_every_problem_at_once_before_the_model_loads(
+        folders, tmp_path, capsys, monkeypatch, weights_read):
+    """An encoder, the default (loss) method and no corpus: one line names both fixes (the
+    method and `make corpora`), and neither the weights nor the loader are reached."""
+    from headwise.commands import _hf
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the checks")
+
+    monkeypatch.setattr(_hf, "load", never)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("HEADWISE_CORPORA", str(tmp_path / "empty"))
+    code = main(["heads", "score", "--hf", str(folders / "bert")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("headwise heads score: error: ")
+    assert "is an encoder: it has no next-token loss for method 'greedy'" in err
+    assert "make corpora" in err
+    assert weights_read == []
+    # an unknown method is refused before anything is read
+    assert main(["heads", "score", "--hf", str(folders / "bert"), "--method", "gradeint"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'gradeint'" in err and "did you mean 'gradient'?" in err
+
+
+def test_heads_prune_hf_saves_the_folder_python_would_prune(folders, tmp_path, capsys):
+    """`heads prune --hf DIR`: the heads headwise.importance ranks least important, cut by whole
+    key/value groups (plan_groups) with headwise.hf.prune_heads, saved; the saved folder loads
+    back (headwise.hf.load) with the same logits as the model pruned in Python."""
+    import headwise as hw
+    from headwise.analysis.prune_sweep import plan_groups
+    from headwise.hf.local import load
+
+    out = tmp_path / "pruned"
+    assert main(["heads", "prune", "--hf", str(folders / "llama"), "--sentences",
+                 str(folders / "text.txt"), "--length", "8", "--examples", "4",
+                 "--fraction", "0.5", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pruned 4 of 8 heads (50%)" in printed and "before" in printed
+    model = tiny.transformers.AutoModelForCausalLM.from_pretrained(
+        folders / "llama", attn_implementation="headwise").eval()
+    ids = torch.tensor(tiny.tokenizer()(TEXT, add_special_tokens=False)["input_ids"][:32])
+    windows = [{"input_ids": ids.view(4, 8), "attention_mask": torch.ones(4, 8, dtype=torch.long)}]
+    plan = plan_groups({"layers": [(4, 2), (4, 2)]},
+                       hw.importance(model, windows, steps=4).scores, 0.5)
+    hw.hf.prune_heads(model, plan)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["headwise_pruned_heads"] == [plan["layers"].get(n, []) for n in range(2)]
+    reloaded, tokenizer = load(out)
+    assert [m.num_heads for m in hw.hf.attention_layers(reloaded)] == [2, 2]
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**windows[0]).logits, model(**windows[0]).logits)
+    assert tokenizer("the cat")["input_ids"] == tiny.tokenizer()("the cat")["input_ids"]
+    assert (out / "importance.json").is_file()
+
+
+def test_heads_prune_hf_refuses_an_encoder_before_the_weights_load(folders, capsys,
+                                                                   weights_read):
+    code = main(["heads", "prune", "--hf", str(folders / "bert"), "--sentences",
+                 str(folders / "text.txt")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "is an encoder" in err, err
+    assert err.startswith("headwise heads prune: error: ") and weights_read == []

@@ -88,3 +88,18 @@ def test_demo_writes_its_report(tmp_path, capsys, monkeypatch):
     assert f"the most important is {heads['top']}" in " ".join(text.split())
     assert "rows = queries, columns = keys" in text
     assert "cross_attn" in (out / "trace.txt").read_text()
+    # one measure names the mirror head: the demo's is `heads catalogue`'s most-mirror head on
+    # the same checkpoint, by the same score; `view` says it opens by another measure
+    assert "The mirror head (mirror score: weight on the mirrored key" in " ".join(text.split())
+    layer, head = demo["best_mirror_head"]
+    score = demo["mirror_scores"][layer][head]
+    assert max(max(row) for row in demo["mirror_scores"]) == score
+    assert main(["heads", "catalogue", "--checkpoint", str(out / "checkpoint"),
+                 "-o", str(tmp_path / "cat")]) == 0
+    listed = capsys.readouterr().out
+    assert f"most mirror     cross layer {layer} head {head}: {score:.3f} (weight on the " \
+           "mirrored key" in listed
+    assert main(["view", "--checkpoint", str(out / "checkpoint"), "--src", "abcdefgh",
+                 "-o", str(tmp_path / "view")]) == 0
+    assert ("the most focused head on this input (largest mean of its rows' maximum weight, "
+            "not the mirror score)") in capsys.readouterr().out

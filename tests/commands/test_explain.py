@@ -27,6 +27,11 @@ def test_explain_writes_head_view_and_heatmaps_of_real_heads(minilm_folder, tmp_
     # the trace summary: the 6 layers' calls ran alike, so one line names them, the kernel
     # and why
     assert re.search(r"attention: 6 calls", printed)
+    # the weights cost O(n^2) in what was asked for, not the eager attention's every head: the
+    # head line says so, and does not read as "materialised the (b, h, i, j) scores"
+    assert ("6 computed the weights asked for and took the output from them (weights @ v: "
+            "O(n^2) in what you asked for)") in printed
+    assert "materialised the" not in printed and "fell back" not in printed
     assert printed.count("self_attn") == 1 and "layers.0-5.self_attn (6 calls)" in printed
     assert "weights recomputed exactly as the softmax of whole rows" in printed
     # two texts: their sentence embeddings' cosine similarity, equal to headwise.pretrained.embed

@@ -138,3 +138,21 @@ def test_the_summary_gives_calls_that_ran_alike_one_line(layers, asked):
         assert path == f"blocks.{text}.self_attn", line
         assert (f"({len(members)} calls)" in line) == (len(members) > 1), line
         assert verdict in line and (verdict == "weights recomputed") == ("weights" in line), line
+
+
+def test_the_summary_head_says_what_the_weights_cost_and_where_the_output_came_from():
+    """Weights asked for some heads: the output stays on the fused kernel and the head line
+    says the weights cost O(n^2) in what was asked; only an unfused call materialises every
+    head's scores."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 16)
+    mha = hw.MultiHeadAttention(16, 2, backend="sdpa")
+    plain = hw.trace(mha, x).summary().splitlines()[0]
+    assert plain == "attention: 1 call, 1 fused (output on the fused kernel, O(n) memory)"
+    asked = hw.trace(mha, x, return_weights=True).summary().splitlines()[0]  # autograd on
+    assert asked == ("attention: 1 call, 1 fused (output on the fused kernel, O(n) memory; 1 of "
+                     "them also computed the weights for the heads asked, O(n^2) in what you "
+                     "asked for)")
+    eager = hw.trace(hw.MultiHeadAttention(16, 2, backend="eager"), x).summary().splitlines()[0]
+    assert eager == ("attention: 1 call, 0 fused, 1 unfused: every head's (b, h, i, j) scores "
+                     "materialised (eager math or a fallback, O(n^2))")

@@ -33,7 +33,7 @@ from headwise.analysis.ablation import edit_heads
 from headwise.analysis.prune import prune_heads
 from headwise.models import attention_layers
 
-__all__ = ["Step", "output_norms", "plan_fraction", "sweep"]
+__all__ = ["Step", "output_norms", "plan_fraction", "plan_groups", "sweep"]
 
 
 @torch.no_grad()
@@ -63,18 +63,28 @@ def plan_fraction(model: nn.Module, scores: Mapping[str, torch.Tensor],
                   fraction: float) -> dict[str, dict[int, list[int]]]:
     """The least important key/value groups (by mean score) covering ``fraction`` of the
     model's query heads, as a :func:`~headwise.prune_heads` selection; never a whole layer."""
+    counts = {kind: [(mha.num_heads, mha.num_kv_heads) for mha in mods]
+              for kind, mods in attention_layers(model).items()}
+    return plan_groups(counts, scores, fraction)
+
+
+def plan_groups(counts: Mapping[str, Sequence[tuple[int, int]]],
+                scores: Mapping[str, torch.Tensor],
+                fraction: float) -> dict[str, dict[int, list[int]]]:
+    """:func:`plan_fraction` for layers given by their head counts: ``counts`` is ``{kind:
+    [(h, g) per layer]}`` (query heads, key/value heads), so any model's layers can be planned
+    (a transformers model's, for :func:`headwise.hf.prune_heads`)."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"plan_fraction: fraction must be in [0, 1), got {fraction!r}")
-    modules = attention_layers(model)
     units, left = [], {}
-    for kind, mods in modules.items():
+    for kind, layers in counts.items():
         if kind not in scores:
             raise ValueError(f"plan_fraction: no scores for kind {kind!r}; scores have "
                              f"{sorted(scores)}")
-        for layer, mha in enumerate(mods):
-            r = mha.num_heads // mha.num_kv_heads
-            left[kind, layer] = mha.num_heads
-            for group in range(mha.num_kv_heads):
+        for layer, (h, g) in enumerate(layers):
+            r = h // g
+            left[kind, layer] = h
+            for group in range(g):
                 heads = list(range(group * r, group * r + r))
                 units.append((float(scores[kind][layer, heads].mean()), kind, layer, heads))
     target = round(fraction * sum(left.values()))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from headwise._device import parse_device
 
-__all__ = ["default_png", "indices", "parse_device", "report_paths"]  # the one device rule lives in headwise._device
+__all__ = ["MIRROR", "default_png", "indices", "mirror_head", "parse_device", "report_paths"]  # the one device rule lives in headwise._device
 
 
 REPORTS = Path("headwise-reports")
@@ -56,3 +56,17 @@ def indices(spec: str | None, size: int, flag: str) -> list[int] | None:
 def default_png(html: Path) -> Path:
     """The heatmaps beside ``-o FILE.html``: ``FILE-heads.png``."""
     return html.with_name(html.stem + "-heads.png")
+
+
+#: The one measure that decides "the mirror head" (``headwise demo``, ``heads catalogue``): the
+#: catalogue's ``mirror`` score, each head's mean weight on the mirrored key ``n_k - 1 - i``
+#: over a dataset (:mod:`headwise.analysis.catalogue`).
+MIRROR = "mirror"
+
+
+def mirror_head(cat) -> dict | None:
+    """The mirror head of a :class:`~headwise.analysis.catalogue.Catalogue`: its entry with the
+    highest :data:`MIRROR` score, a cross-attention head where the model has any (a reversal
+    reads the mirrored source position through cross-attention); None when no head has it."""
+    ranked = cat.ranked(MIRROR, kind="cross") or cat.ranked(MIRROR)
+    return ranked[0] if ranked else None

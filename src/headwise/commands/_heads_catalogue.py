@@ -21,59 +21,45 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headwise.commands._common import parse_device, report_paths
+from headwise.commands import _flags as F
+from headwise.commands._common import MIRROR, mirror_head, parse_device, report_paths
+from headwise.commands._flags import flag
 
 HELP = "every head's dataset-level scores, typical pattern and top tokens (HTML + JSON)"
 EXAMPLE = "headwise heads catalogue --checkpoint headwise-demo/checkpoint"
 MODELS = ("minilm", "smollm2")
 
 
+FLAGS = (
+    F.OneOf((
+        F.CHECKPOINT.but(help="a headwise checkpoint folder (its own task's held-out set is the "
+                              "dataset)"),
+        flag("--model", choices=MODELS,
+             help="minilm = all-MiniLM-L6-v2 (the 'pretrained' extra) on English sentences; "
+                  "smollm2 = SmolLM2-135M-Instruct on windows of text"),
+        F.hf("a causal LM on windows of text (as smollm2), an encoder on sentences (as minilm)"),
+    ), required=True),
+    *F.DATA,
+    flag("--window", type=int, default=8, at_least=1,
+         help="relative-offset profile covers keys -W..W (default 8)"),
+    flag("--top-tokens", type=int, default=10, at_least=1, help="tokens listed per head"),
+    F.output("heads-catalogue-MODEL", "the page's .html, JSON beside it"),
+    F.TITLE,
+    F.DEVICE,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "catalogue",
-        description="Run a model over a dataset and describe every head (per attention kind "
-                    "and layer): previous/next-token, mirror, induction, sink, entropy, "
-                    "focus and distance scores, its averaged attention pattern and the tokens "
-                    "it attends to most, in one offline, sortable HTML page and a JSON file.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="DIR", help="a headwise checkpoint folder "
-                        "(its own task's held-out set is the dataset)")
-    source.add_argument("--model", choices=MODELS,
-                        help="minilm = all-MiniLM-L6-v2 (the 'pretrained' extra) on English "
-                             "sentences; smollm2 = SmolLM2-135M-Instruct on windows of text")
-    source.add_argument("--hf", metavar="DIR",
-                        help="any local Hugging Face model folder (or .gguf file) on "
-                             "attn_implementation='headwise', with its own tokenizer: a causal "
-                             "LM on windows of text (as smollm2), an encoder on sentences (as "
-                             "minilm); nothing downloads")
-    p.add_argument("--sentences", metavar="FILE",
-                   help="--model minilm (or an --hf encoder): one sentence per line (default: "
-                        "the English side of the Ding pairs, `make corpora`); --model smollm2 "
-                        "(or an --hf causal LM): one text, cut into windows (default: Austen's "
-                        "Emma)")
-    p.add_argument("--length", type=int, default=128,
-                   help="--model smollm2 or an --hf causal LM: tokens per window (default 128)")
-    p.add_argument("--examples", type=int, default=256, help="inputs to run (default 256)")
-    p.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass")
-    p.add_argument("--window", type=int, default=8,
-                   help="relative-offset profile covers keys -W..W (default 8)")
-    p.add_argument("--top-tokens", type=int, default=10, help="tokens listed per head")
-    p.add_argument("-o", "--output", metavar="DIR|FILE.html",
-                   help="report folder, or the page's .html (JSON beside it); default "
-                        "headwise-reports/heads-catalogue-MODEL/")
-    p.add_argument("--title", help="page title")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run, full_command="heads catalogue")  # errors: "headwise heads catalogue:"
+    F.parser(subparsers, "catalogue", "Run a model over a dataset and describe every head (per "
+             "attention kind and layer): previous/next-token, mirror, induction, sink, entropy, "
+             "focus and distance scores, its averaged attention pattern and the tokens it attends "
+             "to most, in one offline, sortable HTML page and a JSON file.", FLAGS, run,
+             full_command="heads catalogue")  # errors: "headwise heads catalogue:"
 
 
 def run(args: argparse.Namespace) -> int:
     from headwise.analysis.catalogue import catalogue
 
-    for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size),
-                        ("--window", args.window), ("--top-tokens", args.top_tokens),
-                        ("--length", args.length)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
     device = parse_device(args.device)
     load = (_checkpoint if args.checkpoint else _hf if args.hf else
             _smollm2 if args.model == "smollm2" else _minilm)
@@ -91,18 +77,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(cat) -> None:
-    """The heads that stand out most on a few scores, one line each."""
+    """The heads that stand out most on a few scores, one line each, naming what the score
+    measures; the mirror head is :func:`headwise.commands._common.mirror_head`'s, the one
+    ``headwise demo`` names."""
     print(f"{cat.meta['model']}: {len(cat.heads)} heads over {cat.meta['inputs']} inputs "
           f"({cat.meta['dataset']})")
-    for score in ("prev_token", "next_token", "mirror", "induction", "sink"):
+    for score in ("prev_token", "next_token", MIRROR, "induction", "sink"):
         best = cat.ranked(score)
-        if best:
-            e = best[0]
+        e = mirror_head(cat) if score == MIRROR else best[0] if best else None
+        if e is not None:
             print(f"  most {score:<10} {e['kind']} layer {e['layer']} head {e['head']}: "
-                  f"{e['scores'][score]:.3f}")
+                  f"{e['scores'][score]:.3f} ({cat.meta['scores'][score]})")
 
 
-def _chunks(batch, size: int) -> list:
+def chunks(batch, size: int) -> list:
+    """``batch`` (a dataclass of tensors) as batches of ``size`` rows."""
     from dataclasses import fields
 
     n = len(batch)
@@ -123,7 +112,7 @@ def _checkpoint(args, device):
                          "`headwise demo`")
     cfg = TrainConfig.from_dict(cfg).resolved()
     task = task_for(cfg)
-    batches = _chunks(task.eval_set(args.examples), args.batch_size)
+    batches = chunks(task.eval_set(args.examples), args.batch_size)
     tok = loaded.tokenizer
     names = tok.tokens if tok is not None else None
     label = Path(args.checkpoint).resolve().name

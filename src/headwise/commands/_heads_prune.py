@@ -19,6 +19,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+from headwise.commands import _flags as F
+from headwise.commands._flags import flag
+
 MODELS = ("reverse", "minilm", "smollm2")
 ORDERS = ("importance", "norm")
 
@@ -27,30 +30,41 @@ HELP = "prune the least important heads step by step: metric and latency table, 
 EXAMPLE = "headwise heads prune --model minilm --quick"
 
 
+FLAGS = (
+    F.OneOf((
+        flag("--model", default="reverse", choices=MODELS,
+             help="reverse: the demo's model (held-out exact match); minilm: all-MiniLM-L6-v2 "
+                  "(agreement of sentence similarities); smollm2: SmolLM2-135M (perplexity on "
+                  "held-out Austen)"),
+        F.hf("a causal LM's heads ordered by importance on windows of its own tokens of Emma "
+             "(`make corpora`) or of --sentences FILE, the least important key/value groups "
+             "covering --fraction of its heads cut, the pruned folder saved in the report "
+             "folder"),
+    )),
+    flag("--fraction", type=float, default=0.25,
+         help="--hf: the fraction of heads to prune (default 0.25), by whole key/value groups"),
+    *F.DATA,
+    F.CHECKPOINT.but(help="reverse: a trained checkpoint folder (default "
+                          "headwise-demo/checkpoint, else one is trained here)"),
+    flag("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
+         help="fractions of heads to prune, starting at 0 (default 0,0.1,...,0.5)"),
+    flag("--order", default="importance", choices=ORDERS,
+         help="importance: headwise.importance's default (greedy zero ablation: heads zeroed one "
+              "by one, the least harmful first); norm: the norm of each head's write to the "
+              "residual stream (one forward pass)"),
+    flag("--quick", action="store_true", help="smaller evaluation sets and workloads"),
+    flag("--rounds", type=int, default=5, at_least=1,
+         help="interleaved timing rounds (default 5)"),
+    F.THREADS,
+    F.output("heads-prune-MODEL"),
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "prune",
-        description="Score every head, prune the least important ones at each fraction (whole "
-                    "key/value groups for grouped-query models; no retraining), evaluate, and "
-                    "time inference against the unpruned model, interleaved in one process.")
-    p.add_argument("--model", default="reverse", choices=MODELS,
-                   help="reverse: the demo's model (held-out exact match); minilm: "
-                        "all-MiniLM-L6-v2 (agreement of sentence similarities); smollm2: "
-                        "SmolLM2-135M (perplexity on held-out Austen)")
-    p.add_argument("--checkpoint", help="reverse: a trained checkpoint folder (default "
-                                        "headwise-demo/checkpoint, else one is trained here)")
-    p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5",
-                   help="fractions of heads to prune, starting at 0 (default 0,0.1,...,0.5)")
-    p.add_argument("--order", default="importance", choices=ORDERS,
-                   help="importance: headwise.importance's default (greedy zero ablation: "
-                        "heads zeroed one by one, the least harmful first); norm: the norm of "
-                        "each head's write to the residual stream (one forward pass)")
-    p.add_argument("--quick", action="store_true", help="smaller evaluation sets and workloads")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("-o", "--output", help="report folder (default headwise-reports/"
-                                          "heads-prune-MODEL/)")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "prune", "Score every head, prune the least important ones at each "
+             "fraction (whole key/value groups for grouped-query models; no retraining), "
+             "evaluate, and time inference against the unpruned model, interleaved in one "
+             "process.", FLAGS, run, full_command="heads prune")
 
 
 def parse_fractions(text: str) -> list[float]:
@@ -66,12 +80,13 @@ def parse_fractions(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hf:
+        from headwise.commands._hf import prune
+        return prune(args)
     fractions = parse_fractions(args.fractions)
     if args.checkpoint and args.model != "reverse":
         raise ValueError(f"--checkpoint is for --model reverse (a trained headwise checkpoint); "
                          f"{args.model} loads its own weights")
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     from headwise.commands._common import report_paths
 
     page, pictures = report_paths(args.output, "heads", f"prune-{args.model}")

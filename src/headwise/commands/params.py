@@ -19,48 +19,34 @@ import sys
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from headwise.commands import _flags as F
+from headwise.commands._flags import KINDS, flag
+
 if TYPE_CHECKING:  # imported where used: `headwise params --help` must not load torch
     from rich.console import Console
     from torch import nn
-
-KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
-
 
 HELP = "parameter table: per head vs fused vs one big head, per component"
 EXAMPLE = "headwise params mha --embed-dim 512 --heads 8"
 
 
+FLAGS = (
+    flag("kind", nargs="?", default="mha", help=f"one of {', '.join(KINDS)} (default mha)"),
+    *F.SIZES,
+    flag("--no-bias", action="store_true", help="projections without biases"),
+    flag("--tie", action="store_true", help="models: tie output and input embeddings"),
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "params",
-        description="Count the parameters of a configuration on real modules: each attention "
-                    "projection fused, split into per-head projections, and as one big head; "
-                    "for a model, every component and the total.")
-    p.add_argument("kind", nargs="?", default="mha", help=f"one of {', '.join(KINDS)} "
-                                                          "(default mha)")
-    p.add_argument("--embed-dim", type=int, default=512, help="model dim m (default 512)")
-    p.add_argument("--heads", type=int, default=8, help="query heads h (default 8)")
-    p.add_argument("--head-dim", type=int, help="per-head size d (default m // h)")
-    p.add_argument("--kdim", type=int, help="mha: key input size")
-    p.add_argument("--vdim", type=int, help="mha: value input size")
-    p.add_argument("--kv-heads", type=int, help="key/value heads g (grouped-query)")
-    p.add_argument("--out-dim", type=int, help="mha: output size (default m)")
-    p.add_argument("--no-bias", action="store_true", help="projections without biases")
-    p.add_argument("--ff", type=int, help="models: feed-forward width (default 4 * m)")
-    p.add_argument("--vocab", type=int, default=1000, help="models: vocabulary (default 1000)")
-    p.add_argument("--layers", type=int, default=6, help="models: blocks per stack (default 6)")
-    p.add_argument("--tie", action="store_true", help="models: tie output and input embeddings")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "params", "Count the parameters of a configuration on real modules: "
+             "each attention projection fused, split into per-head projections, and as one big "
+             "head; for a model, every component and the total.", FLAGS, run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kind not in KINDS:
         raise ValueError(f"unknown model kind {args.kind!r}; choose one of {', '.join(KINDS)}")
-    for name in ("embed_dim", "heads", "head_dim", "kdim", "vdim", "kv_heads", "out_dim", "ff",
-                 "vocab", "layers"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.kind != "mha" and (args.kdim or args.vdim or args.out_dim):
         raise ValueError("--kdim, --vdim and --out-dim apply to `params mha` only")
     from rich.console import Console

