@@ -13,6 +13,7 @@ May import (the rule and its check: the table in ``tests/test_wings.py``): the c
 
 from torch import nn
 
+from headwise.layers import AttentionConfig
 from headwise.models import _checks
 from headwise.models.blocks import (
     DecoderBlock,
@@ -29,6 +30,7 @@ from headwise.models.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
     "CONFIGS",
+    "AttentionConfig",
     "Decoder",
     "DecoderBlock",
     "Embeddings",
