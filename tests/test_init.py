@@ -1,5 +1,5 @@
-"""The package: its public names, an import graph without cycles, no module reaching into
-another's private names, and the size and test-mirror rules of the tree.
+"""The package: its public names, an import graph without cycles, and the size and test-mirror
+rules of the tree (what each wing may import, and the private-name rules: tests/test_wings.py).
 
 The graph counts every ``import`` of a headwise module anywhere in a file, including imports
 inside functions, and the packages Python initialises on the way to that module: if the graph
@@ -30,7 +30,7 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _sources(root: Path) -> dict[str, tuple[str, ast.Module]]:
+def sources(root: Path) -> dict[str, tuple[str, ast.Module]]:
     """``{module: (its package, its parsed source)}`` for every ``.py`` file under ``root``; a
     package is its own package (``from . import x`` in an ``__init__.py`` reads from it)."""
     found = {}
@@ -52,7 +52,7 @@ def _packages_run(target: str, package: str) -> set[str]:
     return {target} | (prefixes - mine)
 
 
-def _from_base(node: ast.ImportFrom, package: str) -> str:
+def from_base(node: ast.ImportFrom, package: str) -> str:
     """The module a ``from`` import reads from: a relative one climbs ``node.level - 1``
     packages from ``package``, the package of the importing file."""
     if not node.level:
@@ -66,16 +66,16 @@ def _imported(node: ast.Import | ast.ImportFrom, package: str, files) -> set[str
     ``from p import m`` names ``p.m`` when that is a module, else ``p`` (``m`` is a name in it)."""
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names}
-    base = _from_base(node, package)
+    base = from_base(node, package)
     return {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
 
 
 def import_graph(root: Path = SRC) -> dict[str, set[str]]:
     """``{module: {headwise modules whose code importing it runs}}`` over every ``.py`` file
     under ``root``: each module it imports and the packages above that module which Python
-    initialises first (``from headwise.models._heads import x`` in ``headwise.analysis.prune``
-    runs ``headwise/models/__init__.py`` before ``_heads.py``)."""
-    files = _sources(root)
+    initialises first (``from headwise.models.heads import x`` in ``headwise.analysis.prune``
+    runs ``headwise/models/__init__.py`` before ``heads.py``)."""
+    files = sources(root)
     graph: dict[str, set[str]] = {}
     for name, (package, tree) in files.items():
         targets: set[str] = set()
@@ -159,75 +159,6 @@ def test_an_import_runs_the_packages_above_the_module_it_names(tmp_path, stateme
                                  "headwise.models"]
     (pkg / "models" / "lm.py").write_text("from headwise.models import _heads\n")
     assert find_cycle(import_graph(pkg)) is None  # the rule moved: prune no longer imported
-
-
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-
-
-def _module_of(expr: ast.expr, modules: dict[str, str], files) -> str | None:
-    """The headwise module ``expr`` names (``h`` or ``headwise.models._heads``), or None."""
-    if isinstance(expr, ast.Name):
-        return modules.get(expr.id)
-    if isinstance(expr, ast.Attribute) and (parent := _module_of(expr.value, modules, files)):
-        return f"{parent}.{expr.attr}" if f"{parent}.{expr.attr}" in files else None
-    return None
-
-
-def private_uses(root: Path = SRC) -> list[str]:
-    """Every use of another module's private name under ``root``, as ``importer -> owner.name``:
-    ``from headwise.x import _name`` and ``x._name`` on a module bound by an import, where
-    ``_name`` is not itself a module (importing a private module, ``models._heads``, is fine,
-    and so are dunder names)."""
-    files = _sources(root)
-    found = set()
-    for name, (package, tree) in files.items():
-        modules: dict[str, str] = {}  # local name -> the headwise module an import binds to it
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    bound = a.name if a.asname else a.name.partition(".")[0]
-                    modules[a.asname or bound] = bound
-            elif isinstance(node, ast.ImportFrom):
-                base = _from_base(node, package)
-                for a in node.names:
-                    if f"{base}.{a.name}" in files:
-                        modules[a.asname or a.name] = f"{base}.{a.name}"
-                    elif _is_private(a.name) and base != name:
-                        found.add(f"{name} -> {base}.{a.name}")
-        modules = {k: v for k, v in modules.items() if v in files}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and _is_private(node.attr):
-                owner = _module_of(node.value, modules, files)
-                if owner not in (None, name) and f"{owner}.{node.attr}" not in files:
-                    found.add(f"{name} -> {owner}.{node.attr}")
-    return sorted(found)
-
-
-def test_no_module_uses_another_modules_private_name():
-    """A name another module needs is public, or the rule it holds moves to where it belongs."""
-    assert private_uses() == []
-
-
-def test_the_private_name_check_finds_both_forms(tmp_path):
-    pkg = tmp_path / "headwise"
-    (pkg / "models").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "__init__.py").write_text("")
-    (pkg / "models" / "_heads.py").write_text("_SELF_ONLY = 1\ndef layers(): ...\n")
-    (pkg / "stats.py").write_text(
-        "import headwise.weights\n"
-        "from headwise import weights as _weights\n"
-        "from headwise.models import _heads\n"  # a private module: fine
-        "from .models._heads import _SELF_ONLY, layers\n"  # a private name: reported
-        "def f():\n"
-        "    _heads.layers(), _weights.__name__, headwise.models\n"  # public and dunder: fine
-        "    return _weights._mask_scores(), headwise.weights._mask4\n")  # reported
-    (pkg / "weights.py").write_text("def _mask4(): ...\ndef _mask_scores(): ...\n"
-                                    "def f():\n    return _mask4()\n")  # its own: fine
-    assert private_uses(pkg) == ["headwise.stats -> headwise.models._heads._SELF_ONLY",
-                                 "headwise.stats -> headwise.weights._mask4",
-                                 "headwise.stats -> headwise.weights._mask_scores"]
 
 
 def test_public_functions_shadow_no_module():

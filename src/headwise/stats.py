@@ -25,7 +25,6 @@ Positions are bottom-right aligned as in causal attention: query ``i`` sits at k
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -33,6 +32,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from headwise import fast as _fast
+from headwise import finders
 from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
@@ -341,10 +341,8 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
     another implementation its heads never report, and the dict would stay empty.
     """
     _check_ids(token_ids)
-    transformers = sys.modules.get("transformers")  # (a transformers model implies it)
-    if transformers is not None and isinstance(model, transformers.PreTrainedModel):
-        from headwise.hf.model import running
-        running(model, "headwise.stats.collect")
+    finders.layers(model, "headwise.stats.collect")  # another library's model: ValueError unless
+    # its layers report to headwise (headwise.hf registers the finder; the core never imports it)
     paths = {id(m): name for name, m in model.named_modules()}
     found: dict[str, list[HeadStats]] = {}
 

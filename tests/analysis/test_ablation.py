@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import headwise as hw
 from headwise import observe
 from headwise.models import attention_layers, head_counts
-from tests.models.test__heads import bert, lm, seq2seq
+from tests.models.test_heads import bert, lm, seq2seq
 
 MODELS = {"lm": lambda s: lm(s), "llama": lambda s: lm(s, llama=True), "seq2seq": seq2seq,
           "bert": bert}

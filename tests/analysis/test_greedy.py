@@ -16,8 +16,8 @@ import headwise as hw
 from headwise.analysis.head_scores import spearman
 from headwise.analysis.run import default_loss
 from headwise.data.synthetic import SyntheticSeq2Seq
-from headwise.models._heads import attention_layers
-from tests.models.test__heads import lm, seq2seq
+from headwise.models.heads import attention_layers
+from tests.models.test_heads import lm, seq2seq
 
 
 def lm_batches(seed: int) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ from headwise.analysis.run import default_loss
 from headwise.data.synthetic import SyntheticSeq2Seq
 from headwise.models import Transformer, TransformerConfig
 from headwise.train.evaluate import evaluate
-from tests.models.test__heads import seq2seq
+from tests.models.test_heads import seq2seq
 
 
 def _random_scores(model, seed: int, name: str) -> HeadScores:

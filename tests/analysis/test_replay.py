@@ -22,10 +22,10 @@ import headwise as hw
 from headwise.analysis.replay import Replay
 from headwise.analysis.run import default_loss
 from headwise.data.synthetic import SyntheticSeq2Seq
-from headwise.models._heads import attention_layers
+from headwise.models.heads import attention_layers
 from headwise.train.evaluate import greedy_decode
 from tests.analysis.test_greedy import lm_batches, loss_without, order
-from tests.models.test__heads import bert, lm, seq2seq
+from tests.models.test_heads import bert, lm, seq2seq
 
 REL = 1e-6
 BLOCKS = {"gpt": 2, "llama": 2, "seq2seq": 2 + 2, "bert": 2}  # each called once per batch

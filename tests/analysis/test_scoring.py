@@ -26,7 +26,7 @@ from headwise.data.synthetic import SyntheticSeq2Seq
 from headwise.models import Transformer, TransformerConfig, head_counts
 from headwise.train.config import TrainConfig
 from headwise.train.recipe import task_for
-from tests.models.test__heads import bert, lm, seq2seq
+from tests.models.test_heads import bert, lm, seq2seq
 
 
 def lm_batches(seed: int, count: int = 2) -> list[torch.Tensor]:

@@ -83,5 +83,10 @@ def test_cache_bytes_refuses_what_it_does_not_count():
     model = TransformerLM(LMConfig(vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=8))
     with pytest.raises(TypeError, match="decoder-only TransformerLM"):
         roof.cache_bytes(nn.Linear(2, 2), 1, 1)
+    from headwise.models import Transformer, TransformerConfig
+    seq2seq = Transformer(TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=8,
+                                            num_heads=2, num_layers=1, d_ff=8))
+    with pytest.raises(TypeError, match="decoder-only TransformerLM .*got Transformer"):
+        roof.cache_bytes(seq2seq, 1, 1)  # it has a cache too, but a cross-attention beside it
     with pytest.raises(ValueError, match="keys must be a positive int, got 0"):
         roof.cache_bytes(model, 1, 0)

@@ -10,7 +10,9 @@ metric and latency as heads go), ``catalogue`` (:func:`headwise.catalogue`: ever
 dataset-level scores, pattern and top tokens), ``run`` (running a model on the batches a tool is
 handed).
 
-May import: the core (:mod:`headwise.layers`, :mod:`headwise.attend`, :mod:`headwise.stats`,
-...), :mod:`headwise.models`, :mod:`headwise.data`, :mod:`headwise.train.evaluate`; nothing in
-the core or the models imports this wing.
+May import (the rule and its check: the table in ``tests/test_wings.py``): the core (``masks``, ``heads``, ``attend``, ``weights``, ``observe``,
+``stats``, ``layers``, ``fast``), ``models``, ``data``, ``train.evaluate`` and ``hf`` (for a
+transformers model), and ``analysis.catalogue`` also ``viz.catalogue`` (its page); nothing in
+the core, the models or the views imports this wing (the tools' results reach the views as
+arguments).
 """

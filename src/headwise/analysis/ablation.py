@@ -36,7 +36,7 @@ from torch import nn
 from headwise import observe
 from headwise.analysis.run import as_batches, run_batch
 from headwise.layers import MultiHeadAttention
-from headwise.models._heads import attention_layers, check_heads, head_count
+from headwise.models.heads import attention_layers, check_heads, head_count
 from headwise.train.evaluate import device_of
 
 __all__ = ["ABLATIONS", "ablate", "head_means", "patch", "record_heads"]

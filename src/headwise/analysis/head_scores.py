@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HeadScores", "as_heads", "as_tables", "spearman"]
+__all__ = ["HeadScores", "as_heads", "spearman"]
 
 
 @dataclass(frozen=True)
@@ -215,24 +215,3 @@ def as_heads(rows) -> dict[str, dict[int, list[int]]]:
         out.setdefault(kind, {}).setdefault(layer, []).append(head)
     return {kind: {l: sorted(hs) for l, hs in sorted(per.items())} for kind, per in out.items()}
 
-
-def as_tables(importance, shapes: Mapping[str, tuple[int, int]], where: str
-              ) -> dict[str, torch.Tensor]:
-    """Scores a caller passes in (a :class:`HeadScores`, or a dict kind -> ``(layers, heads)``
-    tensor or array) as ``{kind: (layers, heads) float64 CPU tensor}``, checked against the
-    model's ``shapes`` (``{kind: (layers, widest layer's heads)}``). NaN = no score."""
-    table = importance.scores if isinstance(importance, HeadScores) else importance
-    if not isinstance(table, Mapping):
-        raise TypeError(f"{where}: importance must be a HeadScores or a dict kind -> (layers, "
-                        f"heads) array, got {type(importance).__name__}")
-    out = {}
-    for kind, scores in table.items():
-        if kind not in shapes:
-            raise ValueError(f"{where}: importance has kind {kind!r}; this model has "
-                             f"{sorted(shapes)}")
-        t = torch.as_tensor(scores).detach().to("cpu", torch.float64)
-        if tuple(t.shape) != tuple(shapes[kind]):
-            raise ValueError(f"{where}: importance[{kind!r}] must be (layers, heads) = "
-                             f"{tuple(shapes[kind])}, got shape {tuple(t.shape)}")
-        out[kind] = t
-    return out

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-from headwise.models._heads import attention_layers, check_heads, transformers_model
+from headwise.finders import transformers_model
+from headwise.models.heads import attention_layers, check_heads
 from headwise.models.pruned import config_plans, cut, layer_plan
 
 __all__ = ["prune_heads"]

@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from headwise.analysis.ablation import ablate
-from headwise.models._heads import attention_layers, transformers_model
+from headwise.finders import transformers_model
+from headwise.models.heads import attention_layers
 
 __all__ = ["Replay", "selection"]
 

@@ -82,8 +82,8 @@ def default_loss(model: nn.Module, batch) -> torch.Tensor:
     encoder-decoder or language model: teacher-forced on a Seq2SeqBatch / LMBatch (``pad_id``
     labels ignored), next-token on a ``(b, n)`` tensor fed to a language model; for a Hugging
     Face causal language model, :func:`headwise.hf.next_token_loss`."""
+    from headwise.finders import transformers_model
     from headwise.models import Transformer, TransformerLM
-    from headwise.models._heads import transformers_model
 
     if transformers_model(model):  # a Hugging Face model: its next-token loss
         from headwise.hf.tools import next_token_loss

@@ -65,7 +65,8 @@ from headwise.analysis.head_scores import HeadScores
 from headwise.analysis.replay import Replay
 from headwise.analysis.run import as_batches, batch_size, default_loss, run_batch
 from headwise.data import LMBatch, Seq2SeqBatch
-from headwise.models._heads import attention_layers, head_count, transformers_model
+from headwise.finders import transformers_model
+from headwise.models.heads import attention_layers, head_count
 from headwise.train.evaluate import device_of
 
 __all__ = ["BEHAVIOURS", "DEFAULT_METHOD", "METHODS", "importance"]

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwise.commands._common import parse_device
+from headwise.kinds import CROSS, DECODER_SELF, ENCODER_SELF, KINDS
 
 if TYPE_CHECKING:
     import torch
 
-WEIGHT_KINDS = {"encoder": ("encoder_self",), "decoder": ("decoder_self", "cross"),
-                "transformer": ("encoder_self", "decoder_self", "cross"),
-                "lm": ("decoder_self",)}
+# each model `headwise trace` builds -> its attention kinds (names from headwise.kinds)
+WEIGHT_KINDS = {"encoder": (ENCODER_SELF,), "decoder": (DECODER_SELF, CROSS),
+                "transformer": tuple(KINDS), "lm": (DECODER_SELF,)}
 
 
 def build(args) -> tuple[torch.nn.Module, tuple, dict]:

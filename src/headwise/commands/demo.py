@@ -239,8 +239,10 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
     few held-out examples: ``(files written by name, the head scores the view shows)``."""
     import torch
 
+    from headwise.kinds import CROSS, DECODER_SELF, ENCODER_SELF, KINDS
     from headwise.tracing import trace
     from headwise.viz import head_view, heatmaps
+
     tok = task.tokenizer
     picks = [k for k in range(len(heldout)) if 8 <= int(heldout.src_lens[k]) <= 12][:4]
     batch = type(heldout)(src=heldout.src[picks], src_lens=heldout.src_lens[picks],
@@ -260,10 +262,9 @@ def _artefacts(model, task, heldout, device, out: Path, mirror: tuple[int, int])
              "importance": str(out / "importance.json"),
              "importance_plot": str(out / "importance.png")}
     n = int(batch.src_lens[0])
-    sides = {"cross": (tgt_tokens[0], src_tokens[0], n + 1, n),
-             "decoder_self": (tgt_tokens[0], tgt_tokens[0], n + 1, n + 1),
-             "encoder_self": (src_tokens[0], src_tokens[0], n, n)}
-    for kind, (q, k, i, j) in sides.items():
+    sides = {"src": (src_tokens[0], n), "tgt": (tgt_tokens[0], n + 1)}  # (tokens, length)
+    for kind in (CROSS, DECODER_SELF, ENCODER_SELF):
+        (q, i), (k, j) = (sides[side] for side in KINDS[kind].sides)
         weights = [w[0, :, :i, :j].float().cpu() for w in att[kind]]
         name = "cross_attention" if kind == "cross" else f"{kind}_attention"
         files[name] = str(heatmaps(weights, query_tokens=q, key_tokens=k,

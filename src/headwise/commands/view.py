@@ -22,9 +22,10 @@ from pathlib import Path
 from headwise.commands import _flags as F
 from headwise.commands._common import parse_device, report_paths
 from headwise.commands._flags import flag
+from headwise.kinds import KINDS  # torch-free
 
 # torch is imported inside the functions that run the model: `headwise view --help` stays fast
-KIND_CHOICES = ("encoder_self", "decoder_self", "cross")
+KIND_CHOICES = tuple(KINDS)
 HELP = "write the interactive head view (one offline HTML file) for a checkpoint"
 EXAMPLE = "headwise view --checkpoint headwise-demo/checkpoint --src abcdefgh"
 
@@ -85,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"head view: {view.path} ({view.path.stat().st_size / 1e6:.2f} MB; opens on {kind} "
           f"layer {layer} head {head}, {why}; any browser, offline)")
     if png is not None:
-        q_side, k_side = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"),
-                          "cross": ("tgt", "src")}[kind]
+        q_side, k_side = KINDS[kind].sides
         weights = [None if w is None else w[0] for w in attentions[kind]]
         heatmaps(weights, query_tokens=tokens[q_side][0], key_tokens=tokens[k_side][0],
                  path=png, title=f"{kind} · {summary}")

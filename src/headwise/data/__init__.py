@@ -17,8 +17,8 @@ pairs          transformer  ``pairs=FILE`` of ``source<TAB>target`` lines
 de-en          transformer  Ding German-English sentence pairs (``make corpora``)
 =============  ===========  =====================================================
 
-May import: torch, :mod:`headwise.errors` and the standard library only (the models, the
-trainer and the tools import it).
+May import (the rule and its check: the table in ``tests/test_wings.py``): torch, :mod:`headwise.errors` and the standard library only; the models,
+the trainer and the tools import it.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from torch import nn
 from headwise.fast import large as _large
 from headwise.fast import native as _native
 from headwise.fast import q8 as _q8
+from headwise.kinds import DECODER_SELF
 from headwise.limits import cpu_model
 
 __all__ = ["BUFFER_BYTES", "cache_bytes", "cpu", "cpu_flags", "read_bandwidth", "step_bytes"]
@@ -81,10 +82,11 @@ def cache_bytes(model: nn.Module, rows: int, keys: int) -> int:
     (:class:`~headwise.models.TransformerLM`) reads from its KV cache for ``rows`` rows whose new
     query attends ``keys`` positions (the cache's, its own included), each layer's at most its
     ``attention.window``, in the dtype :meth:`~headwise.models.TransformerLM.new_cache` gives the
-    cache (module docstring)."""
-    from headwise.models import TransformerLM
-
-    if not isinstance(model, TransformerLM):
+    cache (module docstring). The model is read through its config (its ``kind``,
+    ``layer_kv_heads``, ``head_size``, ``attention.window``), not imported: the speed layer
+    imports no model."""
+    config = getattr(model, "config", None)
+    if getattr(config, "kind", None) != "lm" or not callable(getattr(model, "new_cache", None)):
         raise TypeError(f"cache_bytes: expected a decoder-only TransformerLM (its self-attention "
                         f"caches), got {type(model).__name__}")
     for name, n in (("rows", rows), ("keys", keys)):
@@ -94,7 +96,7 @@ def cache_bytes(model: nn.Module, rows: int, keys: int) -> int:
     window = c.attention.window
     seen = keys if window is None else min(keys, window)
     per_value = model.lm_head.weight.element_size() * c.head_size
-    return 2 * rows * seen * per_value * sum(c.layer_kv_heads("decoder_self"))
+    return 2 * rows * seen * per_value * sum(c.layer_kv_heads(DECODER_SELF))
 
 
 def cpu_flags() -> set[str]:

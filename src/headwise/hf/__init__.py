@@ -15,14 +15,17 @@ layers, heads, rows and keys return weights), ``model`` (which modules are atten
 switching a model), ``prune`` (cutting heads out of Llama-family layers, and loading a pruned
 checkpoint), ``local`` (a local model folder or GGUF file, nothing downloaded), ``tools`` (the
 head view with the model's tokenizer, a traced forward, the next-token loss of importance).
-This wing imports ``transformers`` (the ``pretrained`` extra) and headwise's ``attend``,
-``weights`` and ``heads`` (``tools``: also ``tracing`` and ``viz``); the core never imports it,
-and the head tools reach it only for a transformers model.
+This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule and its check: the table in ``tests/test_wings.py``):
+``attend``, ``weights``, ``heads`` and ``observe``, and ``hf.tools`` also ``tracing`` and
+``viz``; the core never imports it (importing it registers its layer finder with
+:mod:`headwise.finders`, which the core asks), and the head tools reach it only for a
+transformers model.
 """
 
+from headwise import finders
 from headwise.hf.interface import attention_forward, register
 from headwise.hf.local import load
-from headwise.hf.model import NAME, attention_layers, use
+from headwise.hf.model import FINDER, NAME, attention_layers, use
 from headwise.hf.prune import load_pruned, prune_heads
 from headwise.hf.select import weights
 from headwise.hf.tools import explain, head_view, next_token_loss
@@ -31,4 +34,5 @@ __all__ = ["NAME", "attention_forward", "attention_layers", "load_pruned", "prun
            "use", "weights"]
 __all__ += ["explain", "head_view", "load", "next_token_loss"]  # the head tools' HF side
 
-register()
+register()  # attn_implementation="headwise", with transformers
+finders.register(FINDER)  # this wing's layer finder, with the core (headwise.finders)

@@ -13,8 +13,10 @@ import inspect
 
 from torch import nn
 
-__all__ = ["NAME", "attention_layers", "context", "head_count", "kind", "kv_head_count", "running",
-           "refuse_unmodelled", "unmodelled", "use"]
+from headwise.finders import Finder, transformers_model
+
+__all__ = ["FINDER", "NAME", "attention_layers", "context", "head_count", "kind", "kv_head_count",
+           "running", "refuse_unmodelled", "unmodelled", "use"]
 
 NAME = "headwise"  # the attn_implementation name
 
@@ -127,3 +129,8 @@ def use(model):
     refuse_unless_served(model, "headwise.hf.use")
     model.set_attn_implementation(NAME)
     return model
+
+
+# what the core asks of a transformers model (headwise.finders; registered by headwise.hf)
+FINDER = Finder("transformers", owns=transformers_model, layers=running,
+                owns_layer=lambda module: _calls_interface(type(module)), head_count=head_count)

@@ -6,15 +6,15 @@ The tree is the architecture: ``blocks`` (feed-forward, positions, encoder/decod
 frozen dataclass per family; :func:`build` turns one into its model).
 
 ``pruned`` holds the pruned structure a config records (the models rebuild it at load).
-May import: the core (layers, cache, masks, observe) and :mod:`headwise.fast`; never
-:mod:`headwise.analysis`, :mod:`headwise.train` or the command line.
+May import (the rule and its check: the table in ``tests/test_wings.py``): the core (``masks``, ``heads``, ``attend``, ``weights``, ``observe``,
+``rope``, ``cache``, ``layers``) and ``fast``; never a tool, the trainer, the command line or
+:mod:`headwise.hf` (a transformers model's layers come through :mod:`headwise.finders`).
 """
 
 from torch import nn
 
 from headwise.layers import AttentionConfig
 from headwise.models import _checks
-from headwise.models._heads import attention_layers, check_heads, head_counts, layer_head_masks
 from headwise.models.blocks import (
     DecoderBlock,
     EncoderBlock,
@@ -24,6 +24,7 @@ from headwise.models.blocks import (
 )
 from headwise.models.config import CONFIGS, LMConfig, TransformerConfig, config_from_dict
 from headwise.models.embedding import Embeddings
+from headwise.models.heads import attention_layers, check_heads, head_counts, layer_head_masks
 from headwise.models.lm import TransformerLM
 from headwise.models.transformer import Decoder, Encoder, Transformer
 

@@ -13,8 +13,6 @@ from headwise.weights import Selection as Heads
 
 Selection = dict[str, list]  # kind -> per layer: False, True or a headwise.Selection
 
-KINDS = ("encoder_self", "decoder_self", "cross")
-
 
 def select(return_weights, layers: Mapping[str, int]) -> Selection | None:
     """Normalise ``return_weights`` to ``kind -> [per layer: False, True or a Selection]``

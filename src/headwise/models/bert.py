@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from headwise.fast import host, reuse
-from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 from headwise.models.config import ModelConfig
+from headwise.models.heads import head_counts, layer_head_masks
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
 

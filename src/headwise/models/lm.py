@@ -39,11 +39,11 @@ from torch import nn
 from headwise.cache import KVCache
 from headwise.fast import reuse
 from headwise.models import _checks
-from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, block_args, final_norm
 from headwise.models.config import LMConfig
 from headwise.models.embedding import Embeddings, add_output_head
+from headwise.models.heads import head_counts, layer_head_masks
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
 

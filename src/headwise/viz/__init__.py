@@ -16,8 +16,10 @@ Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (
     heatmaps([w[0] for w in att["cross"]], query_tokens=tgt_tokens[0],
              key_tokens=src_tokens[0], path="cross.png")
 
-May import: numpy, matplotlib, the core and :mod:`headwise.models` for their shapes; the tools'
-results reach it as arguments. Only the command line and the catalogue (for its page) import it.
+May import (the rule and its check: the table in ``tests/test_wings.py``): numpy, matplotlib, the core (``masks``, ``heads``, ``attend``,
+``weights``, ``observe``, ``layers``) and ``models`` for their shapes; never a tool: the tools'
+results reach it as arguments (a :class:`~headwise.HeadScores` is read through its ``scores``).
+Only the command line, :mod:`headwise.hf.tools` and the catalogue (for its page) import it.
 """
 
 from headwise.viz.catalogue import catalogue_page

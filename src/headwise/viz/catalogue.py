@@ -17,8 +17,8 @@ import html
 import json
 import os
 
+from headwise.kinds import KINDS
 from headwise.viz.display import HeadView, asset
-from headwise.viz.head_view import KIND_LABELS
 
 __all__ = ["catalogue_page"]
 
@@ -34,7 +34,9 @@ def catalogue_page(catalogue, path: str | os.PathLike | None = None, *,
                         f" got {type(catalogue).__name__}")
     meta = dict(catalogue.meta)
     meta["title"] = title or f"{meta['model']}: head catalogue"
-    meta["kindLabels"] = {k: KIND_LABELS[k] for k in meta["kinds"]}
+    # the kinds present, in the one table's order and with its labels (catalogue.js has none)
+    meta["kindOrder"] = [k for k in KINDS if k in meta["kinds"]]
+    meta["kindLabels"] = {k: KINDS[k].label for k in meta["kinds"]}
     data = {"meta": meta, "heads": catalogue.heads}
     # "<" escaped so no token can close the <script> element
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")

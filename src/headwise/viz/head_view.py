@@ -31,17 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headwise.analysis.head_scores import HeadScores, as_tables
+from headwise.kinds import KINDS, as_tables
 from headwise.viz import _blocks
 from headwise.viz.display import HeadView, asset
 from headwise.viz.rollout import attention_rollout
 
-__all__ = ["head_view", "KINDS"]
-
-# kind -> (query side, key side) of the token dict
-KINDS = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), "cross": ("tgt", "src")}
-KIND_LABELS = {"encoder_self": "Encoder self-attention", "decoder_self": "Decoder self-attention",
-               "cross": "Cross-attention (decoder → encoder)"}
+__all__ = ["head_view"]
 
 
 def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike | None = None,
@@ -111,8 +106,11 @@ def _add_kinds(meta: dict, kinds: dict, importance, kv_heads, thumbnail: int,
     """Each kind's page header (with its checked importance scores) into ``meta["kinds"]``;
     returns every ``(block key, (i, j) weights)`` matrix the page stores."""
     # how the bars were made: a HeadScores says (method, data, agreement); a bare table does not
-    meta["importanceMethod"] = importance.describe() if isinstance(importance, HeadScores) \
-        else None
+    describe = getattr(importance, "describe", None)
+    meta["importanceMethod"] = describe() if callable(describe) else None
+    # the kinds' order and button labels, from the one table (the page writes none of its own)
+    meta["kindOrder"] = list(KINDS)
+    meta["kindShort"] = {name: kind.short for name, kind in KINDS.items()}
     importance = _check_importance(importance, kinds)
     matrices: list[tuple[str, np.ndarray]] = []
     for name, info in kinds.items():
@@ -155,9 +153,9 @@ def _check_options(path, thumbnail_scale: str) -> None:
 def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout: bool) -> dict:
     """One attention kind's page header (labels, head counts, thumbnails, rollout status);
     appends each head's ``(i, j)`` matrix, padding trimmed, to ``matrices``."""
-    q_side, k_side = KINDS[kind]
+    q_side, k_side = KINDS[kind].sides
     lens = [(len(q), len(k)) for q, k in zip(sides[q_side], sides[k_side], strict=True)]
-    entry = {"label": KIND_LABELS[kind], "query": q_side, "key": k_side,
+    entry = {"label": KINDS[kind].label, "query": q_side, "key": k_side,
              "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
              "importance": importance, "thumbs": [], "rollout": None}
     for b, (n_q, n_k) in enumerate(lens):
@@ -173,7 +171,7 @@ def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout
                 thumbs_l.append(_blocks.thumbnail(m, thumbnail))
             thumbs_b.append(thumbs_l)
         entry["thumbs"].append(thumbs_b)
-    if rollout and q_side == k_side:
+    if rollout and KINDS[kind].is_self:
         entry["rollout"] = _rollouts(kind, info["layers"], lens, matrices)
     return entry
 
@@ -221,7 +219,7 @@ def _check_attentions(attentions) -> dict:
             raise ValueError(f"attentions[{kind!r}] has batch size {b} but another kind has {ref}"
                              "; pass the attentions of one forward pass")
         ref = b
-        if kind != "cross" and i != j:
+        if KINDS[kind].is_self and i != j:
             raise ValueError(f"attentions[{kind!r}] is self-attention, so i must equal j, got "
                              f"(i, j) = ({i}, {j})")
         kinds[kind] = {"layers": arrays, "batch": b, "i": i, "j": j}
@@ -243,7 +241,7 @@ def _as_array(kind: str, l: int, w) -> np.ndarray:
 
 
 def _check_tokens(tokens, kinds: dict, batch: int) -> dict:
-    needed = {side for kind in kinds for side in KINDS[kind]}
+    needed = {side for kind in kinds for side in KINDS[kind].sides}
     if not isinstance(tokens, Mapping):
         if len(needed) > 1 or len(kinds) > 1:
             raise ValueError(f"a plain token list is ambiguous for kinds {list(kinds)}; pass "
@@ -252,12 +250,12 @@ def _check_tokens(tokens, kinds: dict, batch: int) -> dict:
     sides = {}
     for side in sorted(needed):
         if side not in tokens:
-            raise ValueError(f"tokens has no {side!r} entry, needed by kinds "
-                             f"{[k for k in kinds if side in KINDS[k]]}; pass tokens={{'src': "
-                             "[...], 'tgt': [...]}")
+            users = [k for k in kinds if side in KINDS[k].sides]
+            raise ValueError(f"tokens has no {side!r} entry, needed by kinds {users}; pass "
+                             "tokens={'src': [...], 'tgt': [...]}")
         sides[side] = _per_example(side, tokens[side], batch)
     for kind, info in kinds.items():
-        q_side, k_side = KINDS[kind]
+        q_side, k_side = KINDS[kind].sides
         for b in range(batch):
             for side, n in ((q_side, info["i"]), (k_side, info["j"])):
                 if len(sides[side][b]) > n:

@@ -83,7 +83,7 @@ class _Reference:
 
 def _reference(model, batches):
     """``{(kind, layer, head): _Reference}`` from the model's full weights (eager backend)."""
-    from headwise.viz.head_view import KINDS
+    from headwise.kinds import KINDS
 
     out = {}
     for batch in batches:
@@ -94,7 +94,7 @@ def _reference(model, batches):
             _, att = _eager(model)(batch.src, batch.tgt_in, src_valid_lens=batch.src_lens,
                                    return_weights=True)
         for kind, layers in att.items():
-            (_, q_lens), (k_ids, k_lens) = sides[KINDS[kind][0]], sides[KINDS[kind][1]]
+            (_, q_lens), (k_ids, k_lens) = sides[KINDS[kind].query], sides[KINDS[kind].key]
             for layer, w in enumerate(layers):
                 w = w.double()
                 for b in range(w.shape[0]):

@@ -36,7 +36,8 @@ from headwise import stats as _stats
 from headwise import weights as _weights
 from headwise.analysis.catalogue.inputs import Prepared, attention_modules, prepare
 from headwise.analysis.catalogue.result import SCORES, SELF_ONLY, Catalogue
-from headwise.models._heads import head_count
+from headwise.kinds import KINDS
+from headwise.models.heads import head_count
 
 __all__ = ["Catalogue", "catalogue", "SCORES"]
 
@@ -172,7 +173,7 @@ def _add_call(layer: _Layer, inp: Prepared, kind: str, q, k, mask, causal, scale
     q_lens, k_lens, k_ids = inp.lengths(kind, q.shape[2], k.shape[2])
     budget = _fast.block_elements(q, k, cpu=_weights.CHUNK_ELEMENTS) if budget is None \
         else budget
-    is_self = kind != "cross"
+    is_self = KINDS[kind].is_self
     st = _stats.head_stats(q, k, mask=mask, causal=causal, scale=scale, budget=budget,
                            token_ids=k_ids if is_self else None, top_k=1)
     valid = (torch.arange(q.shape[2], device=q.device)[None] < q_lens[:, None])  # (b, i)

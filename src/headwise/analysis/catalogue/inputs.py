@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwise.viz.head_view import KINDS
+from headwise.kinds import KINDS
 
 __all__ = ["Prepared", "attention_modules", "prepare"]
 
@@ -24,8 +24,8 @@ def attention_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
     own rule: :func:`headwise.models.attention_layers`); a Hugging Face model running
     ``attn_implementation="headwise"`` gives ``{"decoder_self" or "encoder_self": [its
     attention layers]}`` (:func:`headwise.hf.model.kind`)."""
+    from headwise.finders import transformers_model
     from headwise.models import Transformer, TransformerLM, attention_layers
-    from headwise.models._heads import transformers_model
     from headwise.models.bert import BertModel
 
     layers = attention_layers(model)  # TypeError for anything but a headwise or HF model
@@ -56,7 +56,7 @@ class Prepared:
     def lengths(self, kind: str, nq: int, nk: int):
         """``(query lens (b,), key lens (b,), key ids (b, j))`` of an attention call of
         ``kind`` with ``nq`` query and ``nk`` key positions."""
-        q_side, k_side = KINDS[kind]
+        q_side, k_side = KINDS[kind].sides
         q_ids, q_lens = self.sides[q_side]
         k_ids, k_lens = self.sides[k_side]
         if q_ids.shape[1] != nq or k_ids.shape[1] != nk:
@@ -94,7 +94,7 @@ def prepare(model: nn.Module, batch) -> Prepared:
     if isinstance(model, BertModel):
         return _prepare_ids(model, batch, device, "src", "BERT")
     kinds = attention_modules(model)  # raises the TypeError naming what is expected
-    side = KINDS[next(iter(kinds))][0]  # a Hugging Face model: a decoder's or an encoder's ids
+    side = KINDS[next(iter(kinds))].query  # a Hugging Face model: a decoder's or an encoder's ids
     return _prepare_ids(model, batch, device, side, type(model).__name__)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from headwise.analysis.head_scores import as_tables
-from headwise.models._heads import head_count
+from headwise.kinds import KINDS, as_tables
+from headwise.models.heads import head_count
 
 __all__ = ["Catalogue", "SCORES", "SELF_ONLY"]
 
@@ -63,7 +63,7 @@ class Catalogue:
                 heads.append({
                     "kind": kind, "layer": layer, "head": h, "rows": int(a.rows[h]),
                     "scores": scores,
-                    "profile": (None if kind == "cross" else
+                    "profile": (None if not KINDS[kind].is_self else
                                 _rounded(a.profile[h] / rows[h])),
                     "pattern": _rounded(a.pattern[h] / a.pattern_rows.clamp(min=1)[:, None]),
                     "top_tokens": _tokens(a, h, names, top_tokens)})
@@ -133,7 +133,7 @@ class Catalogue:
 
 
 def _score(a, name: str, h: int, kind: str, rows, window: int):
-    if kind == "cross" and name in SELF_ONLY:
+    if not KINDS[kind].is_self and name in SELF_ONLY:
         return None
     if name == "next_token":
         value = a.profile[h, window + 2] / rows[h]

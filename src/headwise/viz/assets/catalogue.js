@@ -6,7 +6,7 @@
   const DATA = JSON.parse(document.getElementById("hw-catalogue").textContent);
   const META = DATA.meta, HEADS = DATA.heads;
   const SCORES = Object.keys(META.scores);
-  const KINDS = Object.keys(META.kinds);
+  const KINDS = META.kindOrder; // the kinds present, in the order of headwise.kinds.KINDS
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225],
     [107, 174, 214], [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
   const S = { sort: SCORES.includes("importance") ? "importance" : "max_weight", desc: true,

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
   const META = JSON.parse(document.getElementById("hw-meta").textContent);
-  const KIND_ORDER = ["encoder_self", "decoder_self", "cross"];
+  const KIND_ORDER = META.kindOrder; // every kind, in the order of headwise.kinds.KINDS
   const KINDS = KIND_ORDER.filter((k) => META.kinds[k]);
   const LEVELS = META.levels || 255;
   const ROW = 20, PAD = 10; // lines view: row height and top/bottom padding (CSS px)
@@ -202,7 +202,7 @@
     const kindSeg = el("div", { class: "hw-seg", id: "hw-kind", role: "group", "aria-label": "attention kind" });
     for (const k of KIND_ORDER) {
       const present = !!META.kinds[k];
-      const label = { encoder_self: "Encoder self", decoder_self: "Decoder self", cross: "Cross" }[k];
+      const label = META.kindShort[k];
       kindSeg.append(el("button", {
         "data-kind": k, disabled: !present, title: present ? META.kinds[k].label : `${label}: not in this model`,
         onclick: () => setKind(k), text: label,

@@ -158,11 +158,11 @@ def test_a_transformers_model_has_one_kind_layers_with_its_head_counts():
                                       num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2)
     model = transformers.LlamaForCausalLM(config)
-    from headwise.models._heads import attention_layers, head_counts
+    import headwise.hf  # registers the layer finder the models ask (headwise.finders)
+    from headwise.models.heads import attention_layers, head_counts
     with pytest.raises(ValueError, match="runs attn_implementation='sdpa'; call "
                                          r"headwise.hf.use\(model\) first"):
         attention_layers(model)  # on sdpa its heads would be silently out of the tools' sight
-    import headwise.hf
     headwise.hf.use(model)
     assert list(attention_layers(model)) == ["layers"]
     assert head_counts(model) == {"layers": [4, 4]}

@@ -1,23 +1,24 @@
 """A model's attention modules per kind, and the two head-addressing forms every head tool
 shares: a head selection ``{kind: {layer: [heads]}}`` and a model-level ``head_mask``.
 
-Kinds: ``encoder_self``, ``decoder_self`` and ``cross`` (the names of ``return_weights``).
-Heads are query heads; a layer's head count is read from its module, so layers may differ.
+Kinds: :data:`headwise.kinds.KINDS` (the names of ``return_weights``). Heads are query heads; a
+layer's head count is read from its module, so layers may differ. A transformers model's layers
+come from the finder :mod:`headwise.hf` registers (:mod:`headwise.finders`): this module never
+imports the hf wing.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
+from headwise import finders
 from headwise import heads as heads_rule
 from headwise.layers import MultiHeadAttention
 
-__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks",
-           "transformers_model"]
+__all__ = ["attention_layers", "check_heads", "head_count", "head_counts", "layer_head_masks"]
 
 Heads = dict[str, dict[int, list[int]]]  # kind -> layer -> sorted query heads
 
@@ -30,9 +31,9 @@ def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
     (they report to headwise only while it runs ``attn_implementation="headwise"``: a model on
     another implementation is a ValueError, as its heads would be silently out of sight)."""
     layers = getattr(model, "attention_layers", None)
-    if transformers_model(model):
-        from headwise.hf.model import running
-        return {"layers": running(model, "headwise's head tools")}
+    found = finders.layers(model, "headwise's head tools")  # another library's model
+    if found is not None:
+        return {"layers": found}
     if not isinstance(model, nn.Module) or not callable(layers):
         raise TypeError(f"expected a headwise model (TransformerLM, Transformer, Encoder, "
                         f"Decoder or BertModel), got {type(model).__name__}; load a checkpoint "
@@ -40,18 +41,12 @@ def attention_layers(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
     return layers()
 
 
-def transformers_model(model) -> bool:
-    """A transformers PreTrainedModel (transformers is not imported to find out)."""
-    transformers = sys.modules.get("transformers")
-    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
-
-
 def head_count(module: nn.Module) -> int:
-    """The query heads of one attention module (a headwise one, or a transformers one)."""
+    """The query heads of one attention module (a headwise one, or one a registered finder
+    owns: a transformers one)."""
     if isinstance(module, MultiHeadAttention):
         return module.num_heads
-    from headwise.hf.model import head_count  # a transformers attention layer
-    return head_count(module)
+    return finders.head_count(module)
 
 
 def check_heads(heads, layers: Mapping[str, Sequence[nn.Module]], where: str,
