@@ -12,11 +12,14 @@ per-head weights only where asked.
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model), ``prune`` (cutting heads out of Llama-family layers, and loading a pruned
-checkpoint), ``local`` (a local model folder or GGUF file, nothing downloaded), ``tools`` (the
-head view with the model's tokenizer, a traced forward, the next-token loss of importance).
-This wing imports ``transformers`` (the ``pretrained`` extra) and headwise's ``attend``,
-``weights`` and ``heads`` (``tools``: also ``tracing`` and ``viz``); the core never imports it,
+switching a model), ``prune`` (cutting heads out of Llama-family layers, and building a pruned
+checkpoint's structure), ``local`` (:func:`load`, the one loader: a local model folder, pruned
+or not, a GGUF file or an installed model's name, ``"minilm"``, ``"smollm2"``, as
+``(model, tokenizer)`` on headwise; nothing downloaded; ``load_pruned`` is deprecated),
+``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
+importance). This wing imports ``transformers`` (the ``pretrained`` extra) and headwise's
+``attend``, ``weights``, ``heads`` and ``installed`` (``tools``: also ``tracing`` and
+``viz``); the core never imports it,
 and the head tools reach it only for a transformers model.
 """
 
