@@ -110,7 +110,7 @@ def tokenizer(files: dict, config, where: str = "headwise.hf.load"):
     For a GGUF file with no tokenizer files beside it, the class ``AutoTokenizer`` would pick
     for that config (its mapping of config types, else ``TokenizersBackend``) is called
     directly: ``AutoTokenizer`` itself first parses the file's whole metadata again to rebuild
-    the config we hold (5-7 s of SmolLM2's 49k-entry vocabulary, a third of its load)."""
+    the config we hold (SmolLM2's 49k-entry vocabulary: a third of its load)."""
     import transformers
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
