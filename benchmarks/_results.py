@@ -21,13 +21,18 @@ MARKER = re.compile(r"^<!-- result: (?P<name>[^|]+?) \| (?P<machine>.+?) -->$", 
 HEAD = """# Benchmark results
 
 The current result of each benchmark on each machine, one section per (benchmark, machine),
-written by `python benchmarks/run_all.py [--quick] [--only NAME ...]`: a run replaces the
-sections of the benchmarks it ran on its machine and keeps every other section. Older results
-are in git history (`git log -p benchmarks/RESULTS.md`; the session-by-session journal of
-sessions 6-12 is the file at {journal}). The box these ran on may be shared: read the ratios
-(each against an anchor measured interleaved in the same process), not the milliseconds.
+written by `python benchmarks/run_all.py [--quick] [--only NAME ...]` (and, for a GPU,
+`benchmarks/gpu.py --merge`): a run replaces the sections of the benchmarks it ran on its
+machine and keeps every other section. Older results, the A/B comparisons between commits
+included, are in git history (`git log -p benchmarks/RESULTS.md`; the last file that held them
+is the one at {journal}). The box these ran on may be shared: read the ratios (each against an
+anchor measured interleaved in the same process), not the milliseconds.
 """
-JOURNAL = "commit 542c6ce"
+JOURNAL = "commit 9ae4871"
+# The file's order of benchmarks, one for every writer (run_all.py and gpu.py --merge), so a run
+# on one machine never reorders the sections another wrote; a name not here sorts after them.
+ORDER = ["ceilings", "attention", "weights", "generate", "train", "bert", "head_view",
+         "cli_startup", "llama_decode", "prune", "busy", "importance", "hf", "stats", "tests"]
 
 
 @dataclass(frozen=True)

@@ -37,23 +37,32 @@ PY = sys.executable
 # (step, time limit in seconds, command); "{flags}" is "--device cuda --quick" (or, with
 # --plumbing, "--plumbing --quick"). Order: what the issue must show first.
 # The GPU test modules run side by side (their time is mostly Triton compiling, on the host's
-# cores); each module's pytest output (-v: every test's verdict) is printed as soon as it ends,
-# so a step cut at its limit keeps the modules that finished. Exit 1 if any failed.
+# cores); each module's verdict (pytest's last line, and the name of any test that failed) is
+# printed as one table row as soon as it ends, so a step cut at its limit keeps the modules that
+# finished. RESULTS.md keeps these rows, not pytest's log. Exit 1 if any failed.
 TESTS = r"""
 import pathlib, subprocess, sys, time
-cmd = [sys.executable, '-m', 'pytest', '-v', '--tb=short', '-rfE', '-p', 'no:cacheprovider']
+cmd = [sys.executable, '-m', 'pytest', '-q', '--tb=no', '-rfE', '-p', 'no:cacheprovider']
 procs = {str(f): subprocess.Popen(cmd + [str(f)], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
          for f in sorted(pathlib.Path('tests/gpu').glob('test_*.py'))}
 failed = []
+print('| module | exit | result | failed tests |', flush=True)
+print('|---|---|---|---|', flush=True)
 while procs:
     for name, p in list(procs.items()):
         if p.poll() is not None:
-            print(f'### {name}: exit {p.returncode}\n' + p.stdout.read()[-8000:], flush=True)
+            lines = p.stdout.read().strip().splitlines() or ['(no output)']
+            bad = [ln.split()[1].split('::')[-1] for ln in lines
+                   if ln.startswith(('FAILED ', 'ERROR ')) and len(ln.split()) > 1]
+            verdict = lines[-1].strip('= ').split(' in ')[0]
+            print(f'| {name} | {p.returncode} | {verdict} | {", ".join(bad) or "-"} |',
+                  flush=True)
             failed += [name] if p.returncode else []
             del procs[name]
     time.sleep(0.2)
-print('failed: ' + (', '.join(failed) or 'none'))
+print('\ngoal every tests/gpu module passes: ' + ('FAIL (' + ', '.join(failed) + ')'
+                                                    if failed else 'PASS'))
 sys.exit(1 if failed else 0)
 """
 STEPS = [
@@ -66,7 +75,7 @@ STEPS = [
 ]
 # steps whose --device cuda tables have no tiny form on a CPU: --plumbing skips them
 NO_PLUMBING = ("stats", "generate")
-ORDER = ["ceilings", "tests", "attention", "weights", "stats", "generate", "train"]
+ORDER = R.ORDER  # the file's one order (a merge keeps the CPU sections where they are)
 CARD = (
     "import torch\n"
     "if torch.cuda.is_available():\n"
@@ -187,7 +196,7 @@ def main() -> int:
         cmd = [part for p in template for part in (flags if p == "{flags}" else [p])]
         left = args.budget - (time.perf_counter() - start)
         script = next((Path(ROOT, p) for p in cmd if p.endswith(".py")), None)
-        shown = (["-c", '"$TESTS"', "(pytest -v on each tests/gpu module, side by side)"]
+        shown = (["-c", '"$TESTS"', "(pytest on each tests/gpu module, side by side)"]
                  if cmd[1] == "-c" else cmd[1:])
         step = {"name": name, "command": " ".join(["python", *shown]), "torch": torch_version,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = ap.parse_args()
     here = R.machine(limits.cpu_model(), limits.cpu_count())
-    order = ["ceilings", *BENCHMARKS]
+    order = R.ORDER
     commit = R.commit(HERE.parent)
 
     def section(name: str, command: str, seconds: float, output: str, load: float):

@@ -31,7 +31,7 @@ EXPAND_KV = "b g j d -> b (g r) j d"
 
 def split(x: torch.Tensor, h: int) -> torch.Tensor:
     """:data:`SPLIT` unchecked, as two views (what ``rearrange(x, SPLIT, h=h)`` returns, without
-    its ~10 us of pattern handling per call: the module path splits three times per forward,
+    its pattern handling per call: the module path splits three times per forward,
     and a GPU forward is launch-bound below a few thousand tokens)."""
     return x.view(*x.shape[:-1], h, x.shape[-1] // h).transpose(1, 2)
 

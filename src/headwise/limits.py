@@ -138,12 +138,12 @@ def wait_policy(environ: MutableMapping[str, str] | None = None, *,
     (milliseconds) before it sleeps. When other processes load every core, the thread it waits
     for is often descheduled and the spinners burn the time slices it needs: beside a busy loop
     on each core, ``chat`` and ``train`` ran 15-40x slower at torch's default threads than with
-    this policy (``benchmarks/busy.py``; the README gives the table's numbers). libgomp
+    this policy (``benchmarks/busy.py``; its table is in ``benchmarks/RESULTS.md``). libgomp
     reads the variable once, when torch loads it, so this runs on ``import headwise``: it takes
     effect when headwise is imported before torch (as the CLI does) and does nothing once torch
     is loaded. A user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` stands. On a quiet
-    machine the spin is what makes 2 threads fast (SmolLM2's float32 step at 2 threads: 21.0 ms
-    spinning, 26.3-27.8 ms passive, AMD EPYC), so the policy is asked only when another
+    machine the spin is what makes 2 threads fast (a decoding step at 2 threads is slower with
+    passive threads: ``benchmarks/busy.py``), so the policy is asked only when another
     process is running at import (``others``: :func:`others_running`; unknown counts as busy).
 
     Returns ``"set"``, ``"user"`` (their setting stands), ``"late"`` (torch already loaded) or

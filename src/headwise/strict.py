@@ -25,9 +25,9 @@ class StrictError(ValueError):
 def enabled(strict: bool | None) -> bool:
     """``strict`` if given, else the environment's ``HEADWISE_STRICT`` (1/true/yes/on).
 
-    Every attention call asks, so the environment is read once per call (one dict lookup,
-    ~0.2 us idle, against ~50 us for the smallest attention call) and the parsing is cached per
-    value: a change of the variable while the process runs still takes effect."""
+    Every attention call asks, so the environment is read once per call (one dict lookup, small
+    against the smallest attention call) and the parsing is cached per value: a change of the
+    variable while the process runs still takes effect."""
     if strict is not None:
         return bool(strict)
     return _truthy(os.environ.get("HEADWISE_STRICT", ""))

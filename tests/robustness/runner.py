@@ -145,13 +145,9 @@ Policies the rows exercise:
   autocast); token ids int64 or int32; masks bool (True = may attend) or float (additive; cast
   to the scores' dtype); q, k, v share one dtype.
 - **Masks** of rank < 4 broadcast from the right, the same on every backend.
-- **NaN/inf**: NaN or inf in a query row gives a NaN output row on every backend; NaN or inf
-  anywhere in a head's keys or values (masked positions included) makes that head's output NaN;
-  a fully masked row of finite inputs is the only place zeros are promised; `scale` must be
-  finite. fp16 eager scores are computed in float32 (no overflow
-  of q.k before scaling). Off the CPU the fused path without weights adds nothing to what
-  CUDA's kernels do, which differs in one case: under causal masking a NaN or inf key or value
-  reaches the rows that can see it and may leave earlier rows finite.
+- **NaN/inf** follow the one policy in [design.md](design.md#the-nan-policy); the rows below
+  check it on each public function. A fully masked row of finite inputs is the only place zeros
+  are promised.
 - **Devices**: `cpu`, or `cuda`/`cuda:N` where that GPU exists. Token ids are range-checked
   on the CPU only: on a GPU the check would be a host sync per forward, so an id outside the
   vocabulary fails there inside the embedding kernel (a device-side assert), as in plain torch.

@@ -131,8 +131,8 @@ def applies(*tensors: torch.Tensor, autograd: bool = False, bf16: bool = False) 
     kernels that also have a bfloat16 form: all float32 or all bfloat16), with nothing for
     autograd to record, since the C kernels have no backward (``autograd=True``: the caller
     only moves where values are stored, keeping the same parameters, as
-    :func:`~headwise.fast.rows.lay_out` does). Attribute reads only, ~1 us: a decoding step
-    asks a few hundred times."""
+    :func:`~headwise.fast.rows.lay_out` does). Attribute reads only, no tensor op: a decoding
+    step asks a few hundred times."""
     dtype = tensors[0].dtype if tensors else _F32
     if dtype is not _F32 and not (bf16 and dtype is _BF16):
         return False
@@ -175,7 +175,7 @@ def finite(*tensors: torch.Tensor) -> bool | None:
     total = tensors[0].detach().sum(dtype=_F32)
     for t in tensors[1:]:
         total = total + t.detach().sum(dtype=_F32)
-    return math.isfinite(total.item())  # (torch.isfinite on a scalar: ~50 us)
+    return math.isfinite(total.item())  # (not torch.isfinite on a scalar: a dispatched op)
 
 
 def kernel_nan(*tensors: torch.Tensor) -> bool:

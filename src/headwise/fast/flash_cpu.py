@@ -2,13 +2,12 @@
 
 Axis legend: ``b`` batch, ``h`` heads, ``i`` query position, ``j`` key position, ``d`` head dim.
 
-Under bf16 autocast on the CPU, torch's flash kernel runs the forward ~1.6x faster than in
-float32, but its bf16 *backward* is slower than the float32 one (35 vs 22 ms a layer for
-``(8, 6, 256, 64)`` causal here): in a training step the attention backward alone took 28% of
-the time. :class:`FlashUpcastBackward` keeps the bf16 forward and runs the float32 backward
-kernel on the upcast inputs with the forward's float32 log-sum-exp: 0.76x the time of the bf16
-forward + backward, and the gradients are more accurate (relative error vs float64 0.0018
-instead of 0.0033), since they are computed from exactly the values the forward used.
+Under bf16 autocast on the CPU, torch's flash kernel runs the forward faster than in float32,
+but its bf16 *backward* is slower than the float32 one, and in a training step the attention
+backward then takes a large share of the time. :class:`FlashUpcastBackward` keeps the bf16
+forward and runs the float32 backward kernel on the upcast inputs with the forward's float32
+log-sum-exp: faster than the bf16 forward + backward, and the gradients are more accurate (closer
+to float64), since they are computed from exactly the values the forward used.
 
 :func:`applies` says when it is used (CPU, bf16/fp16, autograd recording, no dropout, torch
 choosing its flash kernel); everything else goes to ``F.scaled_dot_product_attention``.

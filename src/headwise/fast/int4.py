@@ -108,7 +108,7 @@ class Int4:
 
     def product(self) -> _native.Product | None:
         """headwise's kernel bound to these codes (:func:`headwise.fast.native.q4_product`: the
-        fields' form checked once, ~3 us a product less), or None where it declines (asked again
+        fields' form checked once, not at every product), or None where it declines (asked again
         next time, e.g. after torch.compile or fast.as_device)."""
         if self._product is None:
             self._product = _native.q4_product(self.codes, self.scales, self.mins)

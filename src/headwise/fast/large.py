@@ -3,9 +3,9 @@ caller has let go of it, and fresh memory is advised to transparent huge pages.
 
 A fresh ``(b, h, i, j)`` weights tensor is a new ``mmap`` of glibc's malloc (anything over
 32 MiB is), and its first write takes one page fault per 4 KiB page: for the 128 MiB of
-``(4, 8, 1024, 1024)`` float32 weights that is 32768 faults, 70-80 ms here against 10 ms for
-writing the same bytes once they are resident (``benchmarks/weights.py --tables floor``), a
-third of the fused forward the weights are measured against. Two remedies, in order:
+``(4, 8, 1024, 1024)`` float32 weights that is 32768 faults, several times the cost of writing
+the same bytes once they are resident (``benchmarks/weights.py --tables floor``), and a large
+share of the fused forward the weights are measured against. Two remedies, in order:
 
 - **Recycling.** :func:`empty` keeps the storages of the last large tensors it handed out (at
   most :data:`KEEP_COUNT` of them, :data:`KEEP_MAX` bytes in all). When a request has the size
@@ -16,11 +16,10 @@ third of the fused forward the weights are measured against. Two remedies, in or
   the faults once. The memory is held until newer sizes push it out or :func:`release` is
   called (public as ``headwise.release_memory()``). The cap, 1/8 of physical memory, is set so
   that the largest weights the benchmarks ask for (``(4, 8, 4096, 4096)``: 2 GiB) can be kept
-  on a 24 GiB machine: under 1/16 they were not, and every call faulted 2 GiB of fresh pages
-  (all weights cost 2.2x the fused forward instead of 1.33x at 1 thread).
+  on a 24 GiB machine: under 1/16 they were not, and every call faulted 2 GiB of fresh pages.
 - **Huge pages.** Otherwise the untouched range is advised to 2 MiB pages
   (``madvise(MADV_HUGEPAGE)``, what Linux's default ``transparent_hugepage=madvise`` waits for):
-  64 faults instead of 32768, 16 ms instead of 75 here.
+  64 faults instead of 32768.
 
 Both are invisible to the caller: the tensor is ``torch.empty``'s, with contents undefined.
 Where neither applies (another OS, another device, ``transparent_hugepage=never``, a torch

@@ -4,10 +4,11 @@ rotate`) and RMSNorm on rows (one call each instead of four or five small torch 
 
 Why. A cached decoding step multiplies a few rows ``x (b, in)`` by every weight matrix, read once,
 so the product should run at the speed memory delivers them (:mod:`headwise.fast.roof`); MKL's
-float32 kernels for so few rows stream SmolLM2-135M's matrices at 12-20 GB/s here (one row), ~10
-(2-4), where ``step_kernels.c`` reaches 20-24 and 14-15 (``RESULTS.md`` at 542c6ce). The newest
-query's attention (SDPA's 1-query call: ~80 us per SmolLM2 layer) is a vector exp over 4 keys'
-scores at a time. ``_plan.c`` runs a bound run of these calls as one (:mod:`headwise.fast.plan`).
+float32 kernels are built for many rows and stream a few rows' matrices well below that, where
+``step_kernels.c`` streams them faster (``benchmarks/RESULTS.md``, the ``generate`` sections).
+The newest query's attention (SDPA's 1-query call pays a large fixed cost per layer) is a vector
+exp over 4 keys' scores at a time. ``_plan.c`` runs a bound run of these calls as one
+(:mod:`headwise.fast.plan`).
 
 How. The first call compiles :data:`SOURCES` (``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``:
 each product and sum rounded on its own) with :func:`headwise.fast.build.target`'s compiler into
@@ -49,8 +50,8 @@ SOURCES = (SOURCE, *(SOURCE.with_name(f"step_kernels_{k}.c")
 ISA_ENV, ISAS = "HEADWISE_NATIVE_ISA", ("auto", "avx2")  # auto (default): the widest path
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm")
 ROWS = 4  # the kernel's most rows
-# A build takes ~1 s of CPU (6 s on a loaded 2-core machine). The first call waits this long for
-# it; past that the process keeps the torch path and the build finishes in the background.
+# A build takes a few seconds of CPU, more on a loaded machine: the first call waits this long
+# for it; past that the process keeps the torch path and the build finishes in the background.
 WAIT_S = 8.0
 BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 
@@ -155,10 +156,10 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
 
 def q4_product(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None):
     """:func:`q4_matmul` (``mins`` None: :func:`q8_matmul`) bound to one matrix: a
-    :class:`Product`, its form checked and its addresses read once, here (~7 -> ~5.5 us a
-    product on a small matrix). None, with the reason in :func:`declined`, when the tensors
-    are not the 4-bit (8-bit) form of a matrix on the CPU. Their addresses are read at each
-    call (a deep copy of the product multiplies by its own copies)."""
+    :class:`Product`, its form checked and its addresses read once, here, not at every call
+    (a fixed cost that shows on a small matrix). None, with the reason in :func:`declined`, when
+    the tensors are not the 4-bit (8-bit) form of a matrix on the CPU. Their addresses are read
+    at each call (a deep copy of the product multiplies by its own copies)."""
     name = "q4_matmul" if mins is not None else "q8_matmul"
     coded = (scales,) if mins is None else (scales, mins)
     out = codes.shape[0] if codes.dim() == 2 else 0

@@ -1,10 +1,10 @@
 """Inference that reuses its own buffers: residual sums, activations and logits written into
 memory the forward already owns, applied at one edge, the model's ``forward``.
 
-Fresh large buffers are mapped and page-faulted anew (~0.5 ms per MiB here): ~4% of a SmolLM2
-prefill of 512 tokens, and its 96 MiB of logits cost ~390 ms in fresh 4 KiB pages against
-~345 in huge-page or recycled memory (:mod:`headwise.fast.large`). So, when nothing can see an
-intermediate tensor, a forward may overwrite it:
+Fresh large buffers are mapped and page-faulted anew, a cost that grows with every MiB: a
+visible share of a SmolLM2 prefill, most of it the logits, which huge-page or recycled memory
+avoids (:mod:`headwise.fast.large`). So, when nothing can see an intermediate tensor, a forward
+may overwrite it:
 
 - :func:`add`: a residual ``x + out`` written into ``out``, the sublayer's fresh output;
 - :func:`activate`: an activation (and a gated feed-forward's product) into its input, the

@@ -8,8 +8,8 @@ speed as a fraction of it.
   best of a few: what the machine delivers to a reading loop, the step's kind of traffic (a
   copy's writes would count bytes the step never moves). The buffer is advised to huge pages,
   as the weights a step streams are (:func:`headwise.fast.rows.lay_out`, the 4-bit and 8-bit
-  codes from loading): on this project's Zen 4 a sum over 4 KiB pages read 27-28 GB/s at one
-  thread where 2 MiB pages read 33-36, so a probe on 4 KiB pages would set the roof ~20% low.
+  codes from loading): a sum over 4 KiB pages reads measurably slower than over 2 MiB pages
+  (TLB misses), so a probe on 4 KiB pages would set the roof too low.
 - :func:`step_bytes`: the bytes of weights one step reads: each matrix it multiplies by once
   (a tied matrix once) in the form the step reads it: a 4-bit matrix's codes, scales and minima
   (:class:`~headwise.fast.int4.Int4`), a float32 matrix with 8-bit codes beside it those codes

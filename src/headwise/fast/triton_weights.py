@@ -9,10 +9,10 @@ each weight is one formula (:mod:`headwise.weights`)::
     w[b, h, i, j] = exp(q_i . k_j * scale + bias_ij - lse[b, h, i])
 
 Plain torch ops cannot beat torch's own ``need_weights`` path with it (a float32 score
-tensor is written, read, written again: gpu-facts.md measured 0.72 ms vs 0.49 ms for
-``b=4, h=16, n=1024`` in bf16); the kernel here computes a tile of scores in registers (float32
-accumulation), masks it, exponentiates it and stores it once in the output dtype, so its cost
-is the write of the weights (~40 us for that shape on an H100) plus ``q k^T``. No working
+tensor is written, read, written again); the kernel here computes a tile of scores in registers
+(float32 accumulation), masks it, exponentiates it and stores it once in the output dtype, so its
+cost is the write of the weights plus ``q k^T`` (``benchmarks/RESULTS.md``, the H100 ``weights``
+section). No working
 memory beyond the returned tensor, no host read.
 
 What it writes, per the rules of :func:`headwise.attention`:
@@ -148,8 +148,8 @@ def _weights_from_lse(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, ksum:
 
 
 # The custom op: what fake tensors (the CPU-only budget tests) and torch.compile see. Eager
-# calls on real tensors launch directly: the op's dispatch cost ~260 us of host time per call
-# on the H100 machine (cProfile, torch 2.11), more than the one-head kernel itself.
+# calls on real tensors launch directly: the op's dispatch costs more host time per call than
+# the one-head kernel itself takes on the GPU (cProfile, torch 2.11).
 weights_from_lse = torch.library.custom_op("headwise::weights_from_lse",
                                            mutates_args=())(_weights_from_lse)
 

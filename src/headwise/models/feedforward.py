@@ -132,7 +132,7 @@ class GatedRow:
 
     def __call__(self, y: torch.Tensor) -> torch.Tensor:
         if self.both is not None:
-            # (split_with_sizes, not .split: ~2 us)
+            # (split_with_sizes, not .split: Tensor.split is a Python wrapper around it)
             g, u = _rows.linear(y, self.both).split_with_sizes((self.f, self.f), -1)
             return self.act(g).mul_(u)
         gate, up = self.pair

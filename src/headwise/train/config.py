@@ -295,8 +295,8 @@ _RATE: list[float] = []
 _TYPICAL = {"synthetic": (23, None), "induction": (29, None), "text": (80, None),
             "pairs": (110, 40)}
 # Calibrated on the 2-core x86 CPU this was written on (numpy: ~45 GFLOP/s per core): the share
-# of that rate a training step reaches (~18 GFLOP/s: the demo's 1000 steps in ~2 min, the old
-# large presets' ETAs of 21 h for austen and 16 h for de-en), and a fixed cost per block
+# of that rate a training step reaches (~18 GFLOP/s over the two cores, checked against the
+# demo's and the presets' real run times), and a fixed cost per block
 _EFFICIENCY, _PER_LAYER_S = 0.2, 0.002
 
 

@@ -77,8 +77,8 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     # GEMM then reads plain row-major matrices
     kT = take(k, 1, kv).to(work).contiguous().transpose(-1, -2)       # (b, G, d, j)
     vs = None if v is None else take(v, 1, kv).to(work).contiguous()  # (b, G, j, e)
-    # recycled, else 4 KiB pages: 151 MiB of fresh huge pages took 200-320 ms here once a few
-    # hundred MiB were held (output_attentions holds every layer's), 4 KiB pages 60 ms
+    # recycled, else 4 KiB pages: once a few hundred MiB are held (output_attentions holds
+    # every layer's), fresh huge pages were measured slower here than 4 KiB ones
     w = _large.empty((b, hs, ns, nk), q.dtype, q.device, huge_pages=False)
     out = None if v is None else torch.empty(b, hs, ns, v.shape[-1], dtype=q.dtype,
                                              device=q.device)
