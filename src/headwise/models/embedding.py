@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
+from headwise.models.blocks import (
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    drop,
+    final_norm,
+)
 from headwise.observe import StepKind, record
 
 __all__ = ["Embeddings", "add_output_head", "init_weights"]
@@ -99,3 +104,13 @@ def add_output_head(model: nn.Module, vocab_size: int) -> None:
     init_weights(model)
     if model.config.tie_embeddings:
         model.lm_head.weight = model.embed.tokens.weight
+
+
+def build_stack(model: nn.Module, config, vocab_size: int, blocks: Iterable[nn.Module]) -> None:
+    """What every stack (encoder, decoder, language model) is made of, in this order (the order
+    its parameters are registered and drawn in): ``model.config``, ``embed`` (``vocab_size``
+    tokens), ``blocks`` and ``final_norm``."""
+    model.config = config
+    model.embed = Embeddings.from_config(config, vocab_size)
+    model.blocks = nn.ModuleList(blocks)
+    model.final_norm = final_norm(config)
