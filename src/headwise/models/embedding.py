@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ from torch import nn
 from headwise.models.blocks import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
+    block_args,
     drop,
     final_norm,
 )
@@ -106,11 +107,14 @@ def add_output_head(model: nn.Module, vocab_size: int) -> None:
         model.lm_head.weight = model.embed.tokens.weight
 
 
-def build_stack(model: nn.Module, config, vocab_size: int, blocks: Iterable[nn.Module]) -> None:
+def build_stack(model: nn.Module, config, vocab_size: int, block: Callable[..., nn.Module],
+                layers: int, **block_kwargs) -> None:
     """What every stack (encoder, decoder, language model) is made of, in this order (the order
     its parameters are registered and drawn in): ``model.config``, ``embed`` (``vocab_size``
-    tokens), ``blocks`` and ``final_norm``."""
-    model.config = config
-    model.embed = Embeddings.from_config(config, vocab_size)
-    model.blocks = nn.ModuleList(blocks)
-    model.final_norm = final_norm(config)
+    tokens), ``blocks`` (``layers`` of ``block(m, h, d_ff, **block_kwargs, **block_args)``)
+    and ``final_norm``."""
+    c = model.config = config
+    model.embed = Embeddings.from_config(c, vocab_size)
+    model.blocks = nn.ModuleList(block(c.d_model, c.num_heads, c.d_ff, **block_kwargs,
+                                       **block_args(c)) for _ in range(layers))
+    model.final_norm = final_norm(c)

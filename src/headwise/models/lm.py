@@ -41,7 +41,7 @@ from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock, block_args
+from headwise.models.blocks import DecoderBlock
 from headwise.models.config import LMConfig
 from headwise.models.embedding import add_output_head, build_stack
 from headwise.models.pruned import restructure
@@ -64,9 +64,7 @@ class TransformerLM(nn.Module):
         if not isinstance(config, LMConfig):
             raise TypeError(f"TransformerLM expects an LMConfig, got {type(config).__name__}")
         c = config
-        build_stack(self, c, c.vocab_size, (
-            DecoderBlock(c.d_model, c.num_heads, c.d_ff, cross_attention=False, **block_args(c))
-            for _ in range(c.num_layers)))
+        build_stack(self, c, c.vocab_size, DecoderBlock, c.num_layers, cross_attention=False)
         add_output_head(self, c.vocab_size)
         restructure(self)
         self._no_cache = [None] * c.num_layers

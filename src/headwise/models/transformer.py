@@ -20,7 +20,7 @@ from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._heads import head_counts, layer_head_masks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args
+from headwise.models.blocks import DecoderBlock, EncoderBlock
 from headwise.models.config import TransformerConfig
 from headwise.models.embedding import add_output_head, build_stack, init_weights
 from headwise.models.pruned import restructure
@@ -48,10 +48,7 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         _check_config(config, "Encoder")
-        c = config
-        build_stack(self, c, c.src_vocab_size, (EncoderBlock(c.d_model, c.num_heads, c.d_ff,
-                                                             **block_args(c))
-                                                for _ in range(c.num_layers)))
+        build_stack(self, config, config.src_vocab_size, EncoderBlock, config.num_layers)
         init_weights(self)
         restructure(self)
 
@@ -102,9 +99,7 @@ class Decoder(nn.Module):
         super().__init__()
         _check_config(config, "Decoder")
         c = config
-        build_stack(self, c, c.tgt_vocab_size, (DecoderBlock(c.d_model, c.num_heads, c.d_ff,
-                                                             **block_args(c))
-                                                for _ in range(c.decoder_layers)))
+        build_stack(self, c, c.tgt_vocab_size, DecoderBlock, c.decoder_layers)
         add_output_head(self, c.tgt_vocab_size)
         restructure(self)
         self._no_cache = [None] * c.decoder_layers
