@@ -34,6 +34,44 @@ def test_round_trip_gives_identical_outputs(tmp_path, tie):
     assert not list(tmp_path.glob(".c.*"))  # no temp or old folder left behind
 
 
+def _flat(d):
+    """A config dict as headwise wrote it before ``attention``: its options as flat keys."""
+    from headwise.models.config import FLAT_ATTENTION_KEYS
+    flat = {k: v for k, v in d.items() if k != "attention"}
+    return {**flat, **{old: d["attention"][new] for old, new in FLAT_ATTENTION_KEYS.items()}}
+
+
+@pytest.mark.parametrize("kind", ["lm", "transformer"])
+def test_a_checkpoint_with_flat_attention_keys_loads_the_same_model(tmp_path, kind):
+    """config.json written before the attention options moved into ``attention`` (every one
+    set away from its default, under its old name) loads the same config and outputs."""
+    from headwise.layers import AttentionConfig
+
+    attention = AttentionConfig(num_kv_heads=2, window=3, softcap=4.0, sinks=True,
+                                rope_theta=500.0, rotary_dim=4, backend="eager")
+    sizes = dict(d_model=32, num_heads=4, num_layers=1, d_ff=48, max_len=16, dropout=0.0,
+                 positional="rope", attention=attention)
+    cfg = (LMConfig(11, **sizes) if kind == "lm" else TransformerConfig(11, 11, **sizes))
+    torch.manual_seed(0)
+    model = build(cfg).eval()
+    with torch.no_grad():  # the sinks start at 0: make them matter
+        for p in model.parameters():
+            if p.dim() == 1 and p.shape == (4,):
+                p.normal_()
+    ckpt.save(tmp_path / "c", model, cfg)
+    path = tmp_path / "c" / "config.json"
+    meta = json.loads(path.read_text())
+    assert meta["config"]["attention"] == attention.to_dict()
+    meta["config"] = _flat(meta["config"])
+    assert "attention" not in meta["config"] and meta["config"]["sliding_window"] == 3
+    path.write_text(json.dumps(meta))
+    loaded = ckpt.load(tmp_path / "c")
+    assert loaded.config == cfg
+    x = torch.randint(0, 11, (2, 9))
+    args = (x,) if kind == "lm" else (x, x)
+    assert torch.equal(model(*args)[0], loaded.model(*args)[0])
+
+
 def test_optimizer_state_round_trip(tmp_path):
     model, cfg = _lm()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

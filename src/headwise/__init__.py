@@ -42,6 +42,7 @@ _EXPORTS = {
     "PerHeadAttention": "headwise.per_head",
     "fuse": "headwise.per_head",
     "unfuse": "headwise.per_head",
+    "AttentionConfig": "headwise.layers",
     "MultiHeadAttention": "headwise.layers",
     "prune_heads": "headwise.analysis.prune",
     "Trace": "headwise.tracing",

@@ -184,12 +184,17 @@ def _block(d: int, heads: int, head_dim: int, kv_heads: int, d_ff: int, cross: b
 
 def parameter_count(kind: str, c: Mapping[str, Any]) -> int:
     """Parameters of a headwise ``lm`` or ``transformer`` model with config fields ``c`` (a
-    dict of :class:`~headwise.models.LMConfig` / ``TransformerConfig`` fields; missing fields
+    dict of :class:`~headwise.models.LMConfig` / ``TransformerConfig`` fields, ``to_dict()``'s
+    or the constructors' keywords, flat attention keys included; missing fields
     take the usual defaults). Exact for the default layouts, an estimate within a few percent
     otherwise; pure arithmetic, whatever the sizes."""
     d, heads = int(c.get("d_model", 512)), int(c.get("num_heads", 8))
-    head_dim = int(c.get("head_dim") or max(1, d // max(1, heads)))
-    kv_heads = int(c.get("num_kv_heads") or heads)
+    # the attention's sizes: in ``attention`` (its dict), or flat in a config saved before it
+    attention = c.get("attention") or {}
+    if not isinstance(attention, Mapping):  # an AttentionConfig
+        attention = vars(attention)
+    head_dim = int(attention.get("head_dim", c.get("head_dim")) or max(1, d // max(1, heads)))
+    kv_heads = int(attention.get("num_kv_heads", c.get("num_kv_heads")) or heads)
     d_ff, layers = int(c.get("d_ff", 2048)), int(c.get("num_layers", 6))
     max_len = int(c.get("max_len", 512))
     learned = c.get("positional", "sinusoidal") == "learned"

@@ -178,9 +178,9 @@ def test_the_llama_options_reach_the_model(tmp_path):
     assert main(argv) == 0
     model = checkpoint.load(tmp_path / "run" / "checkpoint").model
     c = model.config
-    assert (c.positional, c.rope_theta, c.norm, c.ffn, c.activation, c.bias, c.tie_embeddings,
-            c.sliding_window, c.num_kv_heads) == ("rope", 500.0, "rms", "glu", "silu", False,
-                                                  True, 8, 1)
+    a = c.attention
+    assert (c.positional, a.rope_theta, c.norm, c.ffn, c.activation, c.bias, c.tie_embeddings,
+            a.window, a.num_kv_heads) == ("rope", 500.0, "rms", "glu", "silu", False, True, 8, 1)
     assert isinstance(model.blocks[0].attn_norm, RMSNorm) and hasattr(model.blocks[0].ff, "gate")
     assert model.lm_head.weight is model.embed.tokens.weight
     assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear))
@@ -215,4 +215,4 @@ def test_an_indivisible_head_count_suggests_a_flag_train_has_and_it_runs(capsys,
     assert head_dim == 16 // 3
     assert main([*argv, "--head-dim", str(head_dim)]) == 0
     cfg = checkpoint.load(tmp_path / "run" / "checkpoint").model.config
-    assert (cfg.num_heads, cfg.head_dim) == (3, head_dim)
+    assert (cfg.num_heads, cfg.attention.head_dim) == (3, head_dim)

@@ -32,7 +32,7 @@ def test_a_model_option_reaches_the_model_config():
     assert cfg.model["num_kv_heads"] == 1 and cfg.model["d_model"] == 32
     task = make_task("induction")
     mc = build_model_config(cfg, task)
-    assert (mc.num_kv_heads, mc.d_model, mc.num_heads, mc.num_layers) == (1, 32, 4, 2)
+    assert (mc.attention.num_kv_heads, mc.d_model, mc.num_heads, mc.num_layers) == (1, 32, 4, 2)
 
 
 @given(seed=st.integers(0, 2**31), step=st.integers(0, 10**6), rank=st.integers(0, 64))

@@ -45,12 +45,13 @@ def build(args) -> tuple[torch.nn.Module, tuple, dict]:
         value = torch.randn(b, nk, model.vdim, device=device)
         return model, (query, key, value), kwargs
 
+    from headwise.layers import AttentionConfig
     from headwise.models import LMConfig, TransformerConfig
     from headwise.models import build as build_model
 
     common = dict(d_model=m, num_heads=h, num_layers=args.layers or 6, d_ff=args.ff or 4 * m,
-                  dropout=args.dropout, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  backend=backend)
+                  dropout=args.dropout, attention=AttentionConfig(
+                      num_kv_heads=args.kv_heads, head_dim=args.head_dim, backend=backend))
     vocab = args.vocab or 1000
     if args.kind == "lm":
         config = LMConfig(vocab_size=vocab, max_len=max(2048, n), **common)

@@ -217,12 +217,13 @@ def _component(name: str) -> str:
 
 
 def _build_model(args):
+    from headwise.layers import AttentionConfig
     from headwise.models import Decoder, Encoder, LMConfig, TransformerConfig, build
 
     m = args.embed_dim
     common = dict(d_model=m, num_heads=args.heads, num_layers=args.layers,
-                  d_ff=args.ff or 4 * m, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  tie_embeddings=args.tie, bias=not args.no_bias)
+                  d_ff=args.ff or 4 * m, tie_embeddings=args.tie, bias=not args.no_bias,
+                  attention=AttentionConfig(num_kv_heads=args.kv_heads, head_dim=args.head_dim))
     if args.kind == "lm":
         return build(LMConfig(vocab_size=args.vocab, **common))
     config = TransformerConfig(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, **common)

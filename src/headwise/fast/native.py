@@ -7,8 +7,7 @@ so the product should run at the speed memory delivers them (:mod:`headwise.fast
 float32 kernels are built for many rows and stream a few rows' matrices well below that, where
 ``step_kernels.c`` streams them faster (``benchmarks/RESULTS.md``, the ``generate`` sections).
 The newest query's attention (SDPA's 1-query call pays a large fixed cost per layer) is a vector
-exp over 4 keys' scores at a time. ``_plan.c`` runs a bound run of these calls as one
-(:mod:`headwise.fast.plan`).
+exp over 4 keys' scores at a time; ``_plan.c`` runs a bound run of them as one (:mod:`.plan`).
 
 How. The first call compiles :data:`SOURCES` (``-O3 -mavx2 -mfma -ffp-contract=off -fopenmp``:
 each product and sum rounded on its own) with :func:`headwise.fast.build.target`'s compiler into

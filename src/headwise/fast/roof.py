@@ -80,7 +80,7 @@ def cache_bytes(model: nn.Module, rows: int, keys: int) -> int:
     """Bytes of keys and values one decoding step of the decoder-only ``model``
     (:class:`~headwise.models.TransformerLM`) reads from its KV cache for ``rows`` rows whose new
     query attends ``keys`` positions (the cache's, its own included), each layer's at most its
-    ``sliding_window``, in the dtype :meth:`~headwise.models.TransformerLM.new_cache` gives the
+    ``attention.window``, in the dtype :meth:`~headwise.models.TransformerLM.new_cache` gives the
     cache (module docstring)."""
     from headwise.models import TransformerLM
 
@@ -91,7 +91,8 @@ def cache_bytes(model: nn.Module, rows: int, keys: int) -> int:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"cache_bytes: {name} must be a positive int, got {n!r}")
     c = model.config
-    seen = keys if c.sliding_window is None else min(keys, c.sliding_window)
+    window = c.attention.window
+    seen = keys if window is None else min(keys, window)
     per_value = model.lm_head.weight.element_size() * c.head_size
     return 2 * rows * seen * per_value * sum(c.layer_kv_heads("decoder_self"))
 

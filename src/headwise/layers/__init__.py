@@ -3,9 +3,10 @@
 Axis legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``i`` query position, ``j`` key
 position, ``d`` head dim, ``m`` model (query feature) dim.
 
-The wing holds the module (here), its boundary checks (``checks``) and its one-row decoding form
-(``row``). May import: the core below it (masks, heads, attend, cache, rope, observe, stats) and
-:mod:`headwise.fast`; never a model or a tool.
+The wing holds the module (here), its options (``config``: :class:`AttentionConfig`), its
+boundary checks (``checks``) and its one-row decoding form (``row``). May import: the core below
+it (masks, heads, attend, cache, rope, observe, stats, limits) and :mod:`headwise.fast`; never a
+model or a tool.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from headwise.fast import joint_qkv
 from headwise.fast import rows as _rows
 from headwise.heads import MERGE, SPLIT, merge, split
 from headwise.layers import checks
+from headwise.layers.config import AttentionConfig
 from headwise.layers.row import AttentionRow
 from headwise.observe import PROJECTION, SPLIT_HEADS, StepKind, record
 from headwise.rope import RotaryEmbedding
 
-__all__ = ["AttentionRow", "MultiHeadAttention"]
+__all__ = ["AttentionConfig", "AttentionRow", "MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -36,50 +38,43 @@ class MultiHeadAttention(nn.Module):
         embed_dim: feature size of the query input (``m``; the models' configs call it
             ``d_model``, the name this module keeps is torch.nn.MultiheadAttention's).
         num_heads: number of query heads ``h``.
-        head_dim: size ``d`` of each head; default ``embed_dim // num_heads``. The hidden size
-            ``h * d`` need not equal ``embed_dim``.
+        config: the attention options (:class:`~headwise.layers.AttentionConfig`: key/value
+            heads, head size, sliding window, soft-cap, sinks, backend), or None for the
+            defaults. Its fields are also keywords here (``window=8``), set over ``config``.
         kdim, vdim: feature sizes of the key and value inputs (default ``embed_dim``).
-        num_kv_heads: key/value heads ``g`` (grouped-query attention; 1 = multi-query);
-            default ``num_heads``.
         out_dim: output feature size, default ``embed_dim``.
         bias: whether the four projections have biases.
         dropout: dropout probability on the attention weights while training (kept as
             ``dropout_p``).
-        backend: attention backend (``"auto"``, ``"eager"``, ``"sdpa"``, ...).
         rope: a :class:`~headwise.rope.RotaryEmbedding` rotating q and k after the head split
             (at their positions: the cache's length onwards), or None.
-        window: sliding window: a query sees keys at most ``window - 1`` positions before it
-            (a banded bool mask: it stays on the fused SDPA kernels; the decoding step reads
-            only the window's slice of the cache instead).
-        softcap: attention-logit soft-capping ``c * tanh(s / c)`` (eager path).
-        sinks: a learned sink logit per head, parameter ``sinks (h,)`` (eager path).
         strict: raise instead of leaving the fused kernel (see :mod:`headwise.strict`);
             default: the ``HEADWISE_STRICT`` environment variable.
+
+    The options are kept as attributes of their own names: ``num_kv_heads``, ``head_dim``,
+    ``window``, ``softcap``, ``backend``, and the parameter ``sinks (h,)`` (or None).
 
     "Queries of size 4, keys of size 3, values of size 2, hidden size 6 in 2 heads" is
     ``MultiHeadAttention(4, 2, head_dim=3, kdim=3, vdim=2)``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None,
-                 kdim: int | None = None, vdim: int | None = None,
-                 num_kv_heads: int | None = None, out_dim: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, backend: str = "auto",
-                 rope: RotaryEmbedding | None = None, window: int | None = None,
-                 softcap: float | None = None, sinks: bool = False,
-                 strict: bool | None = None):
+    def __init__(self, embed_dim: int, num_heads: int, *, config: AttentionConfig | None = None,
+                 kdim: int | None = None, vdim: int | None = None, out_dim: int | None = None,
+                 bias: bool = True, dropout: float = 0.0, rope: RotaryEmbedding | None = None,
+                 strict: bool | None = None, **options):
         super().__init__()
-        checks.config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim,
-                      dropout, backend)
-        checks.variants(rope, window, softcap)
+        config = AttentionConfig.build(config, "MultiHeadAttention", **options)
+        checks.config(embed_dim, num_heads, config, kdim, vdim, out_dim, dropout)
+        checks.variants(rope)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
-        self.head_dim = head_dim or embed_dim // num_heads
+        self.head_dim = config.head_size(embed_dim, num_heads)
         self.kdim = kdim or embed_dim
         self.vdim = vdim or self.kdim  # value defaults to key, so its size does too
-        self.num_kv_heads = num_kv_heads or num_heads
+        self.num_kv_heads = config.kv_heads(num_heads)
         self.out_dim = out_dim or embed_dim
         self.dropout_p = dropout  # a probability; blocks name their nn.Dropout modules dropout
-        self.backend = backend
+        self.backend = config.backend
         self.strict = strict
         hd, kvd = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Each projection is h (or g) per-head projections side by side: column block x of
@@ -89,8 +84,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, kvd, bias=bias)
         self.out_proj = nn.Linear(hd, self.out_dim, bias=bias)
         self._qkv_sizes = (hd, kvd, kvd)
-        self.rope, self.window, self.softcap = rope, window, softcap
-        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
+        self.rope, self.window, self.softcap = rope, config.window, config.softcap
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if config.sinks else None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,

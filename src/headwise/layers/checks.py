@@ -10,7 +10,6 @@ import torch
 from headwise import limits
 from headwise import masks as _masks
 from headwise._device import check_tensor_device
-from headwise.attend import check_backend
 from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast.int4 import dtype_of
 from headwise.rope import RotaryEmbedding
@@ -91,44 +90,28 @@ def dtypes(mha, *inputs: torch.Tensor) -> None:
                             f"convert the module with .to({t.dtype})")
 
 
-def variants(rope, window, softcap) -> None:
+def variants(rope) -> None:
     if rope is not None and not isinstance(rope, RotaryEmbedding):
         raise TypeError(f"MultiHeadAttention: rope must be a RotaryEmbedding or None, got "
                         f"{type(rope).__name__}")
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
-                               or window < 1):
-        raise ValueError(f"MultiHeadAttention: window must be None or an int >= 1, got {window!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
-        raise ValueError(f"MultiHeadAttention: softcap must be None or > 0, got {softcap!r}")
 
 
-def config(embed_dim, num_heads, head_dim, kdim, vdim, num_kv_heads, out_dim, dropout,
-                  backend) -> None:
+def config(embed_dim, num_heads, attention, kdim, vdim, out_dim, dropout) -> None:
+    """The sizes beside ``attention`` (an :class:`~headwise.layers.AttentionConfig`, whose own
+    values it checked itself), the checks that need both, and the parameters' memory."""
     where = "MultiHeadAttention"
     for name, value, kind in (("embed_dim", embed_dim, "dim"), ("num_heads", num_heads, "heads"),
-                              ("head_dim", head_dim, "dim"), ("kdim", kdim, "dim"),
-                              ("vdim", vdim, "dim"), ("num_kv_heads", num_kv_heads, "heads"),
+                              ("kdim", kdim, "dim"), ("vdim", vdim, "dim"),
                               ("out_dim", out_dim, "dim")):
         if value is not None or name in ("embed_dim", "num_heads"):
             limits.size(value, name, kind, where)
-    if head_dim is None and embed_dim % num_heads:
-        # The hint looks only near num_heads: it costs no more than the check did.
-        near = min((x for x in range(1, 2 * num_heads + 1) if embed_dim % x == 0),
-                   key=lambda x: (abs(x - num_heads), -x))
-        raise ValueError(f"MultiHeadAttention: embed_dim={embed_dim} is not divisible by "
-                         f"num_heads={num_heads}; pass head_dim={max(1, embed_dim // num_heads)} "
-                         f"or use num_heads={near}")
-    hd = num_heads * (head_dim or embed_dim // num_heads)
-    kvd = (num_kv_heads or num_heads) * (head_dim or embed_dim // num_heads)
+    attention.check_heads(embed_dim, num_heads, where)
+    hd = num_heads * attention.head_size(embed_dim, num_heads)
+    kvd = attention.kv_heads(num_heads) * attention.head_size(embed_dim, num_heads)
     k_in, v_in = kdim or embed_dim, vdim or kdim or embed_dim
     params = (embed_dim + 1) * hd + (k_in + v_in + 2) * kvd + (hd + 1) * (out_dim or embed_dim)
     limits.check_memory(params * torch.empty((), dtype=torch.get_default_dtype()).element_size(),
                         f"its {params:,} parameters", where)
-    if num_kv_heads is not None and num_heads % num_kv_heads:
-        raise ValueError(f"MultiHeadAttention: num_heads={num_heads} is not a multiple of "
-                         f"num_kv_heads={num_kv_heads}; each key/value head must serve the same "
-                         "number of query heads")
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) \
             or not 0.0 <= dropout < 1.0:
         raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
-    check_backend(backend, "MultiHeadAttention")

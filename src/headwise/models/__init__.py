@@ -12,6 +12,7 @@ May import: the core (layers, cache, masks, observe) and :mod:`headwise.fast`; n
 
 from torch import nn
 
+from headwise.layers import AttentionConfig
 from headwise.models import _checks
 from headwise.models._heads import attention_layers, check_heads, head_counts, layer_head_masks
 from headwise.models.blocks import (
@@ -28,6 +29,7 @@ from headwise.models.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
     "CONFIGS",
+    "AttentionConfig",
     "Decoder",
     "DecoderBlock",
     "Embeddings",

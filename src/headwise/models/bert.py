@@ -44,7 +44,8 @@ class BertConfig(ModelConfig):
         activation: feed-forward activation (``"gelu"`` = exact erf, as BERT).
         pad_id: the padding token id.
         pooler: whether the model has BERT's ``tanh(W x_[CLS] + b)`` pooler.
-        backend: attention backend of every block (``"auto"`` = fused unless weights wanted).
+        attention: the attention options (:class:`~headwise.layers.AttentionConfig`; BERT's
+            are the defaults, ``backend`` the one usually set: ``"auto"`` = the fused kernel).
 
     All-MiniLM-L6-v2 is ``BertConfig(30522, d_model=384, num_heads=12, num_layers=6,
     d_ff=1536)``.
@@ -208,7 +209,7 @@ class BertModel(nn.Module):
 def _block(config: BertConfig) -> EncoderBlock:
     block = EncoderBlock(config.d_model, config.num_heads, config.d_ff, dropout=config.dropout,
                          norm_first=False, activation=config.activation,
-                         layer_norm_eps=config.layer_norm_eps, backend=config.backend)
+                         layer_norm_eps=config.layer_norm_eps, attention=config.attention)
     # BERT has its own rate for attention probabilities (attention_probs_dropout_prob)
     block.self_attn.dropout_p = config.attention_dropout
     return block

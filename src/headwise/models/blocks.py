@@ -20,7 +20,7 @@ from torch import nn
 
 from headwise.fast import reuse
 from headwise.fast import rows as _rows
-from headwise.layers import MultiHeadAttention
+from headwise.layers import AttentionConfig, MultiHeadAttention
 from headwise.models.feedforward import (
     ACTIVATIONS,
     FeedForward,
@@ -109,22 +109,22 @@ class LearnedPositionalEncoding(nn.Module):
 class _Block(nn.Module):
     """What both blocks share: the residual sublayer, and building norms and sublayers."""
 
-    def _build(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float,
-               norm_first: bool, activation: str, layer_norm_eps: float,
-               num_kv_heads: int | None, head_dim: int | None, bias: bool, backend: str,
-               norm: str, ffn: str, rope: RotaryEmbedding | None, window: int | None,
-               softcap: float | None, sinks: bool, cross_attention: bool = False) -> None:
+    def _build(self, d_model: int, num_heads: int, d_ff: int, *, attention: AttentionConfig,
+               dropout: float, norm_first: bool, activation: str, layer_norm_eps: float,
+               bias: bool, norm: str, ffn: str, rope: RotaryEmbedding | None,
+               cross_attention: bool = False) -> None:
         """Set ``self_attn``, ``attn_norm``, (``cross_attn``, ``cross_norm``), ``ff``,
         ``ff_norm``, ``dropout``, in this order (the order ``init_weights`` draws them in).
-        Cross-attention takes no positions and no window: its keys are the encoder's."""
+        Cross-attention takes no positions (``rope``) and no window: its keys are the
+        encoder's (:meth:`~headwise.layers.AttentionConfig.for_cross`)."""
         self.norm_first = norm_first
         new_norm = partial(make_norm, norm, d_model, layer_norm_eps)
-        attn = dict(head_dim=head_dim, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-                    backend=backend, softcap=softcap, sinks=sinks)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, rope=rope, window=window, **attn)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, config=attention, bias=bias,
+                                            dropout=dropout, rope=rope)
         self.attn_norm = new_norm()
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, **attn)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, config=attention.for_cross(),
+                                                 bias=bias, dropout=dropout)
             self.cross_norm = new_norm()
         self.ff = make_feedforward(ffn, d_model, d_ff, activation=activation, dropout=dropout,
                                    bias=bias)
@@ -156,13 +156,13 @@ _BLOCK_ARGS = """
         norm_first: pre-norm (True) or post-norm (False, BERT / the original paper).
         activation: of the feed-forward (see :class:`FeedForward`).
         layer_norm_eps: the norm's epsilon (BERT uses 1e-12).
-        num_kv_heads: key/value heads for grouped-query attention. head_dim: per-head size.
-        bias: biases in every projection. backend: attention backend.
+        attention: the attention options (:class:`~headwise.layers.AttentionConfig`: key/value
+            heads, head size, sliding window, soft-cap, sinks, backend), or None for the
+            defaults; its fields are also keywords here (``num_kv_heads=2``), set over it.
+        bias: biases in every projection.
         norm: ``"layer"`` or ``"rms"``. ffn: ``"mlp"`` or ``"glu"`` (see
             :mod:`headwise.models.norms`, :mod:`headwise.models.feedforward`).
-        rope: a :class:`~headwise.rope.RotaryEmbedding` for self-attention, or None.
-        window, softcap, sinks: self-attention's sliding window, logit soft-cap and learned
-            sinks (see :class:`~headwise.layers.MultiHeadAttention`)."""
+        rope: a :class:`~headwise.rope.RotaryEmbedding` for self-attention, or None."""
 
 
 class EncoderBlock(_Block):
@@ -173,17 +173,16 @@ class EncoderBlock(_Block):
     Submodules: ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *,
+                 attention: AttentionConfig | None = None, dropout: float = 0.0,
                  norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
-                 backend: str = "auto", norm: str = "layer", ffn: str = "mlp",
-                 rope: RotaryEmbedding | None = None, window: int | None = None,
-                 softcap: float | None = None, sinks: bool = False):
+                 bias: bool = True, norm: str = "layer", ffn: str = "mlp",
+                 rope: RotaryEmbedding | None = None, **options):
         super().__init__()
         self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
-                    activation=activation, layer_norm_eps=layer_norm_eps,
-                    num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias, backend=backend,
-                    norm=norm, ffn=ffn, rope=rope, window=window, softcap=softcap, sinks=sinks)
+                    activation=activation, layer_norm_eps=layer_norm_eps, bias=bias, norm=norm,
+                    ffn=ffn, rope=rope,
+                    attention=AttentionConfig.build(attention, "EncoderBlock", **options))
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False,
                 head_mask: torch.Tensor | None = None, return_weights: bool = False,
@@ -211,21 +210,18 @@ class DecoderBlock(_Block):
     ``ff_norm``, ``dropout``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *,
+                 attention: AttentionConfig | None = None, dropout: float = 0.0,
                  norm_first: bool = True, activation: str = "relu", layer_norm_eps: float = 1e-5,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, bias: bool = True,
-                 backend: str = "auto", norm: str = "layer", ffn: str = "mlp",
-                 rope: RotaryEmbedding | None = None, window: int | None = None,
-                 softcap: float | None = None, sinks: bool = False,
-                 cross_attention: bool = True):
+                 bias: bool = True, norm: str = "layer", ffn: str = "mlp",
+                 rope: RotaryEmbedding | None = None, cross_attention: bool = True, **options):
         super().__init__()
         if not cross_attention:
             self.cross_attn = self.cross_norm = None
         self._build(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first,
-                    activation=activation, layer_norm_eps=layer_norm_eps,
-                    num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias, backend=backend,
-                    norm=norm, ffn=ffn, rope=rope, window=window, softcap=softcap, sinks=sinks,
-                    cross_attention=cross_attention)
+                    activation=activation, layer_norm_eps=layer_norm_eps, bias=bias, norm=norm,
+                    ffn=ffn, rope=rope, cross_attention=cross_attention,
+                    attention=AttentionConfig.build(attention, "DecoderBlock", **options))
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 self_mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
@@ -340,13 +336,12 @@ class BlockRow:
 def block_args(c) -> dict:
     """The keyword arguments every block of a model config shares (LM, encoder, decoder); one
     stateless :class:`~headwise.rope.RotaryEmbedding` serves every block of the stack."""
-    rope = (RotaryEmbedding(c.head_size, theta=c.rope_theta, rotary_dim=c.rotary_dim)
+    a = c.attention
+    rope = (RotaryEmbedding(c.head_size, theta=a.rope_theta, rotary_dim=a.rotary_dim)
             if c.positional == "rope" else None)
-    return dict(dropout=c.dropout, norm_first=c.norm_first, activation=c.activation,
-                layer_norm_eps=c.layer_norm_eps, num_kv_heads=c.num_kv_heads,
-                head_dim=c.head_dim, bias=c.bias, backend=c.backend, norm=c.norm, ffn=c.ffn,
-                rope=rope, window=c.sliding_window, softcap=c.attn_softcap,
-                sinks=c.attention_sinks)
+    return dict(attention=a, dropout=c.dropout, norm_first=c.norm_first,
+                activation=c.activation, layer_norm_eps=c.layer_norm_eps, bias=c.bias,
+                norm=c.norm, ffn=c.ffn, rope=rope)
 
 
 def final_norm(c) -> nn.Module:

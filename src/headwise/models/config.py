@@ -5,8 +5,14 @@ checks and their (de)serialisation, written once; one subclass per family.
 an encoder-decoder :class:`~headwise.models.Transformer`; ``BertConfig``
 (:mod:`headwise.models.bert`) a BERT encoder. Each round-trips through JSON with ``to_dict()`` /
 ``from_dict(d)`` and carries a ``kind`` class attribute (``"lm"`` / ``"transformer"`` /
-``"bert"``) that checkpoints store next to the dict. The dict keys are the field names, so
-saved configs keep loading as long as no field is renamed.
+``"bert"``) that checkpoints store next to the dict. The dict keys are the field names.
+
+The attention options (key/value heads, head size, sliding window, soft-cap, sinks, RoPE's base
+and width, backend) are one field, ``attention``: a :class:`~headwise.layers.AttentionConfig`.
+Before it they were flat fields under other names; :data:`FLAT_ATTENTION_KEYS` maps each old
+name to its field, and is applied at the edges only: ``from_dict`` of a saved config, the
+constructors' and ``replace``'s keywords (``LMConfig(10, sliding_window=8)``), and reading an
+old attribute (``config.num_kv_heads``, with a ``DeprecationWarning``).
 
 Names: ``d_model`` is the model dim ``m``; ``head_dim`` is the *requested* per-head size (None:
 ``d_model // num_heads``) and :attr:`ModelConfig.head_size` the size ``d`` in use; ``dropout``
@@ -16,28 +22,55 @@ is always a probability (the ``nn.Dropout`` modules that apply it are attributes
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 from headwise import limits
-from headwise.attend import check_backend
+from headwise.layers.config import AttentionConfig
 from headwise.models.feedforward import check_activation
 
-__all__ = ["CONFIGS", "LMConfig", "ModelConfig", "TransformerConfig", "config_from_dict"]
+__all__ = ["CONFIGS", "FLAT_ATTENTION_KEYS", "LMConfig", "ModelConfig", "TransformerConfig",
+           "config_from_dict", "fold_attention"]
 
 # Which maximum of headwise.limits.MAX bounds each size field (others: "dim").
 _SIZE_KINDS = {"vocab_size": "vocab", "src_vocab_size": "vocab", "tgt_vocab_size": "vocab",
-               "type_vocab_size": "vocab", "num_heads": "heads", "num_kv_heads": "heads",
-               "num_layers": "layers", "num_decoder_layers": "layers", "max_len": "length",
-               "sliding_window": "length"}
+               "type_vocab_size": "vocab", "num_heads": "heads", "num_layers": "layers",
+               "num_decoder_layers": "layers", "max_len": "length"}
+
+#: The flat keys model configs had before the field ``attention`` (in saved configs, in user
+#: code), each with the :class:`~headwise.layers.AttentionConfig` field it now is.
+FLAT_ATTENTION_KEYS = {"num_kv_heads": "num_kv_heads", "head_dim": "head_dim",
+                       "sliding_window": "window", "attn_softcap": "softcap",
+                       "attention_sinks": "sinks", "rope_theta": "rope_theta",
+                       "rotary_dim": "rotary_dim", "backend": "backend"}
+
+
+def fold_attention(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with its flat attention keys (:data:`FLAT_ATTENTION_KEYS`) moved into
+    ``attention``, set over the ``attention`` given (an AttentionConfig or a dict of its
+    fields) or the defaults. Other keys pass as they are."""
+    out = {k: v for k, v in kwargs.items() if k not in FLAT_ATTENTION_KEYS}
+    flat = {FLAT_ATTENTION_KEYS[k]: v for k, v in kwargs.items() if k in FLAT_ATTENTION_KEYS}
+    if flat:
+        out["attention"] = AttentionConfig.build(out.get("attention"), **flat)
+    return out
+
+
+class _FoldsFlatAttention(type):
+    """Every model config's constructor (and so ``dataclasses.replace``) takes the flat
+    attention keywords too: :func:`fold_attention` before the dataclass ``__init__``."""
+
+    def __call__(cls, *args, **kwargs):
+        return super().__call__(*args, **fold_attention(kwargs))
 _POSITIONALS = ("sinusoidal", "learned", "rope")
 _NORMS = ("layer", "rms")
 _FFNS = ("mlp", "glu")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(metaclass=_FoldsFlatAttention):
     """The fields every model family has; every value is checked once, in ``__post_init__``.
 
     Args:
@@ -47,8 +80,10 @@ class ModelConfig:
         activation: ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
         layer_norm_eps: every LayerNorm's epsilon.
         pad_id: the padding id, or None where the family allows it.
-        backend: attention backend of every block (``"auto"``: always the fused kernel; weights,
-            when asked for, are recomputed beside it).
+        attention: the options of every attention layer
+            (:class:`~headwise.layers.AttentionConfig`: key/value heads, head size, sliding
+            window, soft-cap, sinks, RoPE's base and width, backend); a dict of its fields is
+            taken too. Cross-attention takes them without the window.
         pruned_heads: ``{kind: [pruned query heads per layer]}`` (original indices), written by
             :func:`headwise.prune_heads`; None for an unpruned model.
 
@@ -74,11 +109,22 @@ class ModelConfig:
     activation: str = "relu"
     layer_norm_eps: float = 1e-5
     pad_id: int | None = None
-    backend: str = "auto"
+    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     pruned_heads: dict[str, list[list[int]]] | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "attention",
+                           AttentionConfig.build(self.attention, type(self).__name__))
         self._check()
+
+    def __getattr__(self, name: str):
+        # Only reached for a name the config lacks: an old flat attention field reads on.
+        if name in FLAT_ATTENTION_KEYS and "attention" in vars(self):
+            new = FLAT_ATTENTION_KEYS[name]
+            warnings.warn(f"{type(self).__name__}.{name} is now .attention.{new}",
+                          DeprecationWarning, stacklevel=2)
+            return getattr(self.attention, new)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -------------------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -87,16 +133,22 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]):
-        """Build from ``to_dict()`` output; unknown or missing keys raise ``ValueError``."""
+        """Build from ``to_dict()`` output, or from a config saved before ``attention`` (its
+        flat keys, :data:`FLAT_ATTENTION_KEYS`, are moved into it); unknown or missing keys
+        raise ``ValueError``."""
         if not isinstance(d, Mapping):
             raise TypeError(f"{cls.__name__}.from_dict expects a dict, got {type(d).__name__}")
+        if isinstance(d.get("attention"), Mapping):
+            d = {**d, "attention": AttentionConfig.from_dict(d["attention"], cls.__name__)}
+        d = fold_attention(d)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known keys are "
                              f"{sorted(names)}{cls._from_dict_hint()}")
         required = [f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.name not in d]
+                    if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING and f.name not in d]
         if required:
             raise ValueError(f"{cls.__name__}: missing required keys {required}")
         return cls(**d)
@@ -106,19 +158,21 @@ class ModelConfig:
         return ""
 
     def replace(self, **changes):
-        """A copy with some fields changed (checked again)."""
+        """A copy with some fields changed (checked again); a flat attention keyword
+        (``sliding_window=8``) changes that option of ``attention``."""
         return dataclasses.replace(self, **changes)
 
     # ---------------------------------------------------------------------------- derived
     @property
     def head_size(self) -> int:
-        """Per-head size ``d`` in use: ``d_model // num_heads``."""
-        return self.d_model // self.num_heads
+        """Per-head size ``d`` in use: ``attention.head_dim`` or ``d_model // num_heads``."""
+        return self.attention.head_size(self.d_model, self.num_heads)
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads ``g`` of an unpruned layer (``num_heads`` here)."""
-        return self.num_heads
+        """Key/value heads ``g`` of an unpruned layer (``num_heads`` unless grouped-query
+        attention)."""
+        return self.attention.kv_heads(self.num_heads)
 
     def attention_kinds(self) -> dict[str, int]:
         """``{kind: layers}`` of the attentions this family has (an encoder here)."""
@@ -152,16 +206,20 @@ class ModelConfig:
                 or not 0 < self.layer_norm_eps < float("inf"):
             raise ValueError(f"{name}: layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         self._check_pad_id(name)
-        check_backend(self.backend, name)
         from headwise.models.pruned import check_pruned
         object.__setattr__(self, "pruned_heads", check_pruned(
             self.pruned_heads, self.attention_kinds(), self.num_heads, self.kv_heads, name))
 
     def _check_heads(self, name: str) -> None:
-        if self.d_model % self.num_heads:
-            raise ValueError(f"{name}: d_model={self.d_model} is not divisible by num_heads="
-                             f"{self.num_heads}; the head size is d_model // num_heads, so pick "
-                             "a divisor of d_model")
+        self.attention.check_heads(self.d_model, self.num_heads, name, "d_model")
+        if self.attention.rotary_dim is not None and not self._rotary():
+            raise ValueError(f"{name}: rotary_dim={self.attention.rotary_dim} needs "
+                             f"positional='rope', got positional="
+                             f"{getattr(self, 'positional', None)!r}")
+
+    def _rotary(self) -> bool:
+        """Are this model's positions rotary (RoPE, in the attention)? Not in this family."""
+        return False
 
     def _check_pad_id(self, name: str) -> None:
         if self.pad_id is None and self._PAD_OPTIONAL:
@@ -176,19 +234,13 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class _StackConfig(ModelConfig):
-    """The fields the LM and the encoder-decoder share beyond the base (grouped-query
-    attention, a free head size, norm placement, positions, embedding options, biases, and the
-    Llama-era choices: norm, ffn, RoPE, sliding window, soft-capping, sinks)."""
+    """The fields the LM and the encoder-decoder share beyond the base (norm placement,
+    positions, embedding options, biases, and the Llama-era choices: norm, ffn, RoPE; the
+    attention's own are in ``attention``)."""
 
-    _INTS: ClassVar[tuple[str, ...]] = (*ModelConfig._INTS, "num_kv_heads", "head_dim",
-                                        "rotary_dim", "sliding_window")
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("num_kv_heads", "head_dim", "rotary_dim",
-                                            "sliding_window")
     _BOOLS: ClassVar[tuple[str, ...]] = ("norm_first", "tie_embeddings", "scale_embeddings",
-                                         "bias", "attention_sinks")
+                                         "bias")
 
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
     norm_first: bool = True
     positional: str = "sinusoidal"
     tie_embeddings: bool = False
@@ -196,26 +248,14 @@ class _StackConfig(ModelConfig):
     bias: bool = True
     norm: str = "layer"
     ffn: str = "mlp"
-    rope_theta: float = 10000.0
-    rotary_dim: int | None = None
-    sliding_window: int | None = None
-    attn_softcap: float | None = None
-    attention_sinks: bool = False
-
-    @property
-    def head_size(self) -> int:
-        """Per-head size ``d`` in use: ``head_dim`` or ``d_model // num_heads``."""
-        return self.head_dim or self.d_model // self.num_heads
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads ``g`` (``num_heads`` unless grouped-query attention)."""
-        return self.num_kv_heads or self.num_heads
 
     @property
     def rotary_size(self) -> int:
         """How many features of each head RoPE rotates (``rotary_dim`` or the whole head)."""
-        return self.rotary_dim or self.head_size
+        return self.attention.rotary_dim or self.head_size
+
+    def _rotary(self) -> bool:
+        return self.positional == "rope"
 
     def _check(self) -> None:
         super()._check()
@@ -224,32 +264,6 @@ class _StackConfig(ModelConfig):
             if getattr(self, field) not in choices:
                 raise ValueError(f"{name}: {field} must be one of {choices}, got "
                                  f"{getattr(self, field)!r}")
-        self._check_modern(name)
-
-    def _check_modern(self, name: str) -> None:
-        """The Llama-era fields: RoPE, soft-capping."""
-        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0:
-            raise ValueError(f"{name}: rope_theta must be > 0, got {self.rope_theta!r}")
-        if self.rotary_dim is not None:
-            if self.positional != "rope":
-                raise ValueError(f"{name}: rotary_dim={self.rotary_dim} needs positional='rope', "
-                                 f"got positional={self.positional!r}")
-            if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
-                raise ValueError(f"{name}: rotary_dim must be even and <= the head size "
-                                 f"{self.head_size}, got {self.rotary_dim}")
-        if self.attn_softcap is not None and (
-                not isinstance(self.attn_softcap, (int, float)) or not self.attn_softcap > 0):
-            raise ValueError(f"{name}: attn_softcap must be None or > 0, got "
-                             f"{self.attn_softcap!r}")
-
-    def _check_heads(self, name: str) -> None:
-        if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(f"{name}: d_model={self.d_model} is not divisible by num_heads="
-                             f"{self.num_heads}; pass head_dim={max(1, self.d_model // self.num_heads)}"
-                             " or change num_heads")
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{name}: num_heads={self.num_heads} is not a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}; pick a divisor of num_heads")
 
 
 @dataclass(frozen=True)
@@ -258,8 +272,6 @@ class LMConfig(_StackConfig):
 
     Args:
         vocab_size: number of token ids (the one positional argument; the rest are keywords).
-        num_kv_heads: ``g`` < ``h`` for grouped-query attention (1 = multi-query).
-        head_dim: per-head size ``d`` (default ``d_model // num_heads``).
         norm_first: pre-norm (with a final LayerNorm) or post-norm.
         tie_embeddings: the output projection shares the token embedding matrix.
         pad_id: the padding id (ignored by the loss, written after ``eos`` in generation),
@@ -272,13 +284,9 @@ class LMConfig(_StackConfig):
             Shazeer 2020; with ``activation="silu"`` this is Llama's SwiGLU).
         positional: ``"sinusoidal"``, ``"learned"`` or ``"rope"``: rotary positions on q and k
             after the head split (Su et al. 2021, the rotate-half form of GPT-NeoX / HF Llama),
-            base ``rope_theta``, on the first ``rotary_dim`` features of each head (default all).
-        sliding_window: each query sees itself and the ``sliding_window - 1`` keys before it
-            (Mistral), or None.
-        attn_softcap: scores become ``c * tanh(scores / c)`` before masking (Gemma 2), or None.
-        attention_sinks: a learned logit per head joins every softmax (gpt-oss; rows of
-            weights then sum to at most 1).
-        The other fields are those of :class:`ModelConfig`.
+            with ``attention.rope_theta`` and ``attention.rotary_dim``.
+        The other fields (``attention`` among them: grouped-query heads, head size, sliding
+        window, soft-cap, sinks, RoPE's base and width) are those of :class:`ModelConfig`.
     """
 
     kind: ClassVar[str] = "lm"
@@ -304,8 +312,9 @@ class TransformerConfig(_StackConfig):
         pad_id: if set, source tokens equal to it are masked out of every attention to the
             source (in addition to ``src_valid_lens``); also ignored by the loss.
         scale_embeddings: multiply embeddings by ``sqrt(d_model)`` (default True, as the paper).
-        The other fields are as in :class:`LMConfig` (RoPE, sliding windows, soft-capping and
-        sinks apply to self-attention; cross-attention has no positions of its own).
+        The other fields are as in :class:`LMConfig` (``attention`` applies to
+        self-attention; cross-attention takes it without the window and without RoPE: its keys
+        have no positions of their own).
     """
 
     kind: ClassVar[str] = "transformer"

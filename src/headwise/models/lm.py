@@ -8,10 +8,10 @@ causal :class:`DecoderBlock` s without cross-attention -> final LayerNorm (pre-n
 Llama-style decoders are the same class, chosen by config (every field defaults to the 2017 /
 GPT-2 behaviour, so older configs and checkpoints load unchanged)::
 
-    LMConfig(vocab_size=49152, d_model=576, num_heads=9, num_kv_heads=3, num_layers=30,
-             d_ff=1536, max_len=8192, dropout=0.0, positional="rope", rope_theta=100000.0,
-             norm="rms", layer_norm_eps=1e-5, ffn="glu", activation="silu", bias=False,
-             tie_embeddings=True, pad_id=None)     # SmolLM2-135M
+    LMConfig(vocab_size=49152, d_model=576, num_heads=9, num_layers=30, d_ff=1536,
+             max_len=8192, dropout=0.0, positional="rope", norm="rms", layer_norm_eps=1e-5,
+             ffn="glu", activation="silu", bias=False, tie_embeddings=True, pad_id=None,
+             attention=AttentionConfig(num_kv_heads=3, rope_theta=100000.0))  # SmolLM2-135M
 
 Parameter names -> Hugging Face ``LlamaForCausalLM`` -> GGUF tensor (block ``i``):
 
@@ -28,7 +28,7 @@ Parameter names -> Hugging Face ``LlamaForCausalLM`` -> GGUF tensor (block ``i``
 
 (*) RoPE here is HF's rotate-half form (:mod:`headwise.rope`): GGUF's q/k rows are permuted for
 llama.cpp's adjacent-pair form and must be unpermuted when loading. ``self_attn.sinks`` (h,)
-exists only with ``attention_sinks``; RoPE has no parameters.
+exists only with ``attention.sinks``; RoPE has no parameters.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def load_bert(path_or_state_dict: str | Path | Mapping[str, torch.Tensor],
     if not any(k.removeprefix("bert.").startswith("pooler.") for k in state):
         config = config.replace(pooler=False)  # e.g. BertForMaskedLM checkpoints have none
     if backend is not None:
-        config = config.replace(backend=backend)
+        config = config.replace(attention=config.attention.replace(backend=backend))
     renamed = from_hf_state_dict(state, config)
     with skeleton():
         model = BertModel(config)

@@ -260,12 +260,11 @@ def lm_config(c: GGUFConfig, metadata: Mapping[str, Any]):
     return LMConfig(
         vocab_size=c.vocab_size, d_model=c.d_model, num_heads=c.num_heads,
         num_layers=c.num_layers, d_ff=c.d_ff, max_len=c.context_length, dropout=0.0,
-        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, norm_first=True, activation="silu",
-        positional="rope", tie_embeddings=c.tie_embeddings,
+        norm_first=True, activation="silu", positional="rope", tie_embeddings=c.tie_embeddings,
         pad_id=int(pad) if pad is not None and int(pad) < c.vocab_size else None,
         scale_embeddings=False, layer_norm_eps=c.rms_eps, bias=False, norm="rms", ffn="glu",
-        rope_theta=c.rope_theta,
-        rotary_dim=None if c.rope_dim == c.head_dim else c.rope_dim)
+        attention=dict(num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
+                       rotary_dim=None if c.rope_dim == c.head_dim else c.rope_dim))
 
 
 def build_model(file: GGUFFile, *, dtype: torch.dtype = torch.float32,

@@ -122,8 +122,15 @@ def mask_description(mask: torch.Tensor) -> str:
 
 _MODEL_FIELDS = (("vocab_size", "vocab"), ("src_vocab_size", "src_vocab"),
                  ("tgt_vocab_size", "tgt_vocab"), ("d_model", "m"), ("num_heads", "h"),
-                 ("num_kv_heads", "g"), ("head_dim", "d"), ("num_layers", "layers"),
-                 ("d_ff", "ff"))
+                 ("attention.num_kv_heads", "g"), ("attention.head_dim", "d"),
+                 ("num_layers", "layers"), ("d_ff", "ff"))
+
+
+def _field(config, path: str):
+    """``config``'s field at a dotted ``path``, or None where it has none."""
+    for name in path.split("."):
+        config = getattr(config, name, None)
+    return config
 
 
 def describe(module: nn.Module) -> str:
@@ -141,8 +148,8 @@ def describe(module: nn.Module) -> str:
         return f"{name}(p={module.p})"
     config = getattr(module, "config", None)
     if config is not None and hasattr(config, "d_model"):  # a model: its sizes, named
-        parts = [f"{short}={getattr(config, f)}" for f, short in _MODEL_FIELDS
-                 if getattr(config, f, None) is not None]
+        parts = [f"{short}={_field(config, f)}" for f, short in _MODEL_FIELDS
+                 if _field(config, f) is not None]
         return f"{name}({', '.join(parts)})"
     extra = re.sub(r"(^|, )d_model=\d+(, )?", r"\1", module.extra_repr()).strip(", ")
     return f"{name}({extra})" if extra and len(extra) <= 40 else name

@@ -85,12 +85,16 @@ _LEGACY_MODEL_KEYS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "
 
 
 def model_fields(kind: str | None = None) -> tuple[str, ...]:
-    """Model-config fields a run may set (``kind`` ``"lm"``/``"transformer"``; None: either)."""
-    from headwise.models.config import CONFIGS
+    """Model-config keywords a run may set (``kind`` ``"lm"``/``"transformer"``; None: either):
+    the config's fields, and the flat keywords of its attention options
+    (:data:`~headwise.models.config.FLAT_ATTENTION_KEYS`: ``num_kv_heads``, ``sliding_window``,
+    ...), which the flags set and saved runs hold."""
+    from headwise.models.config import CONFIGS, FLAT_ATTENTION_KEYS
     kinds = [kind] if kind else sorted(CONFIGS)
     names: dict[str, None] = {}
     for k in kinds:
         names.update((f.name, None) for f in dataclasses.fields(CONFIGS[k]))
+    names.update((n, None) for n in FLAT_ATTENTION_KEYS)
     return tuple(n for n in names if n not in _TASK_OWNED)
 
 

@@ -117,8 +117,13 @@ def configure(config, resume, overrides) -> tuple[TrainConfig, int, list, tuple 
 
 
 def check_resumable(path: Path, model_config, meta: dict[str, Any]) -> None:
-    if meta["kind"] != model_config.kind or meta["config"] != model_config.to_dict():
-        theirs = meta["config"] if isinstance(meta["config"], dict) else {}
+    theirs = meta["config"] if isinstance(meta["config"], dict) else {}
+    if meta["kind"] == model_config.kind:
+        try:  # a run saved before ``attention``: its flat keys read as today's config's
+            theirs = type(model_config).from_dict(theirs).to_dict()
+        except (TypeError, ValueError):
+            pass  # not a config of this kind: it differs, and the diff below says where
+    if meta["kind"] != model_config.kind or theirs != model_config.to_dict():
         diff = sorted(k for k in set(theirs) | set(model_config.to_dict())
                       if theirs.get(k) != model_config.to_dict().get(k))
         raise CheckpointError(f"checkpoint {path} holds a different model ({meta['kind']}; "
