@@ -41,7 +41,7 @@ test: install browser corpora
 # The numerics-heavy tests again on the narrower SIMD paths other x86-64 CPUs take (AVX2, and
 # torch's portable default kernels), oneDNN capped at AVX2: float32 sums run in another order
 # there, so an assertion that only holds on this CPU's kernels fails here, not on a user's machine.
-CPU_TESTS ?= tests/attend tests/layers tests/decode tests/fast tests/reference tests/test_weights.py \
+CPU_TESTS ?= tests/attend tests/layers tests/decode tests/fast tests/reference tests/weights \
 	tests/test_stats.py tests/train tests/models tests/test_step.py tests/test_checkpoint.py
 test-cpus: install
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q $(PYTEST_ARGS) $(CPU_TESTS)

@@ -227,3 +227,51 @@ def test_the_device_path_marks_nan_rows_without_a_host_check():
     assert s.entropy[0, 1, 4].isnan() and s.entropy[0, 2].isnan().all()
     assert s.entropy[0, 0].isfinite().all() and s.entropy[0, 1, :4].isfinite().all()
     assert s.live.all()
+
+
+def test_a_collected_result_prints_a_short_table_per_layer_and_keeps_the_raw_tensors():
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=11, d_model=32, num_heads=4, num_layers=3, d_ff=32,
+                                max_len=64)).eval()
+    tokens = torch.randint(0, 11, (2, 40))
+    with torch.no_grad(), hw.stats.collect(lm, token_ids=tokens) as found:
+        lm(tokens)
+        lm(tokens[:, :20])
+    text = repr(found)
+    assert str(found) == text
+    lines = text.splitlines()
+    assert len(lines) == 1 + 3 * (2 + 4)  # a note, then per layer: title, header, 4 heads
+    assert max(map(len, lines)) <= 100 and "tensor(" not in text
+    for layer in range(3):
+        path = f"blocks.{layer}.self_attn"
+        title = lines.index(f"[{path!r}][0] of 2 call(s): b=2 h=4 i=40 j=40")
+        assert lines[title + 1].split() == ["head", *hw.stats.COLUMNS]
+        rows = [line.split() for line in lines[title + 2:title + 6]]
+        assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+        first = found[path][0]  # the raw tensors, one attribute away
+        assert first.entropy.shape == (2, 4, 40) and found[path][1].entropy.shape == (2, 4, 20)
+        for column, name in enumerate(hw.stats.COLUMNS, start=1):
+            want = first.per_head(name).double().mean(0)
+            got = torch.tensor([float(r[column]) for r in rows], dtype=torch.float64)
+            digits = len(hw.stats.COLUMNS[name].split(".")[1]) - 2  # "{:.3f}" -> 3
+            torch.testing.assert_close(got, want, atol=0.51 * 10 ** -digits, rtol=0)
+    assert isinstance(found, dict) and sorted(found) == [f"blocks.{n}.self_attn" for n in range(3)]
+
+
+@given(st.integers(1, 3), st.integers(1, 6), st.integers(1, 9), st.booleans())
+def test_a_head_stats_repr_has_a_row_per_head_without_induction_unless_given(b, h, n, ids):
+    q = torch.randn(b, h, n, 8)
+    tokens = torch.randint(0, 3, (b, n)) if ids else None
+    s = hw.stats.head_stats(q, q, causal=True, token_ids=tokens)
+    lines = repr(s).splitlines()
+    assert lines[1] == f"HeadStats b={b} h={h} i={n} j={n}" and len(lines) == 3 + h
+    assert ("induction" in lines[2]) is ids
+    assert [line.split()[0] for line in lines[3:]] == [str(x) for x in range(h)]
+
+
+def test_nothing_collected_says_so():
+    lm = TransformerLM(LMConfig(vocab_size=11, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                                max_len=8))
+    with hw.stats.collect(lm) as found:
+        pass
+    assert repr(found) == "Collected({}): no call seen" and found == {}

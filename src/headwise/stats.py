@@ -38,7 +38,11 @@ from headwise import observe as _observe
 from headwise import weights as _weights
 from headwise.fast import finite
 
-__all__ = ["HeadStats", "head_stats", "collect", "observing"]
+__all__ = ["Collected", "HeadStats", "head_stats", "collect", "observing"]
+
+COLUMNS = {"entropy": "{:.2f}", "max_weight": "{:.3f}", "sink": "{:.3f}", "prev_token": "{:.3f}",
+           "induction": "{:.3f}", "distance": "{:.1f}"}  # a HeadStats' repr: attribute -> format
+NOTE = "per head: the mean over live query rows and the batch (the raw tensors: {})"
 
 
 @dataclass
@@ -81,6 +85,30 @@ class HeadStats:
 
     def as_dict(self) -> dict[str, torch.Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def table(self, title: str) -> list[str]:
+        """The repr: ``title``, shapes, a row per head of :data:`COLUMNS` (:meth:`per_head`)."""
+        (b, h, i), j = self.entropy.shape, self.received.shape[-1]
+        cols = [(name, fmt, self.per_head(name).double().mean(0).tolist())
+                for name, fmt in COLUMNS.items() if getattr(self, name) is not None]
+        head = "  head " + " ".join(f"{c:>10}" for c, *_ in cols)
+        return [f"{title} b={b} h={h} i={i} j={j}", head,
+                *(f"  {x:>4} " + " ".join(f"{f.format(v[x]):>10}" for _, f, v in cols)
+                  for x in range(h))]
+
+    def __repr__(self) -> str:
+        return "\n".join([NOTE.format(".entropy"), *self.table("HeadStats")])
+
+
+class Collected(dict):
+    """What :func:`collect` yields: a dict module path -> [:class:`HeadStats` per call], whose
+    repr is a table per layer (heads x statistics) of each layer's first call."""
+
+    def __repr__(self) -> str:
+        lines = [NOTE.format("[path][call].entropy")] if self else ["Collected({}): no call seen"]
+        for path, calls in self.items():
+            lines += calls[0].table(f"[{path!r}][0] of {len(calls)} call(s):")
+        return "\n".join(lines)
 
 
 @torch.no_grad()
@@ -335,7 +363,8 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
             lm(tokens)
         found["blocks.0.self_attn"][0].per_head("entropy")   # (b, h)
 
-    Yields a dict module path -> list of HeadStats (one per call). ``token_ids (b, n)`` feed
+    Yields a :class:`Collected`, a dict module path -> list of HeadStats (one per call), which
+    prints as a table per layer. ``token_ids (b, n)`` feed
     the induction score of self-attention calls whose key length is ``n``. A transformers model
     must run ``attn_implementation="headwise"`` (:func:`headwise.hf.use`), else ValueError: on
     another implementation its heads never report, and the dict would stay empty.
@@ -344,7 +373,7 @@ def collect(model: torch.nn.Module, *, token_ids: torch.Tensor | None = None, to
     finders.layers(model, "headwise.stats.collect")  # another library's model: ValueError unless
     # its layers report to headwise (headwise.hf registers the finder; the core never imports it)
     paths = {id(m): name for name, m in model.named_modules()}
-    found: dict[str, list[HeadStats]] = {}
+    found = Collected()
 
     def add(module, q, k, mask, causal, scale, self_attention):
         ids = (token_ids if self_attention and token_ids is not None

@@ -71,6 +71,40 @@ def test_plot_draws_the_grid(tmp_path):
     assert image[..., :3].std() > 0.05  # not blank
 
 
+@settings(max_examples=10, deadline=None)
+@given(scores=tables())
+def test_every_panel_shares_one_colour_scale_and_one_colour_bar(scores):
+    """One global rank orders the heads of every kind: one colour is one score in each panel."""
+    import matplotlib.pyplot as plt
+
+    fig = HeadScores("ablation", scores).figure()
+    try:
+        images = [ax.images[0] for ax in fig.axes if ax.images]
+        assert len(images) == len(scores)
+        assert len({id(im.norm) for im in images}) == 1  # one Normalize, not one per panel
+        finite = torch.cat([t[~t.isnan()] for t in scores.values()])
+        if finite.numel() and finite.max() > finite.min():
+            assert images[0].norm.vmin == float(finite.min())
+            assert images[0].norm.vmax == float(finite.max())
+        assert len(fig.axes) == len(scores) + 1  # the panels and one colour bar
+    finally:
+        plt.close(fig)
+
+
+def test_a_score_has_one_colour_in_every_panel():
+    import matplotlib.pyplot as plt
+
+    fig = HeadScores("gradient", {"encoder_self": torch.tensor([[0.0, 2.0]]),
+                                  "cross": torch.tensor([[2.0, 4.0]])}).figure()
+    try:
+        (a, b) = [ax.images[0] for ax in fig.axes if ax.images]
+        # 2.0 is the right cell of one panel and the left of the other: the same colour
+        assert (a.to_rgba(a.get_array())[0, 1] == b.to_rgba(b.get_array())[0, 0]).all()
+        assert not (a.to_rgba(a.get_array())[0, 0] == b.to_rgba(b.get_array())[0, 1]).all()
+    finally:
+        plt.close(fig)
+
+
 def test_bad_tables_and_lookups():
     with pytest.raises(ValueError, match="non-empty dict"):
         HeadScores("gradient", {})

@@ -131,8 +131,10 @@ def test_opens_offline_with_a_full_grid(page):
     grid = page.js("window.headwise.lastDraw.grid")
     assert grid == {"cells": L * H, "layers": L, "heads": H, "scale": "shared", "top": grid["top"],
                     "kvHeads": None}
-    # importance scores appear on the grid: layer 2 head 3 = 1.1
-    assert page.page.locator('.hw-cell[data-layer="2"][data-head="3"] .hw-imp-val').inner_text() == "1.100"
+    # importance scores appear on the grid, all in one format: layer 2 head 3 = 1.1
+    assert page.page.locator('.hw-cell[data-layer="2"][data-head="3"] .hw-imp-val').inner_text() == "1.10"
+    labels = page.js("[...document.querySelectorAll('.hw-imp-val')].map((e) => e.textContent)")
+    assert len(labels) == L * H and {len(t.split(".")[1]) for t in labels} == {2}
     png = page.page.screenshot(full_page=True)
     from PIL import Image
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)

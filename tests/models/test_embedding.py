@@ -47,3 +47,25 @@ def test_the_output_head_is_tied_only_when_asked(tie):
                            max_len=8, tie_embeddings=tie))
     assert model.lm_head.weight.shape == (11, 8) and model.lm_head.bias is None
     assert (model.lm_head.weight is model.embed.tokens.weight) == tie
+
+
+def test_build_stack_registers_embed_blocks_and_final_norm_in_that_order():
+    from torch import nn
+
+    from headwise.models import LMConfig
+    from headwise.models.embedding import Embeddings, build_stack
+
+    config = LMConfig(vocab_size=7, d_model=8, num_heads=2, num_layers=2, d_ff=16, max_len=8)
+    model, made = nn.Module(), []
+
+    def block(m, h, d_ff, **kwargs):
+        made.append((m, h, d_ff, kwargs.pop("tag"), sorted(kwargs)))
+        return nn.Linear(m, m)
+
+    build_stack(model, config, 7, block, 3, tag="mine")
+    assert model.config is config and isinstance(model.embed, Embeddings)
+    assert [name for name, _ in model.named_children()] == ["embed", "blocks", "final_norm"]
+    assert len(model.blocks) == 3 and model.embed.tokens.num_embeddings == 7
+    assert [x[:4] for x in made] == [(8, 2, 16, "mine")] * 3
+    assert "rope" in made[0][4] and "dropout" in made[0][4]  # every block gets block_args
+    assert isinstance(model.final_norm, nn.Module) and not isinstance(model.final_norm, nn.Identity)

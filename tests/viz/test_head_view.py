@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import headwise.viz
 from headwise.viz import attention_rollout, head_view
 from headwise.viz.display import HeadView
+from headwise.viz.head_view import score_labels
 
 
 def softmaxed(*shape, seed=0, scale=2.0, causal=False):
@@ -220,3 +223,42 @@ def test_importance_bars_are_labelled_with_how_they_were_made(tmp_path):
     assert bare["importanceMethod"] is None
     js = (Path(headwise.viz.__file__).parent / "assets" / "head_view.js").read_text()
     assert "META.importanceMethod" in js
+
+
+def test_the_bar_labels_of_a_grid_of_ranks_are_whole_numbers_on_the_page(tmp_path):
+    """Greedy ranks 21, 23 and 9 once read `21.0`, `23.0`, `9.000`."""
+    att = {"encoder_self": [softmaxed(1, 3, 3, 3, seed=l) for l in range(2)]}
+    ranks = torch.tensor([[21.0, 23.0, 9.0], [1.0, 2.0, float("nan")]])
+    meta = read_page(head_view(att, list("abc"), importance={"encoder_self": ranks}))[1]
+    assert meta["kinds"]["encoder_self"]["importanceLabels"] == [["21", "23", "9"],
+                                                                  ["1", "2", None]]
+    js = (Path(headwise.viz.__file__).parent / "assets" / "head_view.js").read_text()
+    assert "km.importanceLabels[l][h]" in js  # the page writes these, not its own format
+
+
+def _decimals(label: str) -> int:
+    mantissa = label.split("e")[0]
+    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+scores = st.floats(-1e7, 1e7, allow_nan=False, allow_subnormal=False)
+
+
+@given(st.lists(st.lists(st.one_of(st.none(), scores), min_size=1, max_size=6), min_size=1,
+                max_size=4))
+def test_every_label_of_a_grid_has_one_format_and_reads_back_its_value(rows):
+    labels = score_labels(rows)
+    flat = [(v, t) for row, out in zip(rows, labels, strict=True)
+            for v, t in zip(row, out, strict=True)]
+    assert all((v is None) == (t is None) for v, t in flat)
+    shown = [(v, t) for v, t in flat if v is not None]
+    assert len({("e" in t, _decimals(t)) for _, t in shown}) <= 1  # one format for the grid
+    top = max((abs(v) for v, _ in shown), default=0.0)
+    for v, t in shown:
+        assert not t.startswith("-") or float(t) != 0  # never "-0.00"
+        if "e" in t:  # two significant digits of each value
+            assert abs(float(t) - v) <= 0.051 * abs(v) + 1e-300
+        else:  # three significant digits of the largest (a unit of the last place, rounded)
+            assert abs(float(t) - v) <= 0.5 * 10 ** -_decimals(t) + 1e-9 * top
+    if shown and all(float(v).is_integer() for v, _ in shown) and top < 1e5:
+        assert all(t == str(int(v)) for v, t in shown)

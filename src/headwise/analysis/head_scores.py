@@ -144,42 +144,52 @@ class HeadScores:
                    d.get("examples"), d.get("agreement"))
 
     def plot(self, path: str | Path, *, title: str | None = None) -> Path:
-        """Write the tables as one heatmap per kind (layers down, heads across, each cell
-        labelled with its score) to ``path`` (.png, .svg or .pdf); returns the path."""
-        import matplotlib
-        matplotlib.use("Agg")
+        """Write :meth:`figure` to ``path`` (.png, .svg or .pdf); returns the path."""
         import matplotlib.pyplot as plt
 
         path = Path(path)
-        kinds = self.kinds
-        widest = max(t.shape[1] for t in self.scores.values())
-        fig, axes = plt.subplots(1, len(kinds), squeeze=False,
-                                 figsize=(1.2 + 0.7 * widest * len(kinds),
-                                          1.6 + 0.5 * max(t.shape[0] for t in self.scores.values())))
-        for ax, kind in zip(axes[0], kinds, strict=True):
-            _draw(ax, kind, self.scores[kind])
-        fig.suptitle(title or f"head importance: {self.describe()}", fontsize=9)
-        fig.tight_layout()
+        fig = self.figure(title=title)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
 
+    def figure(self, *, title: str | None = None):
+        """The tables as one heatmap per kind (layers down, heads across, each cell labelled
+        with its score), on one colour scale: one rank orders every kind's heads, so one
+        colour is one score in every panel, read off the one colour bar."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import Normalize
 
-def _draw(ax, kind: str, t: torch.Tensor) -> None:
-    image = ax.imshow(t.numpy(), cmap="viridis", aspect="auto")
-    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        kinds = self.kinds
+        widest = max(t.shape[1] for t in self.scores.values())
+        fig, axes = plt.subplots(1, len(kinds), squeeze=False, layout="constrained",
+                                 figsize=(1.6 + 0.7 * widest * len(kinds),
+                                          1.6 + 0.5 * max(t.shape[0] for t in self.scores.values())))
+        finite = torch.cat([t[~t.isnan()].flatten() for t in self.scores.values()])
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+        norm = Normalize(lo, hi if hi > lo else lo + 1)
+        images = [_draw(ax, kind, self.scores[kind], norm)
+                  for ax, kind in zip(axes[0], kinds, strict=True)]
+        fig.colorbar(images[0], ax=axes[0].tolist(), fraction=0.046, pad=0.04, label="score")
+        fig.suptitle(title or f"head importance: {self.describe()}", fontsize=9)
+        return fig
+
+
+def _draw(ax, kind: str, t: torch.Tensor, norm):
+    image = ax.imshow(t.numpy(), cmap="viridis", norm=norm, aspect="auto")
     ax.set_title(kind)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(t.shape[1]))
     ax.set_yticks(range(t.shape[0]))
-    finite = t[~t.isnan()]
-    middle = float(finite.mean()) if finite.numel() else 0.0
     for (l, h), v in zip(_cells(t), t.flatten().tolist(), strict=True):
-        if not math.isnan(v):
+        if not math.isnan(v):  # dark text on the light (upper) half of viridis
             ax.text(h, l, f"{v:.2g}", ha="center", va="center", fontsize=8,
-                    color="black" if v > middle else "white")
+                    color="black" if norm(v) > 0.5 else "white")
+    return image
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

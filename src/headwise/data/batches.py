@@ -10,14 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Self
 
 import torch
 
-__all__ = ["LMBatch", "Seq2SeqBatch", "collate_lm", "collate_seq2seq"]
+__all__ = ["Batch", "LMBatch", "Seq2SeqBatch", "collate_lm", "collate_seq2seq"]
+
+
+class Batch:
+    """What every batch (a dataclass of ``(b, ...)`` tensors) does: its rank's rows, a device
+    move, and its size (the first field's rows)."""
+
+    def shard(self, rank: int, world: int) -> Self:
+        return _shard(self, rank, world)
+
+    def to(self, device) -> Self:
+        return type(self)(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    def __len__(self) -> int:
+        return getattr(self, fields(self)[0].name).shape[0]
 
 
 @dataclass
-class Seq2SeqBatch:
+class Seq2SeqBatch(Batch):
     """Source and target token ids for an encoder-decoder, padded with ``pad_id``.
 
     src: ``(b, j)``; src_lens: ``(b,)``; tgt_in: ``(b, i)`` = ``<bos> + target``;
@@ -29,18 +44,9 @@ class Seq2SeqBatch:
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
 
-    def shard(self, rank: int, world: int) -> Seq2SeqBatch:
-        return _shard(self, rank, world)
-
-    def to(self, device) -> Seq2SeqBatch:
-        return type(self)(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
-
-    def __len__(self) -> int:
-        return self.src.shape[0]
-
 
 @dataclass
-class LMBatch:
+class LMBatch(Batch):
     """Next-token prediction: inputs ``(b, n)``, labels ``(b, n)`` (= inputs shifted by one;
     ``pad_id`` ignored); ``valid_lens (b,)``; ``scored (b, n)`` bool marks the labels a task
     metric counts (e.g. the predictable half of an induction sequence)."""
@@ -49,15 +55,6 @@ class LMBatch:
     labels: torch.Tensor
     valid_lens: torch.Tensor
     scored: torch.Tensor
-
-    def shard(self, rank: int, world: int) -> LMBatch:
-        return _shard(self, rank, world)
-
-    def to(self, device) -> LMBatch:
-        return type(self)(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
-
-    def __len__(self) -> int:
-        return self.inputs.shape[0]
 
 
 def _shard(batch, rank: int, world: int):

@@ -83,6 +83,14 @@ class _Synthetic:
         self.tokenizer = CharTokenizer(string.ascii_letters[:self.num_symbols])
         self._first = self.tokenizer.encode(self.tokenizer.alphabet[0])[0]
 
+    def batch(self, step: int, size: int) -> Seq2SeqBatch | LMBatch:
+        """The global training batch of ``step`` (never contains a held-out sequence)."""
+        return self._batch(_rng(self.seed, _TRAIN, step), size, heldout=False)
+
+    def eval_set(self, size: int) -> Seq2SeqBatch | LMBatch:
+        """``size`` held-out sequences (the same for every call and every training step)."""
+        return self._batch(_rng(self.seed, _EVAL, 0), size, heldout=True)
+
 
 class SyntheticSeq2Seq(_Synthetic):
     """``reverse`` / ``copy`` / ``sort`` on random strings over the first ``num_symbols``
@@ -112,14 +120,6 @@ class SyntheticSeq2Seq(_Synthetic):
         tok = self.tokenizer
         return collate_seq2seq(src, [self.target(s) for s in src], pad_id=tok.pad_id,
                                bos_id=tok.bos_id, eos_id=tok.eos_id)
-
-    def batch(self, step: int, size: int) -> Seq2SeqBatch:
-        """The global training batch of ``step`` (never contains a held-out sequence)."""
-        return self._batch(_rng(self.seed, _TRAIN, step), size, heldout=False)
-
-    def eval_set(self, size: int) -> Seq2SeqBatch:
-        """``size`` held-out sequences (the same for every call and every training step)."""
-        return self._batch(_rng(self.seed, _EVAL, 0), size, heldout=True)
 
     def describe(self) -> str:
         return (f"{self.name}: strings of {self.min_len}-{self.max_len} symbols over "
@@ -151,12 +151,6 @@ class InductionTask(_Synthetic):
             # label t predicts token t + 1; tokens n + 1 .. 2n - 1 are copies of known context
             scored.append([t >= n for t in range(2 * n - 1)])
         return collate_lm(seqs, pad_id=self.tokenizer.pad_id, scored=scored)
-
-    def batch(self, step: int, size: int) -> LMBatch:
-        return self._batch(_rng(self.seed, _TRAIN, step), size, heldout=False)
-
-    def eval_set(self, size: int) -> LMBatch:
-        return self._batch(_rng(self.seed, _EVAL, 0), size, heldout=True)
 
     def describe(self) -> str:
         return (f"induction: a random segment of {self.min_len}-{self.max_len} symbols, "

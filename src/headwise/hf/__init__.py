@@ -12,14 +12,16 @@ per-head weights only where asked.
 
 Modules: ``interface`` (the function transformers calls, and its mask rule), ``select`` (which
 layers, heads, rows and keys return weights), ``model`` (which modules are attention layers;
-switching a model), ``prune`` (cutting heads out of Llama-family layers, and loading a pruned
-checkpoint), ``local`` (a local model folder or GGUF file, nothing downloaded), ``tools`` (the
-head view with the model's tokenizer, a traced forward, the next-token loss of importance).
-This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule and its check: the table in ``tests/test_wings.py``):
-``attend``, ``weights``, ``heads`` and ``observe``, and ``hf.tools`` also ``tracing`` and
-``viz``; the core never imports it (importing it registers its layer finder with
-:mod:`headwise.finders`, which the core asks), and the head tools reach it only for a
-transformers model.
+switching a model), ``prune`` (cutting heads out of Llama-family layers, and building a pruned
+checkpoint's structure), ``local`` (:func:`load`, the one loader: a local model folder, pruned
+or not, a GGUF file or an installed model's name, ``"minilm"``, ``"smollm2"``, as
+``(model, tokenizer)`` on headwise; nothing downloaded; ``load_pruned`` is deprecated),
+``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
+importance). This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule
+and its check: the table in ``tests/test_wings.py``): ``attend``, ``weights``, ``heads``,
+``observe`` and ``installed``, and ``hf.tools`` also ``tracing`` and ``viz``; the core never
+imports it (importing it registers its layer finder with :mod:`headwise.finders`, which the core
+asks), and the head tools reach it only for a transformers model.
 """
 
 from headwise import finders

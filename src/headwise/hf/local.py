@@ -3,8 +3,12 @@
 
 ``DIR`` is a folder as ``save_pretrained`` writes it (``config.json``, the weights as
 safetensors, the tokenizer files; a model :func:`headwise.hf.prune_heads` pruned loads with its
-per-layer head counts, :func:`headwise.hf.load_pruned`), or one ``.gguf`` file (transformers
-reads its config, weights and tokenizer: ``gguf_file=``). Every check that needs no weights comes first, each one
+per-layer head counts), one ``.gguf`` file (transformers reads its config, weights and
+tokenizer: ``gguf_file=``), or the name of a real model a pip package installed (``"minilm"``,
+``"smollm2"``: :data:`headwise.installed.MODELS`, listed by ``headwise models``). A
+GGUF's metadata (its whole vocabulary: 49k-262k entries) is parsed into a config once, and
+that config goes to the tokenizer and the model (transformers' own weight reader parses it once
+more, as in its own ``from_pretrained``). Every check that needs no weights comes first, each one
 readable line: a missing path, a folder without ``config.json``, a configuration transformers
 does not know, a model class whose attention does not go through the attention interface
 (built on the meta device, so no weights are read), no tokenizer. Everything is read with
@@ -18,6 +22,7 @@ from pathlib import Path
 import torch
 
 from headwise.hf.model import NAME, refuse_unless_served
+from headwise.installed import MODELS
 
 __all__ = ["CONFIG", "check_source", "load", "skeleton"]
 
@@ -26,12 +31,17 @@ CONFIG = "config.json"
 
 def check_source(source, where: str = "headwise.hf.load") -> Path:
     """``source`` as a path that can hold a model (a folder with ``config.json`` or a ``.gguf``
-    file), else a ValueError naming what is missing. Reads nothing but the directory listing."""
+    file), else a ValueError naming what is missing. A name of :data:`MODELS` that is not a
+    path here is that installed model's folder or file. Reads nothing but directory listings."""
     path = Path(source).expanduser()
+    if not path.exists() and isinstance(source, str) and source in MODELS:
+        return MODELS[source].path()  # not installed: a CheckpointError saying how to install
     if not path.exists():
+        names = ", ".join(f"{m.name!r} ({m.title})" for m in MODELS.values())
         raise ValueError(f"{where}: {str(source)!r} does not exist; pass a local Hugging Face "
                          "model folder (config.json, model.safetensors, tokenizer files, as "
-                         "save_pretrained writes them) or a .gguf file")
+                         "save_pretrained writes them), a .gguf file or the name of an "
+                         f"installed model: {names} (`headwise models` lists them)")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{where}: {str(source)!r} is a file, not a model folder; pass the "
@@ -93,31 +103,57 @@ def skeleton(source, where: str = "headwise.hf.load"):
     return model
 
 
+def tokenizer(files: dict, config, where: str = "headwise.hf.load"):
+    """The tokenizer of ``from_pretrained``'s location arguments ``files`` (:func:`_files`),
+    whose model has ``config``.
+
+    For a GGUF file with no tokenizer files beside it, the class ``AutoTokenizer`` would pick
+    for that config (its mapping of config types, else ``TokenizersBackend``) is called
+    directly: ``AutoTokenizer`` itself first parses the file's whole metadata again to rebuild
+    the config we hold (SmolLM2's 49k-entry vocabulary: a third of its load)."""
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+    folder = Path(files["pretrained_model_name_or_path"])
+    cls = transformers.AutoTokenizer
+    if "gguf_file" in files and not getattr(config, "tokenizer_class", None) and not any(
+            (folder / n).is_file() for n in ("tokenizer_config.json", "tokenizer.json")):
+        mapped = TOKENIZER_MAPPING.get(type(config), None)
+        cls = mapped if isinstance(mapped, type) else transformers.TokenizersBackend
+        if cls.__name__ == "MistralCommonBackend":  # AutoTokenizer decides on more than the config
+            cls = transformers.AutoTokenizer
+    try:
+        return cls.from_pretrained(**files)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{where}: no tokenizer could be read from "
+                         f"{str(files.get('gguf_file') or folder)!r} (save it beside the model: "
+                         f"tokenizer.save_pretrained(DIR)): {_one_line(e)}") from None
+
+
 def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
          where: str = "headwise.hf.load"):
-    """``(model, tokenizer)`` of a local model folder (or ``.gguf`` file), the model running
+    """``(model, tokenizer)`` of a local model folder, ``.gguf`` file or installed model's name
+    (``"minilm"``, ``"smollm2"``; ``headwise models`` lists them), the model running
     ``attn_implementation="headwise"``, in eval mode, on ``device`` in ``dtype``.
 
-    Raises ValueError (one line, before any weights are read) for a missing path, a folder
-    without ``config.json``, a configuration or tokenizer transformers cannot read, or a model
-    class headwise cannot serve."""
-    import transformers
+    The one loader: a folder :func:`headwise.hf.prune_heads` pruned (and ``save_pretrained``
+    wrote) loads with its per-layer head counts, so the deprecated
+    :func:`headwise.hf.load_pruned` is no longer needed (``headwise.hf.prune.from_pretrained``
+    is the ``from_pretrained`` it wraps, for a model class or options of your own).
 
-    from headwise.hf.prune import load_pruned
+    Raises ValueError (one line, before any weights are read) for a missing path or unknown
+    name (the message lists the names), a folder without ``config.json``, a configuration or
+    tokenizer transformers cannot read, or a model class headwise cannot serve."""
+    from headwise.hf.prune import from_pretrained
 
     structure = skeleton(source, where)
     files = _files(check_source(source, where))
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(**files)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{where}: no tokenizer could be read from {str(source)!r} (save it "
-                         f"beside the model: tokenizer.save_pretrained(DIR)): "
-                         f"{_one_line(e)}") from None
+    tok = tokenizer(files, structure.config, where)
     try:  # a checkpoint headwise.hf.prune_heads pruned gets its per-layer head counts first
         where_from = files.pop("pretrained_model_name_or_path")
-        model = load_pruned(where_from, type(structure), config=structure.config, **files,
-                            attn_implementation=NAME, dtype=dtype)
+        model = from_pretrained(where_from, type(structure), config=structure.config, **files,
+                                attn_implementation=NAME, dtype=dtype)
     except OSError as e:
         raise ValueError(f"{where}: cannot read the weights of {str(source)!r}: "
                          f"{_one_line(e)}") from None
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tok

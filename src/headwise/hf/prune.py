@@ -28,7 +28,9 @@ A pruned layer gets its own counts as attributes (``num_heads``, ``num_key_value
 ``num_key_value_groups``) and a view of the config with its own head counts (Phi-3's forward
 reads ``config.num_attention_heads``). transformers itself cannot rebuild that structure: a
 plain ``from_pretrained`` of a pruned checkpoint stops with its size-mismatch report; load one
-with :func:`load_pruned`, which builds the recorded structure before the weights load.
+with :func:`headwise.hf.load` (``(model, tokenizer)`` on headwise), or with
+:func:`from_pretrained` here (a model class and ``from_pretrained`` options of your own), both
+building the recorded structure before the weights load.
 
 Heads are named as :func:`headwise.hf.attention_layers` numbers layers and as the model is now
 (the form ``hw.ablate`` takes on transformers models: ``{"layers": {layer: [heads]}}``), so a
@@ -37,6 +39,7 @@ pruned model can be pruned again.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -45,7 +48,7 @@ from torch import nn
 from headwise.heads import check_heads, layer_plan
 from headwise.hf.model import attention_layers, head_count, refuse_unless_served
 
-__all__ = ["KEY", "load_pruned", "prune_heads"]
+__all__ = ["KEY", "from_pretrained", "load_pruned", "prune_heads"]
 
 KEY = "headwise_pruned_heads"  # the config field: [pruned query heads per layer], original indices
 WHERE = "headwise.hf.prune_heads"
@@ -100,11 +103,25 @@ def prune_heads(model, heads: Mapping[str, Mapping[int, Iterable[int]]]):
 
 
 def load_pruned(path, model_class=None, **kwargs):
+    """Deprecated: ``headwise.hf.load(path)`` loads a pruned folder too, and returns
+    ``(model, tokenizer)`` on headwise like every other folder. This is
+    :func:`from_pretrained` (the model alone, on transformers' default attention unless
+    ``attn_implementation=`` says otherwise), with a DeprecationWarning."""
+    warnings.warn("headwise.hf.load_pruned is deprecated: headwise.hf.load(path) loads a "
+                  "pruned folder as any other, as (model, tokenizer) on headwise; for a model "
+                  "class or from_pretrained options of your own, call "
+                  "headwise.hf.prune.from_pretrained(path, model_class, **kwargs)",
+                  DeprecationWarning, stacklevel=2)
+    return from_pretrained(path, model_class, **kwargs)
+
+
+def from_pretrained(path, model_class=None, **kwargs):
     """``model_class.from_pretrained(path, **kwargs)`` for a checkpoint that
     :func:`prune_heads` pruned: the model is built, given the structure its config's
     ``headwise_pruned_heads`` records, and only then loaded (an unpruned checkpoint loads as
     usual). ``model_class``: a transformers model class or Auto class; None reads the config's
-    ``architectures``. Returns an instance of the plain model class."""
+    ``architectures``. Returns an instance of the plain model class (what
+    :func:`headwise.hf.load` runs, with ``attn_implementation="headwise"``)."""
     import transformers
 
     config = kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
@@ -276,7 +293,7 @@ def _model_class(model_class, config):
         names = getattr(config, "architectures", None) or []
         model_class = getattr(transformers, names[0], None) if names else None
         if model_class is None:
-            raise ValueError(f"headwise.hf.load_pruned: the config names no model class "
+            raise ValueError(f"headwise.hf.prune.from_pretrained: the config names no model class "
                              f"transformers has (architectures={names!r}); pass model_class=, "
                              f"e.g. transformers.AutoModelForCausalLM")
     mapping = getattr(model_class, "_model_mapping", None)

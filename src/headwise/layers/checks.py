@@ -14,7 +14,7 @@ from headwise.cache import CrossAttentionCache, SelfAttentionCache
 from headwise.fast.int4 import dtype_of
 from headwise.rope import RotaryEmbedding
 
-__all__ = ["config", "dtypes", "inputs", "variants"]
+__all__ = ["batched", "config", "dtypes", "inputs", "variants"]
 
 
 def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
@@ -27,14 +27,7 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
     if key is query and value is query and mha.kdim == mha.vdim == mha.embed_dim:
         named = named[:1]  # self-attention: one tensor, checked once
     for name, t, dim in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"MultiHeadAttention: {name} must be a torch.Tensor, got "
-                            f"{type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"MultiHeadAttention: {name} must be batch-first (b, n, "
-                             f"features), got shape {tuple(t.shape)}"
-                             + ("; add a batch axis with x.unsqueeze(0)" if t.dim() == 2
-                                else ""))
+        batched(t, name, 3, "batch-first (b, n, features)", "MultiHeadAttention")
         if t.shape[-1] != dim:
             raise ValueError(f"MultiHeadAttention: {name} has {t.shape[-1]} features, "
                              f"expected {dim}; build the module with "
@@ -68,6 +61,17 @@ def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
                              f" or (b, h)=({b}, {mha.num_heads}), got "
                              f"{tuple(head_mask.shape)}")
     return mask
+
+
+def batched(t, name: str, rank: int, shape: str, where: str, var: str = "x") -> None:
+    """``t`` is a tensor of ``rank`` axes (``shape`` names them in the message), else a
+    TypeError or ValueError; one axis short, the fix named is a batch axis."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{where}: {name} must be {shape}, got shape {tuple(t.shape)}"
+                         + (f"; add a batch axis with {var}.unsqueeze(0)" if t.dim() == rank - 1
+                            else ""))
 
 
 def dtypes(mha, *inputs: torch.Tensor) -> None:

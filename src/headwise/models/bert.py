@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from headwise.fast import host, reuse
+from headwise.layers import checks
 from headwise.models._select import select
 from headwise.models.blocks import EncoderBlock, LearnedPositionalEncoding
 from headwise.models.config import ModelConfig
@@ -180,14 +181,7 @@ class BertModel(nn.Module):
         """Validate once; return the ``(b, 1, 1, j)`` bool key mask, or None if nothing is
         padded (the fused kernel then runs without a mask)."""
         cfg = self.config
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"BertModel: input_ids must be a torch.Tensor, got "
-                            f"{type(input_ids).__name__}")
-        if input_ids.dim() != 2:
-            raise ValueError(f"BertModel: input_ids must be (b, n), got shape "
-                             f"{tuple(input_ids.shape)}"
-                             + ("; add a batch axis with ids.unsqueeze(0)"
-                                if input_ids.dim() == 1 else ""))
+        checks.batched(input_ids, "input_ids", 2, "(b, n)", "BertModel", var="ids")
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
             raise TypeError(f"BertModel: input_ids must be integer token ids, got "
                             f"{input_ids.dtype}")

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from headwise.models.blocks import LearnedPositionalEncoding, SinusoidalPositionalEncoding, drop
+from headwise.models.blocks import (
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    block_args,
+    drop,
+    final_norm,
+)
 from headwise.observe import StepKind, record
 
 __all__ = ["Embeddings", "add_output_head", "init_weights"]
@@ -79,3 +86,16 @@ def add_output_head(model: nn.Module, vocab_size: int) -> None:
     init_weights(model)
     if model.config.tie_embeddings:
         model.lm_head.weight = model.embed.tokens.weight
+
+
+def build_stack(model: nn.Module, config, vocab_size: int, block: Callable[..., nn.Module],
+                layers: int, **block_kwargs) -> None:
+    """What every stack (encoder, decoder, language model) is made of, in this order (the order
+    its parameters are registered and drawn in): ``model.config``, ``embed`` (``vocab_size``
+    tokens), ``blocks`` (``layers`` of ``block(m, h, d_ff, **block_kwargs, **block_args)``)
+    and ``final_norm``."""
+    c = model.config = config
+    model.embed = Embeddings.from_config(c, vocab_size)
+    model.blocks = nn.ModuleList(block(c.d_model, c.num_heads, c.d_ff, **block_kwargs,
+                                       **block_args(c)) for _ in range(layers))
+    model.final_norm = final_norm(c)

@@ -40,9 +40,9 @@ from headwise.cache import KVCache
 from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock, block_args, final_norm
+from headwise.models.blocks import DecoderBlock
 from headwise.models.config import LMConfig
-from headwise.models.embedding import Embeddings, add_output_head
+from headwise.models.embedding import add_output_head, build_stack
 from headwise.models.heads import head_counts, layer_head_masks
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
@@ -63,12 +63,8 @@ class TransformerLM(nn.Module):
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"TransformerLM expects an LMConfig, got {type(config).__name__}")
-        self.config = c = config
-        self.embed = Embeddings.from_config(c, c.vocab_size)
-        self.blocks = nn.ModuleList(
-            DecoderBlock(c.d_model, c.num_heads, c.d_ff, cross_attention=False, **block_args(c))
-            for _ in range(c.num_layers))
-        self.final_norm = final_norm(c)
+        c = config
+        build_stack(self, c, c.vocab_size, DecoderBlock, c.num_layers, cross_attention=False)
         add_output_head(self, c.vocab_size)
         restructure(self)
         self._no_cache = [None] * c.num_layers

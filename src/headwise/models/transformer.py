@@ -19,9 +19,9 @@ from headwise.cache import KVCache
 from headwise.fast import reuse
 from headwise.models import _checks
 from headwise.models._select import select
-from headwise.models.blocks import DecoderBlock, EncoderBlock, block_args, final_norm
+from headwise.models.blocks import DecoderBlock, EncoderBlock
 from headwise.models.config import TransformerConfig
-from headwise.models.embedding import Embeddings, add_output_head, init_weights
+from headwise.models.embedding import add_output_head, build_stack, init_weights
 from headwise.models.heads import head_counts, layer_head_masks
 from headwise.models.pruned import restructure
 from headwise.observe import StepKind, record
@@ -48,11 +48,7 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         _check_config(config, "Encoder")
-        self.config = c = config
-        self.embed = Embeddings.from_config(c, c.src_vocab_size)
-        self.blocks = nn.ModuleList(EncoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
-                                    for _ in range(c.num_layers))
-        self.final_norm = final_norm(c)
+        build_stack(self, config, config.src_vocab_size, EncoderBlock, config.num_layers)
         init_weights(self)
         restructure(self)
 
@@ -102,11 +98,8 @@ class Decoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         _check_config(config, "Decoder")
-        self.config = c = config
-        self.embed = Embeddings.from_config(c, c.tgt_vocab_size)
-        self.blocks = nn.ModuleList(DecoderBlock(c.d_model, c.num_heads, c.d_ff, **block_args(c))
-                                    for _ in range(c.decoder_layers))
-        self.final_norm = final_norm(c)
+        c = config
+        build_stack(self, c, c.tgt_vocab_size, DecoderBlock, c.decoder_layers)
         add_output_head(self, c.tgt_vocab_size)
         restructure(self)
         self._no_cache = [None] * c.decoder_layers

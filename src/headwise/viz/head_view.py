@@ -36,7 +36,7 @@ from headwise.viz import _blocks
 from headwise.viz.display import HeadView, asset
 from headwise.viz.rollout import attention_rollout
 
-__all__ = ["head_view"]
+__all__ = ["head_view", "score_labels"]
 
 
 def head_view(attentions: Mapping[str, Sequence], tokens, path: str | os.PathLike | None = None,
@@ -157,7 +157,8 @@ def _kind_entry(kind, info, sides, importance, matrices, thumbnail: int, rollout
     lens = [(len(q), len(k)) for q, k in zip(sides[q_side], sides[k_side], strict=True)]
     entry = {"label": KINDS[kind].label, "query": q_side, "key": k_side,
              "heads": [None if w is None else int(w.shape[1]) for w in info["layers"]],
-             "importance": importance, "thumbs": [], "rollout": None}
+             "importance": importance, "thumbs": [], "rollout": None,
+             "importanceLabels": None if importance is None else score_labels(importance)}
     for b, (n_q, n_k) in enumerate(lens):
         thumbs_b = []
         for l, w in enumerate(info["layers"]):
@@ -360,3 +361,24 @@ def _page(meta: dict, blocks: list[str]) -> str:
         "\n<script>window.headwise && window.headwise._dataLoaded();</script></body></html>\n",
     ])
 
+
+def score_labels(rows: list[list[float | None]]) -> list[list[str | None]]:
+    """The grid's importance bar labels, in one format for every score of a kind (a grid of
+    ``21.0``, ``23.0`` and ``9.000`` reads as three kinds of number): whole numbers when every
+    score is one (ranks, counts); else one count of decimals, three significant digits of the
+    largest magnitude; under 0.01 or from 1e5 on, every label in one scientific form (6.5e-3).
+    None (no score) stays None; the exact value is the bar's tooltip."""
+    values = [v for row in rows for v in row if v is not None]
+    top = max((abs(v) for v in values), default=0.0)
+    if top < 1e5 and all(float(v).is_integer() for v in values):
+        form = "{:.0f}"
+    elif top < 0.01 or top >= 1e5:
+        form = "{:.1e}"
+    else:
+        form = f"{{:.{max(0, 2 - math.floor(math.log10(top)))}f}}"
+
+    def label(v: float) -> str:
+        text = form.format(v).replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
+        return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.00"
+
+    return [[None if v is None else label(v) for v in row] for row in rows]

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from headwise import limits
 from headwise.viz.display import Heatmaps
+from headwise.viz.inputs import layer_list
 
 __all__ = ["heatmaps"]
 
@@ -185,27 +186,15 @@ def _pick(name: str, chosen, available: list[int]) -> list[int]:
 
 
 def _as_layer_list(weights) -> list[np.ndarray | None]:
-    if isinstance(weights, (torch.Tensor, np.ndarray)):
-        if weights.ndim != 4:
-            raise ValueError(f"weights must be (layers, heads, i, j), got shape "
-                             f"{tuple(weights.shape)}; pick one example first, e.g. w[:, 0]")
-        weights = list(weights)
-    if not isinstance(weights, (list, tuple)) or not weights:
-        raise TypeError(f"weights must be a (layers, heads, i, j) tensor or a list of (h, i, j) "
-                        f"tensors, got {type(weights).__name__}")
     out: list[np.ndarray | None] = []
-    for l, w in enumerate(weights):
-        if w is None:
-            out.append(None)
-            continue
-        a = torch.as_tensor(w).detach().to("cpu", torch.float32).numpy()
-        if a.ndim != 3:
-            hint = "; pick one example first, e.g. w[0]" if a.ndim == 4 else ""
-            raise ValueError(f"layer {l} weights must be (h, i, j), got shape {a.shape}{hint}")
-        if 0 in a.shape:
+    for l, t in enumerate(layer_list(weights, ranks=(3,), shape="(h, i, j)",
+                                     hint="; pick one example first (w[0] of a layer, w[:, 0] of a "
+                                          "stack)")):
+        a = None if t is None else t.to("cpu", torch.float32).numpy()
+        if a is not None and 0 in a.shape:
             raise ValueError(f"layer {l} weights have shape {a.shape} = (h, i, j): no head or "
                              "no position, nothing to draw")
-        if not np.isfinite(a).all():
+        if a is not None and not np.isfinite(a).all():
             raise ValueError(f"layer {l} weights contain NaN or inf")
         out.append(a)
     if all(w is None for w in out):

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from headwise.viz.inputs import layer_list
+
 __all__ = ["attention_rollout"]
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -63,23 +65,13 @@ def attention_rollout(weights: torch.Tensor | np.ndarray | Sequence, *, head_fus
 
 
 def _as_layers(weights) -> list[torch.Tensor]:
-    if isinstance(weights, (torch.Tensor, np.ndarray)):
-        if weights.ndim not in (4, 5):
-            raise ValueError(f"weights tensor must be (layers, [b,] h, i, i), got shape "
-                             f"{tuple(weights.shape)}")
-        weights = list(weights)
-    if not isinstance(weights, (list, tuple)) or not weights:
-        raise TypeError(f"weights must be a non-empty list of per-layer (h, i, i) or "
-                        f"(b, h, i, i) tensors, got {type(weights).__name__}")
     layers = []
-    for l, w in enumerate(weights):
-        if w is None:
-            raise ValueError(f"layer {l} has no weights (None); rollout multiplies through every "
-                             "layer, so record all layers (return_weights=True)")
-        t = torch.as_tensor(w).detach()
+    for l, t in enumerate(layer_list(weights, ranks=(3, 4), shape="(h, i, i) or (b, h, i, i)",
+                                     none="rollout multiplies through every layer, so record "
+                                          "all layers (return_weights=True)")):
         if not t.is_floating_point():
             raise TypeError(f"layer {l} weights must be floating point, got {t.dtype}")
-        if t.ndim not in (3, 4) or t.shape[-1] != t.shape[-2]:
+        if t.shape[-1] != t.shape[-2]:
             raise ValueError(f"layer {l} weights must be (h, i, i) or (b, h, i, i) self-attention,"
                              f" got shape {tuple(t.shape)}")
         layers.append(t if t.dtype == torch.float64 else t.float())

@@ -410,7 +410,8 @@
             const pct = v === null || impMax === 0 ? 0 : (Math.abs(v) / impMax) * 100;
             cell.append(el("div", { class: "hw-imp" },
               el("div", { class: "hw-imp-bar" }, el("span", { style: `width:${pct.toFixed(1)}%` })),
-              el("span", { class: "hw-imp-val", text: v === null ? "–" : fmt(v), title: v === null ? "no score" : `importance ${v}` })));
+              // one format for the whole grid, chosen in Python (viz/head_view.py: score_labels)
+              el("span", { class: "hw-imp-val", text: v === null ? "–" : km.importanceLabels[l][h], title: v === null ? "no score" : `importance ${v}` })));
           }
         }
         ui.grid.append(cell);
