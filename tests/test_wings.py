@@ -49,16 +49,14 @@ def leaf(holds: str) -> Rule:
     return Rule(holds, leaf=True)
 
 
+# The decoding kernels: only the decode wing (and the speed layer itself) calls them.
+DECODING_KERNELS = ("fast.rows", "fast.native")
+
 # Imported by every wing; they import nothing of headwise.
 LEAVES = frozenset({"errors", "limits", "kinds", "finders", "_device", "_io"})
 
 # The one table of the wings' import rules. The wing packages' docstrings say the same in their
 # "May import" sentence (checked below: test_each_wing_docstring_says_what_its_row_says).
-# When the decode/ wing lands (issue 41, item 4), add its row and forbid what it takes over:
-#     "decode": rule("the one-row forms, the step, generate, the cache's vouching",
-#                    "masks", "heads", "attend", ..., "models", "layers", "fast"),
-#     "models": rule(..., never=("fast.rows", "fast.native")),  and the same for "layers"
-# (today models/ and layers/ still import fast.rows and fast.native for their .row() forms).
 WINGS: dict[str, Rule] = {
     # the leaves and the other modules that import nothing of headwise
     "errors": leaf("the exception types and the user-error rule"),
@@ -82,28 +80,32 @@ WINGS: dict[str, Rule] = {
     "cache": rule("the KV cache", "fast"),
     "stats": rule("per-head statistics of attention calls",
                   "masks", "observe", "weights", "fast"),
-    "layers": rule("MultiHeadAttention, its checks and its one-row form",
-                   "masks", "heads", "attend", "cache", "rope", "observe", "stats", "fast"),
+    "layers": rule("MultiHeadAttention, its options and its checks",
+                   "masks", "heads", "attend", "cache", "rope", "observe", "stats", "fast",
+                   never=DECODING_KERNELS),
     "per_head": rule("the literal per-head form of a layer", "attend", "layers"),
-    "step": rule("the cached decoding step", "cache", "observe", "fast"),
     # models and what runs them
     "models": rule("the transformer models on headwise's attention",
                    "masks", "heads", "attend", "weights", "observe", "rope", "cache", "layers",
-                   "fast"),
-    "decoding": rule("generate", "cache", "step", "fast", "models"),
+                   "fast", never=DECODING_KERNELS),
+    "decode": rule("the one-row forms, the step, generate, the cache's NaN vouching",
+                   "models", "layers", "attend", "fast", "cache", "rope", "observe"),
+    "step": rule("headwise.step for users: re-exports the decode wing's step", "decode"),
+    "decoding": rule("headwise.decoding for users: re-exports generate", "decode"),
+    "installed": rule("the table of real models the packages install; torch-free"),
     "checkpoint": rule("saving and loading a model with its tokenizer",
                        "_swap", "models", "data"),
     "data": rule("training data: tasks, tokenizers, corpora"),
     "pretrained": rule("real checkpoints on headwise attention: BERT, GGUF",
-                       "models", "fast", "data", "decoding"),
-    "train": rule("the trainer", "models", "data", "checkpoint", "decoding", "fast"),
+                       "models", "fast", "data", "decode", "installed"),
+    "train": rule("the trainer", "models", "data", "checkpoint", "decode", "fast"),
     "train.__main__": rule("python -m headwise.train", "commands.train"),
     # the tools, the views, other libraries, the command line
     "tracing": rule("the named-axis shape trace", "observe", "layers"),
     "viz": rule("heatmaps, the head view, the catalogue page, rollout",
                 "masks", "heads", "observe", "attend", "weights", "layers", "models"),
     "hf": rule("headwise as a transformers attention implementation",
-               "attend", "weights", "heads", "observe"),
+               "attend", "weights", "heads", "observe", "installed"),
     "hf.tools": rule("the head view, trace and loss of a transformers model", "tracing", "viz"),
     "analysis": rule("the head tools: ablation, importance, pruning, the catalogue",
                      "masks", "heads", "attend", "weights", "observe", "stats", "layers", "fast",
@@ -117,8 +119,8 @@ WINGS: dict[str, Rule] = {
 
 # (importer, private module or name it imports) -> why; each one is still used (tested)
 EXEMPTIONS: dict[tuple[str, str], str] = {
-    ("decoding", "models._checks"): "generate checks its prompt with the models' own boundary "
-                                    "checks; the decode/ wing (item 4) takes this call over",
+    ("decode.generation", "models._checks"): "generate checks its prompt with the models' own "
+                                             "boundary checks (ids within the vocabulary)",
 }
 
 

@@ -11,8 +11,8 @@
 - :mod:`~headwise.decode.vouch`: the KV cache's NaN vouching (which cached positions are known
   finite) and the one-call self-attention that relies on it.
 
-May import: :mod:`headwise.models`, :mod:`headwise.layers`, :mod:`headwise.attend`,
-:mod:`headwise.fast`, :mod:`headwise.cache`, :mod:`headwise.rope`, :mod:`headwise.observe`. Nothing
+May import (the rule and its check: the table in ``tests/test_wings.py``): ``models``,
+``layers``, ``attend``, ``fast``, ``cache``, ``rope`` and ``observe``. Nothing
 below it imports it (``models/``, ``layers/``, ``cache`` and ``fast/`` never do; the cache is
 told about vouching through a slot, not an import), so importing this wing cannot cycle. Only
 the shims ``headwise.step`` and ``headwise.decoding`` import it, to keep those names for users.

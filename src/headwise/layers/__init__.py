@@ -6,8 +6,8 @@ position, ``d`` head dim, ``m`` model (query feature) dim.
 The wing holds the module (here), its options (``config``: :class:`AttentionConfig`) and its
 boundary checks (``checks``); its one-row decoding form lives in the decode wing
 (:mod:`headwise.decode.attention`). May import: the core below it (masks, heads, attend, cache,
-rope, observe, stats, limits) and :mod:`headwise.fast` (never its decoding kernels, ``fast.rows`` /
-``fast.native``); never a model, the decode wing or a tool.
+rope, observe, stats, limits) and :mod:`headwise.fast` (never the kernels of one-row steps,
+``fast.rows`` / ``fast.native``); never a model, the decode wing or a tool.
 """
 
 from __future__ import annotations

