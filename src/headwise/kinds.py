@@ -57,6 +57,18 @@ KINDS: dict[str, Kind] = {
 }
 
 
+def per_kind(table, kinds, name: str, what: str, where: str) -> list[tuple[str, object]]:
+    """``table``'s ``(kind, value)`` items, checked once for every ``{kind: per-layer}`` table a
+    caller passes (importance scores, pruned heads): a mapping (``what`` says of what), each of
+    its kinds one of the model's ``kinds``."""
+    if not isinstance(table, Mapping):
+        raise TypeError(f"{where}: {name} must be {what}, got {type(table).__name__}")
+    for kind in table:
+        if kind not in kinds:
+            raise ValueError(f"{where}: {name} has kind {kind!r}; this model has {sorted(kinds)}")
+    return list(table.items())
+
+
 def as_tables(importance, shapes: Mapping[str, tuple[int, int]], where: str) -> dict:
     """Scores a caller passes in as ``{kind: (layers, heads) float64 CPU tensor}``, checked
     against the model's ``shapes`` (``{kind: (layers, widest layer's heads)}``); NaN = no score.
@@ -67,14 +79,9 @@ def as_tables(importance, shapes: Mapping[str, tuple[int, int]], where: str) -> 
     import torch  # here, not at the top: the table above stays torch-free
 
     table = getattr(importance, "scores", importance)
-    if not isinstance(table, Mapping):
-        raise TypeError(f"{where}: importance must be a HeadScores or a dict kind -> (layers, "
-                        f"heads) array, got {type(importance).__name__}")
     out = {}
-    for kind, scores in table.items():
-        if kind not in shapes:
-            raise ValueError(f"{where}: importance has kind {kind!r}; this model has "
-                             f"{sorted(shapes)}")
+    for kind, scores in per_kind(table, shapes, "importance",
+                                 "a HeadScores or a dict kind -> (layers, heads) array", where):
         t = torch.as_tensor(scores).detach().to("cpu", torch.float64)
         if tuple(t.shape) != tuple(shapes[kind]):
             raise ValueError(f"{where}: importance[{kind!r}] must be (layers, heads) = "

@@ -23,6 +23,7 @@ from torch import nn
 
 from headwise.errors import CheckpointError
 from headwise.heads import layer_plan
+from headwise.kinds import per_kind
 from headwise.models.heads import attention_layers
 
 __all__ = ["Plan", "check_pruned", "check_structure", "config_plans", "cut", "layer_plan",
@@ -39,14 +40,9 @@ def check_pruned(pruned, kinds: Mapping[str, int], h: int, g: int, where: str):
     :func:`layer_plan`."""
     if pruned is None:
         return None
-    if not isinstance(pruned, Mapping):
-        raise TypeError(f"{where}: pruned_heads must be None or a dict {{kind: [pruned heads per "
-                        f"layer]}}, got {type(pruned).__name__}")
     out = {}
-    for kind, layers in pruned.items():
-        if kind not in kinds:
-            raise ValueError(f"{where}: pruned_heads has kind {kind!r}; this model has "
-                             f"{sorted(kinds)}")
+    for kind, layers in per_kind(pruned, kinds, "pruned_heads",
+                                 "None or a dict {kind: [pruned heads per layer]}", where):
         if not isinstance(layers, (list, tuple)) or len(layers) != kinds[kind]:
             raise ValueError(f"{where}: pruned_heads[{kind!r}] must list the pruned heads of "
                              f"each of its {kinds[kind]} layers, got {layers!r}")
