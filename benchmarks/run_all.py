@@ -46,6 +46,7 @@ BENCHMARKS = {
     "busy": ([], ["--rounds", "1", "--settings", "default", "threads1", "--train-seconds", "20"]),
     "importance": (["--threads", "2"], ["--quick", "--models", "reverse,minilm"]),
     "hf": ([], ["--seqs", "512", "--batches", "1", "--threads", "1", "--budget", "10"]),
+    "gguf_load": ([], ["--rounds", "3"]),
 }
 
 
