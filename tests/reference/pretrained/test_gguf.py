@@ -59,7 +59,10 @@ def test_logits_match_transformers(smollm2, hf_smollm2, index):
         ours, _ = smollm2.model(ids)
         theirs = hf_smollm2(ids).logits
     assert ours.shape == theirs.shape == (1, ids.shape[1], 49152)
-    assert (ours - theirs).abs().max() < 1e-4
+    # the same float32 arithmetic in another order: 30 layers of sums over 576-1536 features
+    # leave ~1e-6 of the logits' scale (seen 1e-4 at logits ~28 on torch's portable kernels);
+    # 1e-5 of it is ~80 float32 epsilons, and far below any wrong weight or mask
+    assert (ours - theirs).abs().max() < 1e-5 * theirs.abs().max()
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
