@@ -53,7 +53,7 @@ def leaf(holds: str) -> Rule:
 DECODING_KERNELS = ("fast.rows", "fast.native")
 
 # Imported by every wing; they import nothing of headwise.
-LEAVES = frozenset({"errors", "limits", "kinds", "finders", "_device", "_io"})
+LEAVES = frozenset({"errors", "limits", "kinds", "finders", "_device", "_io", "_lazy"})
 
 # The one table of the wings' import rules. The wing packages' docstrings say the same in their
 # "May import" sentence (checked below: test_each_wing_docstring_says_what_its_row_says).
@@ -65,6 +65,7 @@ WINGS: dict[str, Rule] = {
     "finders": leaf("the registry of other libraries' attention-layer finders"),
     "_device": leaf("device parsing and tensor-device checks"),
     "_io": leaf("atomic file writes"),
+    "_lazy": leaf("public names a package loads on first use"),
     "heads": leaf("split/merge patterns, head selections, the pruning plan"),
     "observe": leaf("the observer channel and its step table"),
     "strict": leaf("strict mode"),

@@ -10,9 +10,10 @@ The public names below are imported on first use (PEP 562), so ``import headwise
 
 from __future__ import annotations
 
-import importlib
-
-from headwise import limits  # torch-free
+from headwise import (
+    _lazy,
+    limits,  # torch-free
+)
 
 limits.wait_policy()  # before torch loads its OpenMP runtime: threads sleep, not spin, on a busy CPU
 
@@ -59,15 +60,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'headwise' has no attribute {name!r}")
-    module = _EXPORTS[name]
-    value = (importlib.import_module(f"headwise.{name}") if module is None
-             else getattr(importlib.import_module(module), name))
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)

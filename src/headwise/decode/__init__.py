@@ -22,7 +22,7 @@ load the models.
 
 from __future__ import annotations
 
-import importlib
+from headwise import _lazy
 
 # public name -> the submodule that defines it
 _EXPORTS = {
@@ -37,13 +37,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'headwise.decode' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)

@@ -46,7 +46,7 @@ so ``headwise.train.config`` stays torch-free.
 
 from __future__ import annotations
 
-import importlib
+from headwise import _lazy
 
 _EXPORTS = {
     "TrainConfig": "headwise.train.config",
@@ -64,13 +64,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'headwise.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)
