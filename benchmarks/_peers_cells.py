@@ -81,6 +81,11 @@ class Tool:
 
     why: dict[str, str] = {}
 
+    @classmethod
+    def available(cls) -> str:
+        """"" where the tool can run at all here, else why not (one line)."""
+        return ""
+
 
 class Headwise(Tool):
     """headwise today: ``headwise.hf.weights`` selections, ``output_attentions`` from the
@@ -133,6 +138,51 @@ class Headwise(Tool):
 
     def cell_decode(self, ids):
         return decode_patterns(self.model, ids)
+
+
+class HeadwiseCache(Tool):
+    """headwise's TransformerLens-style activation cache, ``hw.run_with_cache(model, inputs,
+    names=..., select=..., stop_at_layer=...)`` (``cache["pattern", l]``, ``cache["z", l]``),
+    where this build has it."""
+
+    name = "headwise cache"
+    why = {"forward": "the headwise row", "stats": "the headwise row (hw.stats.collect)",
+           "view": "the headwise row", "decode": "the headwise row"}
+
+    @classmethod
+    def available(cls) -> str:
+        import headwise as hw
+        return "" if hasattr(hw, "run_with_cache") else "no hw.run_with_cache in this build"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        import headwise.hf  # noqa: F401
+        self.model = load_hf(self.model_dir, "headwise")
+
+    def cache(self, ids, **kw):
+        import headwise as hw
+        return hw.run_with_cache(self.model, ids, **kw)[1]
+
+    def cell_head(self, ids):
+        got = self.cache(ids, names="pattern", select={"layers": [LAYER], "heads": [HEAD]})
+        return got["pattern", LAYER][0, 0]
+
+    def cell_head_stop(self, ids):
+        got = self.cache(ids, names="pattern", select={"layers": [LAYER], "heads": [HEAD]},
+                         stop_at_layer=LAYER + 1)
+        return got["pattern", LAYER][0, 0]
+
+    def cell_layers(self, ids):
+        got = self.cache(ids, names="pattern")
+        return [got["pattern", l][0] for l in range(self.model.config.num_hidden_layers)]
+
+    def cell_z(self, ids):
+        return self.cache(ids, names="z", select={"layers": [LAYER]})["z", LAYER][0]
+
+    def cell_hooks(self, ids):
+        got = self.cache(ids, names=lambda n: not n.endswith(("hook_pattern",
+                                                               "hook_attn_scores")))
+        return dict(got.items())
 
 
 def decode_patterns(model, ids):
@@ -282,9 +332,11 @@ class NNsight(Tool):
         return w
 
     def patterns(self, ids):
-        with self.lm.trace(ids):
-            saved = [layer.self_attn.output[1][0].save() for layer in self.lm.model.layers]
-        return list(saved)
+        saved = []
+        with self.lm.trace(ids):  # nnsight runs this block's source: a plain loop, no comprehension
+            for layer in self.lm.model.layers:
+                saved.append(layer.self_attn.output[1][0].save())
+        return saved
 
     def cell_layers(self, ids):
         return self.patterns(ids)
@@ -358,15 +410,15 @@ class BertViz(Tool):
         return len(page.data.encode())
 
 
-TOOLS = {t.name: t for t in (Headwise, HFEager, TransformerLens, NNsight, AttnRead, BertViz)}
+TOOLS = {t.name: t for t in (Headwise, HeadwiseCache, HFEager, TransformerLens, NNsight, AttnRead, BertViz)}
 
 
 def supported(tool: str, cell: str) -> str:
     """"" when ``tool`` has ``cell``, else the one line saying why not (no import needed)."""
     cls = TOOLS[tool]
-    if hasattr(cls, "cell_" + cell.replace("@", "_")):
-        return ""
-    return cls.why.get(cell, f"{tool} has no {cell} cell")
+    if not hasattr(cls, "cell_" + cell.replace("@", "_")):
+        return cls.why.get(cell, f"{tool} has no {cell} cell")
+    return cls.available()
 
 
 def reference(model_dir: str, ids: torch.Tensor, cell: str, got) -> float | None:
@@ -408,6 +460,7 @@ def _timed(fn) -> tuple[float, float, object]:
 def measure(spec: dict) -> dict:
     """One (tool, cell) at one length, in this fresh process: see the module docstring."""
     import transformers
+
     from _common import rss_mb
     torch.set_num_threads(1)
     model_dir, cell = spec["model_dir"], spec["cell"]
@@ -435,15 +488,21 @@ def measure(spec: dict) -> dict:
     cell_s, peak, got = _timed(run)
     returned = nbytes(got)
     times = {"floor": [floor_s], "cell": [cell_s]}
-    for r in range(spec.get("rounds", 1) - 1):  # more rounds, the order alternating
-        for name in (("cell", "floor") if r % 2 == 0 else ("floor", "cell")):
+    # more rounds, the order alternating, while they fit the budget (CPU seconds) and 5 rounds
+    budget, r = spec.get("budget", 20.0), 0
+    while len(times["cell"]) < 5 and sum(map(sum, times.values())) * (1 + 1 / len(
+            times["cell"])) < budget:
+        r += 1
+        for name in (("cell", "floor") if r % 2 else ("floor", "cell")):
             t0 = time.process_time()
             (run if name == "cell" else floor)()
             times[name].append(time.process_time() - t0)
-    del tool, plain
+    tool = plain = None  # freed before the reference model loads
     gc.collect()
     diff = reference(model_dir, ids, cell, got) if spec.get("exact", True) else None
+    ratio = statistics.median(c / f for c, f in zip(times["cell"], times["floor"], strict=True))
     return {"s": statistics.median(times["cell"]), "floor_s": statistics.median(times["floor"]),
+            "ratio": ratio,
             "peak": peak, "floor_peak": floor_peak, "returned": returned / 2**20,
             "diff": diff, "model_mib": model_mib, "n": int(ids.shape[1]),
             "rounds": len(times["cell"])}

@@ -5,6 +5,7 @@ once as a float32 copy that every child loads), real text (the start of Jane Aus
 
 Tools: headwise (``headwise.hf.weights`` selections, ``output_attentions`` from the fused
 kernel's log-sum-exp, ``hw.stats.collect``, ``hw.record_heads``, ``headwise.hf.head_view``),
+headwise's TransformerLens-style cache (``hw.run_with_cache``, where the build has it),
 transformers' own eager ``output_attentions``, and the peers, each in an environment of its own
 that ``make peers`` builds (never headwise's dependencies): TransformerLens 4.3.0
 (TransformerBridge, ``run_with_cache`` with a ``names_filter``; also with ``stop_at_layer``),
@@ -22,14 +23,17 @@ one head's pattern for each of 32 tokens generated after a 64-token prompt.
 Each (tool, cell, length) runs in a fresh process (``_peers_cells.py``), rounds interleaved
 with the order rotating. In it: the floor (one forward of a plain transformers model on sdpa,
 no weights; for ``decode`` its ``generate``), then the cell, each after resetting VmHWM, so
-both peaks are above the loaded models; then max |diff| against HF eager ``output_attentions``
-on the same model. ``x floor`` is the median over rounds of cell / floor in the same process.
-A cell a tool cannot run offline says why in one line.
+both peaks are above the loaded models; more floor/cell pairs, the order alternating, within
+``--budget`` CPU seconds; then max |diff| against HF eager ``output_attentions`` on the same
+model. ``x floor`` is the median over processes of each one's median cell / floor. A cell over
+``--slow`` seconds (attnread's every head, bertviz's page) runs in one round and not at longer
+lengths. A cell a tool cannot run offline says why in one line, under the table.
 
     make peers                                   # the peers' environments (minutes, once)
     python benchmarks/peers.py [--seqs 512 2048] [--rounds 3] [--tools ...] [--quick]
 
-``--quick``: 512 tokens, 1 round. Without ``.peers/`` the peers' rows say so and headwise's
+``--quick``: 512 tokens, 1 round (about 15 minutes on a busy 2-core box, most of it attnread's
+and bertviz's cells); the full run, both lengths and 3 rounds, is for a quiet machine. Without ``.peers/`` the peers' rows say so and headwise's
 and HF's still run.
 """
 
@@ -51,7 +55,7 @@ import _peers_cells as P  # noqa: E402
 
 ROOT = HERE.parent
 # tool -> the environment (relative to the checkout; None: this interpreter's)
-ENVS = {"headwise": None, "HF eager": None, "TransformerLens": ".peers", "nnsight": ".peers",
+ENVS = {"headwise": None, "headwise cache": None, "HF eager": None, "TransformerLens": ".peers", "nnsight": ".peers",
         "bertviz": ".peers", "attnread": ".peers-attnread"}
 GOALS = {"head": 1.05, "head_peak": 1.2, "hooks": 1.15, "layers": 0.55, "decode": 1.2}
 COLS = ["n", "cell", "tool", "s", "floor s", "x floor", "peak MiB", "floor peak MiB",
@@ -90,11 +94,12 @@ def prepare(directory: str, n_max: int) -> str:
 
 
 def run_child(tool: str, cell: str, n: int, model_dir: str, ids_file: str,
-              timeout: float) -> dict:
+              timeout: float, budget: float = 20.0) -> dict:
     exe, why = python_for(tool)
     if exe is None:
         return {"why": why}
-    spec = {"tool": tool, "cell": cell, "n": n, "model_dir": model_dir, "ids_file": ids_file}
+    spec = {"tool": tool, "cell": cell, "n": n, "model_dir": model_dir, "ids_file": ids_file,
+            "budget": budget}
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if ENVS[tool] is not None:
@@ -116,23 +121,33 @@ def jobs(tools, cells, seqs) -> list[tuple[str, str, int]]:
             and not (c == "view" and n != 512) and not (c == "decode" and n != seqs[0])]
 
 
-def measure(tools, cells, seqs, rounds: int, timeout: float) -> dict:
-    """(tool, cell, n) -> the list of each round's child result (or one ``{"why": ...}``)."""
+def measure(tools, cells, seqs, rounds: int, timeout: float, budget: float,
+            slow: float) -> dict:
+    """(tool, cell, n) -> the list of each round's child result (or one ``{"why": ...}``). A
+    cell that took over ``slow`` seconds runs in one round only, and not at longer lengths."""
     todo = jobs(tools, cells, seqs)
     got: dict = {}
     with tempfile.TemporaryDirectory() as model_dir:
         ids_file = prepare(model_dir, max(seqs))
         for r in range(rounds):
-            order = todo[r % len(todo):] + todo[:r % len(todo)]
-            for key in order:
-                why = P.supported(key[0], key[1])
-                if why or (key in got and "why" in got[key][0]):
-                    got.setdefault(key, [{"why": why}] if why else [])
+            for key in todo[r % len(todo):] + todo[:r % len(todo)]:
+                if key in got and ("why" in got[key][0] or got[key][0]["s"] > slow):
                     continue
-                res = run_child(*key, model_dir, ids_file, timeout)
+                why = P.supported(key[0], key[1]) or _too_slow(got, key, slow)
+                res = {"why": why} if why else run_child(*key, model_dir, ids_file, timeout,
+                                                          budget)
                 print(f"# {key}: {res}", file=sys.stderr, flush=True)
                 got.setdefault(key, []).append(res)
     return got
+
+
+def _too_slow(got: dict, key: tuple, slow: float) -> str:
+    tool, cell, n = key
+    for (t, c, m), runs in got.items():
+        if (t, c) == (tool, cell) and m < n and "s" in runs[0] and runs[0]["s"] > slow:
+            return (f"not run: {runs[0]['s']:.0f} s at n={m} ({runs[0]['ratio']:.0f}x floor), "
+                    f"over --slow {slow:.0f} s")
+    return ""
 
 
 def rows_of(got: dict) -> list[dict]:
@@ -142,9 +157,9 @@ def rows_of(got: dict) -> list[dict]:
         if "why" in runs[0]:
             rows.append({**row, "note": runs[0]["why"]})
             continue
-        med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
+        med = lambda k, runs=runs: statistics.median(r[k] for r in runs)  # noqa: E731
         row.update({"s": med("s"), "floor s": med("floor_s"),
-                    "x floor": statistics.median(r["s"] / r["floor_s"] for r in runs),
+                    "x floor": statistics.median(r["ratio"] for r in runs),
                     "peak MiB": med("peak"), "floor peak MiB": med("floor_peak"),
                     "returned MiB": med("returned"),
                     "max |diff|": "—" if runs[0]["diff"] is None else f"{runs[0]['diff']:.1e}"})
@@ -194,18 +209,30 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tools", nargs="+", choices=list(P.TOOLS), default=list(P.TOOLS))
     p.add_argument("--cells", nargs="+", choices=P.CELLS, default=list(P.CELLS))
-    p.add_argument("--timeout", type=float, default=900, help="seconds per child")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per child")
+    p.add_argument("--budget", type=float, default=20.0,
+                   help="CPU seconds of interleaved floor/cell rounds in each child (<= 5)")
+    p.add_argument("--slow", type=float, default=120.0,
+                   help="a cell over this many seconds runs once, and not at longer lengths")
     p.add_argument("--quick", action="store_true", help="512 tokens, 1 round")
     args = p.parse_args()
     if args.quick:
         args.seqs, args.rounds = [512], 1
-    got = measure(args.tools, args.cells, sorted(args.seqs), args.rounds, args.timeout)
+    got = measure(args.tools, args.cells, sorted(args.seqs), args.rounds, args.timeout,
+                  args.budget, args.slow)
     rows = rows_of(got)
+    measured = [r for r in rows if "x floor" in r or r.get("note", "").startswith(
+        ("not run", "failed"))]
     print(f"SmolLM2-135M-Instruct (float32 from its GGUF), Austen text, CPU, 1 thread, CPU time; "
           f"{args.rounds} round(s), one fresh process per cell; floor: plain transformers sdpa "
           "forward (decode: generate), no weights; peaks above the loaded models; max |diff| "
           "against HF eager output_attentions\n")
-    print(C.table(rows, COLS))
+    print(C.table(measured, COLS))
+    print("\nWhat a tool cannot do here, cell: why")
+    for tool in args.tools:
+        cannot = {r["cell"]: r["note"] for r in rows if r["tool"] == tool and r not in measured}
+        if cannot:
+            print(f"- {tool}: " + "; ".join(f"{c}: {why}" for c, why in cannot.items()))
     print()
     print("\n".join(goals(rows)))
 
