@@ -228,11 +228,15 @@ def main() -> None:
           "forward (decode: generate), no weights; peaks above the loaded models; max |diff| "
           "against HF eager output_attentions\n")
     print(C.table(measured, COLS))
-    print("\nWhat a tool cannot do here, cell: why")
+    print("\nWhat a tool cannot do here (cells: why)")
     for tool in args.tools:
-        cannot = {r["cell"]: r["note"] for r in rows if r["tool"] == tool and r not in measured}
+        cannot: dict[str, list[str]] = {}  # why -> the cells it stops
+        for r in rows:
+            if r["tool"] == tool and r not in measured:
+                cannot.setdefault(r["note"], []).append(r["cell"])
         if cannot:
-            print(f"- {tool}: " + "; ".join(f"{c}: {why}" for c, why in cannot.items()))
+            print(f"- {tool}: " + "; ".join(f"{', '.join(dict.fromkeys(c))}: {why}"
+                                           for why, c in cannot.items()))
     print()
     print("\n".join(goals(rows)))
 
