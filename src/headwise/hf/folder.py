@@ -22,8 +22,8 @@ import torch
 
 from headwise.errors import CheckpointError
 
-__all__ = ["HEADER_MAX", "check_device", "check_folder", "check_source_type", "check_weights", "read_header",
-           "resolve"]
+__all__ = ["HEADER_MAX", "check_device", "check_folder", "check_source_type", "check_weights",
+           "read_header", "resolve"]
 
 HEADER_MAX = 100 * 2**20  # safetensors' own limit on a header
 # bytes per element of each safetensors dtype
