@@ -4,8 +4,17 @@ sink / local / received mass, top keys and user-defined reductions, in O(n) memo
 Axis legend: ``l`` layers, ``h`` query heads, ``g`` key/value groups, ``b`` batch, ``i`` query
 position, ``j`` key position, ``I`` query blocks, ``J`` key blocks, ``D`` distance bins.
 
-:mod:`~headwise.long.profile` holds the result (:class:`LongProfile`, saved and loaded as
-safetensors).
+::
+
+    prof = hw.long.profile(model, ids)              # a LongProfile: every layer and head
+    prof.scores["far"]                              # (l, h) mass further back than 1,000 tokens
+    hw.long.profile(model, ids, reductions=[hw.long.MaxLogit()]).scores["max_logit"]
+
+The modules: :mod:`~headwise.long.profile` (the result, :class:`LongProfile`, saved and loaded
+as safetensors), :mod:`~headwise.long.tiles` (the pass over one attention call: query chunks
+x keys up to the diagonal), :mod:`~headwise.long.reductions` (the reduction protocol and the
+built-ins written with it), :mod:`~headwise.long.checks` (the boundary), :mod:`~headwise.long.
+run` (:func:`profile`: the forward with one observer).
 
 May import (the rule and its check: the table in ``tests/test_wings.py``): the core
 (``masks``, ``heads``, ``attend``, ``weights``, ``observe``, ``stats``, ``layers``, ``fast``),
@@ -13,5 +22,17 @@ May import (the rule and its check: the table in ``tests/test_wings.py``): the c
 """
 
 from headwise.long.profile import LongProfile, group_scores
+from headwise.long.reductions import (
+    BlockMap,
+    Distance,
+    MaxLogit,
+    Received,
+    RowMasses,
+    TopKeys,
+    distance_edges,
+)
+from headwise.long.run import default_block, profile
+from headwise.long.tiles import Call, Tile
 
-__all__ = ["LongProfile", "group_scores"]
+__all__ = ["BlockMap", "Call", "Distance", "LongProfile", "MaxLogit", "Received", "RowMasses",
+           "Tile", "TopKeys", "default_block", "distance_edges", "group_scores", "profile"]
