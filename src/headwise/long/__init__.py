@@ -14,13 +14,15 @@ The modules: :mod:`~headwise.long.profile` (the result, :class:`LongProfile`, sa
 as safetensors), :mod:`~headwise.long.tiles` (the pass over one attention call: query chunks
 x keys up to the diagonal), :mod:`~headwise.long.reductions` (the reduction protocol and the
 built-ins written with it), :mod:`~headwise.long.checks` (the boundary), :mod:`~headwise.long.
-run` (:func:`profile`: the forward with one observer).
+run` (:func:`profile`: the forward with one observer), :mod:`~headwise.long.classes` (the
+retrieval score from a needle prompt, head classes, the sinks + window restriction).
 
 May import (the rule and its check: the table in ``tests/test_wings.py``): the core
 (``masks``, ``heads``, ``attend``, ``weights``, ``observe``, ``stats``, ``layers``, ``fast``),
 ``data`` (the synthetic needle prompt) and ``hf`` (a transformers model's layers).
 """
 
+from headwise.long.classes import Needle, SpanMass, classes, needle_prompt, restrict, retrieval
 from headwise.long.profile import LongProfile, group_scores
 from headwise.long.reductions import (
     BlockMap,
@@ -34,5 +36,6 @@ from headwise.long.reductions import (
 from headwise.long.run import default_block, profile
 from headwise.long.tiles import Call, Tile
 
-__all__ = ["BlockMap", "Call", "Distance", "LongProfile", "MaxLogit", "Received", "RowMasses",
-           "Tile", "TopKeys", "default_block", "distance_edges", "group_scores", "profile"]
+__all__ = ["BlockMap", "Call", "Distance", "LongProfile", "MaxLogit", "Needle", "Received",
+           "RowMasses", "SpanMass", "Tile", "TopKeys", "classes", "default_block",
+           "distance_edges", "group_scores", "needle_prompt", "profile", "restrict", "retrieval"]

@@ -15,7 +15,7 @@ from headwise.layers import MultiHeadAttention
 from headwise.long import reductions as _red
 from headwise.long.tiles import Call
 
-__all__ = ["attention_layers", "context", "plan"]
+__all__ = ["attention_layers", "context", "counts", "plan"]
 
 WHERE = "headwise.long.profile"
 
@@ -42,7 +42,7 @@ def context(model) -> int | None:
     return None
 
 
-def _counts(module) -> tuple[int, int]:
+def counts(module) -> tuple[int, int]:
     """``(h, g)``: query heads and key/value heads of one attention layer."""
     if isinstance(module, MultiHeadAttention):
         return module.num_heads, module.num_kv_heads
@@ -109,7 +109,7 @@ def plan(model, ids, block, sinks, window, far, top_k, layers, heads, reductions
     block = _default(n) if block is None else block
     _check_ints(n, block, sinks, window, far, top_k)
     modules = attention_layers(model)
-    h, g = _counts(modules[0])
+    h, g = counts(modules[0])
     picked_layers = _selection(layers, len(modules), "layers")
     picked_heads = _selection(heads, h, "heads")
     reductions = list(reductions)

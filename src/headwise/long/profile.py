@@ -90,6 +90,34 @@ class LongProfile:
             self.group_scores = group_scores(self.scores, self.heads, self.heads_per_layer,
                                              self.groups_per_layer)
 
+    def classes(self, retrieval: torch.Tensor | None = None, *, streaming_at: float = 0.9,
+                retrieval_at: float = 0.1) -> dict[str, torch.Tensor]:
+        """Head classes for a KV cache (:func:`headwise.long.classes`: 2 retrieval, 1
+        streaming, 0 full): ``{"heads": (l, h), "groups": (l, g)}`` int8, from
+        ``scores["streaming"]`` and ``retrieval (l, h)`` (default ``scores["retrieval"]``,
+        e.g. from :func:`headwise.long.retrieval`'s needle profile of the same heads).
+        A group is streaming only if all its heads are, retrieval if any is."""
+        from headwise.long.classes import classes
+
+        retrieval = self.scores.get("retrieval") if retrieval is None else retrieval
+        if retrieval is None:
+            raise ValueError("LongProfile.classes: no retrieval score; pass retrieval= (l, h), "
+                             "e.g. headwise.long.retrieval(model, tokenizer)[0].scores"
+                             "['retrieval']")
+        retrieval = torch.as_tensor(retrieval).float()
+        streaming = self.scores["streaming"]
+        if retrieval.shape != streaming.shape:
+            raise ValueError(f"LongProfile.classes: retrieval has shape {tuple(retrieval.shape)}"
+                             f", the profiled heads {tuple(streaming.shape)}; profile the same "
+                             "layers and heads")
+        groups = group_scores({"streaming": streaming, "retrieval": retrieval}, self.heads,
+                              self.heads_per_layer, self.groups_per_layer)
+        return {"heads": classes(streaming, retrieval, streaming_at=streaming_at,
+                                 retrieval_at=retrieval_at),
+                "groups": classes(groups["streaming"].nan_to_num(0.0),
+                                  groups["retrieval"].nan_to_num(0.0),
+                                  streaming_at=streaming_at, retrieval_at=retrieval_at)}
+
     @property
     def map_bytes(self) -> int:
         """Bytes of the tensors this profile holds (what it costs beside the forward)."""

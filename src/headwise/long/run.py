@@ -36,7 +36,8 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
             layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
             reductions: Sequence = (), attention_mask: torch.Tensor | None = None,
             tokens: Sequence[str] | None = None, progress: bool = True,
-            budget: int | None = None, dtype: torch.dtype | None = None) -> LongProfile:
+            budget: int | None = None, dtype: torch.dtype | None = None,
+            forward=None) -> LongProfile:
     """Profile the attention of ``model`` over ``ids (b, n)`` in one forward pass.
 
     Args:
@@ -58,6 +59,9 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
         progress: a progress bar over layers with an ETA (rich, on stderr).
         budget: elements per chunk buffer (default :data:`headwise.weights.CHUNK_ELEMENTS`).
         dtype: the work dtype (default at least float32; float64 for references).
+        forward: runs the forward instead of ``model(ids)`` (a transformers model:
+            ``model(input_ids=ids, attention_mask=attention_mask, use_cache=False)``), e.g.
+            ``lambda: model(input_ids=ids, logits_to_keep=1)``.
     """
     plan = _plan(model, ids, block, sinks, window, far, top_k, layers, heads, reductions)
     budget = _weights.CHUNK_ELEMENTS if budget is None else budget
@@ -72,7 +76,7 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
             advance()
 
         with _observe.observing(_observe.Observer(softmax=seen)):
-            _forward(model, ids, attention_mask)
+            _forward(model, ids, attention_mask) if forward is None else forward()
     missing = [x for x in plan["layers"] if x not in found]
     if missing:
         raise RuntimeError(f"headwise.long.profile: layer {missing[0]} never reported its "
