@@ -16,17 +16,22 @@ call, reset before it, with glibc's mmap threshold fixed so every large buffer i
   check      SmolLM2: 3 heads' maps and masses against a chunked float64 reference over the
              same q, k (``--check-n``, 8192 by default in the full run).
   view       the long-document view of SmolLM2 at 8192: file size, first paint in headless
-             Chromium (offline), console errors and requests.
+             Chromium (offline), console errors and requests, a hostile token.
+  classes    SmolLM2's streaming scores over Austen and retrieval scores from a needle prompt
+             (``--classes-n`` tokens), the classes, and two checks printed PASS / FAIL: zeroing
+             the 10 top retrieval heads lowers the needle answer's log-probability more than
+             each of 5 draws of 10 random heads; restricting the 10 top streaming heads to
+             sinks + window changes the loss less than each draw.
 
     python benchmarks/long.py            # everything
-    python benchmarks/long.py --quick    # fp32, 2 threads, 8192 only; synthetic 1 layer; 1 round
+    python benchmarks/long.py --quick    # fp32, 2 threads, 8192 only; synthetic 1 layer; 1 round;
+                                         # check and classes at 2048
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import sys
 import tempfile
@@ -89,26 +94,32 @@ def compare(forward, profiled, rounds: int) -> dict:
             "mem x less maps": (max(got["pp"]) - maps) / max(got["pf"]), "profile": p}
 
 
+def smollm2_row(model, tok, n: int, rounds: int) -> dict:
+    ids = austen_ids(tok, n)
+
+    def fwd():
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    with torch.no_grad():
+        fwd()  # warm
+    r = compare(torch.no_grad()(fwd), lambda: profile(model, ids, progress=False, forward=fwd),
+                rounds)
+    r.pop("profile")
+    return r
+
+
 def smollm2_rows(args) -> list[dict]:
     rows = []
-    model32, tok = hw.hf.load("smollm2")
     for dname in args.dtypes:
-        model = model32 if dname == "fp32" else hw.hf.load("smollm2", dtype=DTYPES[dname])[0]
+        model, tok = hw.hf.load("smollm2", dtype=DTYPES[dname])
         for threads in args.threads:
             torch.set_num_threads(threads)
             C.set_clock("cpu" if threads == 1 else "wall")
             for n in args.n:
-                ids = austen_ids(tok, n)
-                fwd = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)  # noqa: E731
-                with torch.no_grad():
-                    fwd()  # warm
-                r = compare(torch.no_grad()(fwd), lambda: profile(
-                    model, ids, progress=False, forward=fwd), args.rounds)
-                r.pop("profile")
+                r = smollm2_row(model, tok, n, args.rounds)
                 rows.append({"dtype": dname, "threads": threads, "n": n, **r})
                 print(f"  smollm2 {dname} t={threads} n={n}: {r['time x']:.2f}x time, "
                       f"{r['mem x less maps']:.3f}x memory", file=sys.stderr, flush=True)
-        del model
     return rows
 
 
@@ -199,8 +210,9 @@ def view(args, model, tok) -> dict:
 
 
 def paint(path: Path) -> dict:
-    from head_view import ARGS, CHROMIUM
     from playwright.sync_api import sync_playwright
+
+    from head_view import ARGS, CHROMIUM
 
     errors, requests = [], []
     with sync_playwright() as pw:
@@ -223,6 +235,73 @@ def paint(path: Path) -> dict:
             "hostile token ran": marks["pwned"]}
 
 
+def head_classes(args, model, tok) -> None:
+    """Streaming scores over Austen, retrieval scores from a needle prompt, the classes, and
+    whether they mean what they say (ablation / restriction against random heads)."""
+    import random
+
+    from headwise.long import restrict, retrieval
+
+    n = args.classes_n
+    ids = austen_ids(tok, n)
+    prof = profile(model, ids, progress=False,
+                   forward=lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))
+    rprof, needle = retrieval(model, tok, n=n, seed=1)
+    stream, retr = prof.scores["streaming"], rprof.scores["retrieval"]
+    found = prof.classes(retr)
+    print(f"\n## Head classes of SmolLM2 ({n:,} tokens of Austen; needle {needle.passkey} at "
+          f"token {needle.key[0]:,} of {needle.ids.shape[1]:,})\n")
+    heads = [(la, hd) for la in range(stream.shape[0]) for hd in range(stream.shape[1])]
+    top_s = sorted(heads, key=lambda x: -stream[x].item())[:10]
+    top_r = sorted(heads, key=lambda x: -retr[x].item())[:10]
+    rows = [{"rank": k + 1, "streaming head": f"{a[0]}.{a[1]}", "streaming": stream[a].item(),
+             "its retrieval": retr[a].item(), "retrieval head": f"{b[0]}.{b[1]}",
+             "retrieval": retr[b].item(), "its streaming": stream[b].item()}
+            for k, (a, b) in enumerate(zip(top_s, top_r, strict=True))]
+    print(C.table(rows, list(rows[0])))
+    counts = {name: int((found["heads"] == c).sum()) for c, name in
+              ((0, "full"), (1, "streaming"), (2, "retrieval"))}
+    groups = {name: int((found["groups"] == c).sum()) for c, name in
+              ((0, "full"), (1, "streaming"), (2, "retrieval"))}
+    print(f"\nclasses (streaming >= 0.9, retrieval >= 0.1): heads {counts}, kv groups {groups}")
+    draws = [random.Random(d).sample(heads, 10) for d in range(5)]
+    as_spec = lambda hs: {la: [hd for x, hd in hs if x == la] for la in {x for x, _ in hs}}  # noqa: E731
+
+    def needle_logp() -> float:
+        with torch.no_grad():
+            logits = model(input_ids=needle.ids, use_cache=False).logits[0, needle.rows]
+        lp = torch.log_softmax(logits.float(), -1)
+        return lp.gather(-1, torch.tensor(needle.answer)[:, None]).mean().item()
+
+    def ablated(hs) -> float:
+        with hw.ablate(model, {"layers": as_spec(hs)}):
+            return needle_logp()
+
+    def loss() -> float:
+        with torch.no_grad():
+            return model(input_ids=ids, labels=ids, use_cache=False).loss.item()
+
+    def restricted(hs) -> float:
+        with restrict(model, as_spec(hs), sinks=prof.sinks, window=prof.window):
+            return loss()
+
+    base, base_loss = needle_logp(), loss()
+    drop_top = base - ablated(top_r)
+    drops = [base - ablated(d) for d in draws]
+    change_top = abs(restricted(top_s) - base_loss)
+    changes = [abs(restricted(d) - base_loss) for d in draws]
+    print(f"needle answer mean log-prob {base:.3f}: zeroing the 10 top retrieval heads drops it "
+          f"by {drop_top:.3f}, 10 random heads by " + ", ".join(f"{x:.3f}" for x in drops))
+    print(f"loss {base_loss:.4f}: restricting the 10 top streaming heads to sinks {prof.sinks} + "
+          f"window {prof.window} changes it by {change_top:.4f}, 10 random heads by "
+          + ", ".join(f"{x:.4f}" for x in changes))
+    verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+    print(f"goal retrieval heads matter: drop {drop_top:.3f} > every random draw's "
+          f"(max {max(drops):.3f}): {verdict(drop_top > max(drops))}")
+    print(f"goal streaming heads need only sinks + window: change {change_top:.4f} < every "
+          f"random draw's (min {min(changes):.4f}): {verdict(change_top < min(changes))}")
+
+
 def goal(name: str, value: float, bound: float) -> str:
     return f"goal {name}: {value:.3g} <= {bound:g}: {'PASS' if value <= bound else 'FAIL'}"
 
@@ -237,12 +316,13 @@ def main() -> None:
     ap.add_argument("--synthetic-n", type=int, default=32768)
     ap.add_argument("--synthetic-layers", type=int, default=2)
     ap.add_argument("--check-n", type=int, default=8192)
+    ap.add_argument("--classes-n", type=int, default=8192)
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["smollm2", "synthetic", "check", "view"])
+                    choices=["smollm2", "synthetic", "check", "view", "classes"])
     args = ap.parse_args()
     if args.quick:
         args.n, args.dtypes, args.threads, args.rounds = [8192], ["fp32"], [2], 1
-        args.synthetic_layers, args.check_n = 1, 2048
+        args.synthetic_layers, args.check_n, args.classes_n = 1, 2048, 2048
     print(f"headwise.long.profile vs the same forward without it, {args.rounds} interleaved "
           f"round(s); peaks are the process's VmHWM (MiB) during the call")
     if "smollm2" not in args.skip:
@@ -265,7 +345,7 @@ def main() -> None:
                             "maps MiB", "mem x less maps"]))
         print(goal(f"time ratio synthetic n={r['n']}", r["time x"], 1.5))
         print(goal(f"peak ratio less the maps synthetic n={r['n']}", r["mem x less maps"], 1.1))
-    if "check" not in args.skip or "view" not in args.skip:
+    if {"check", "view", "classes"} - set(args.skip):
         torch.set_num_threads(max(args.threads))
         model, tok = hw.hf.load("smollm2")
     if "check" not in args.skip:
@@ -283,6 +363,8 @@ def main() -> None:
         print(goal("view console errors + requests + hostile token run",
                    r["console errors"] + r["requests besides the file"] + r["hostile token ran"],
                    0))
+    if "classes" not in args.skip:
+        head_classes(args, model, tok)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def statistics(p, allowed, scores, *, block, sinks, window, far, top_k):
     mean = lambda band: ((p * band).sum((-1, -2)) / rows_live).mean(0)  # noqa: E731
     edges = [0, 1] + [2 ** t for t in range(1, max(1, math.ceil(math.log2(max(nk, 2)))))]
     edges = [e for e in edges if e < nk] + [nk]
-    distance = torch.stack([mean((dist >= a) & (dist < c)) for a, c in zip(edges, edges[1:])],
+    distance = torch.stack([mean((dist >= a) & (dist < c)) for a, c in zip(edges, edges[1:], strict=False)],
                            -1)
     keys = torch.arange(nk)[None, :]
     sink, local = keys < sinks, (dist >= 0) & (dist < window)

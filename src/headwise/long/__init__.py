@@ -22,6 +22,7 @@ May import (the rule and its check: the table in ``tests/test_wings.py``): the c
 ``data`` (the synthetic needle prompt) and ``hf`` (a transformers model's layers).
 """
 
+from headwise.long.checks import default_block
 from headwise.long.classes import Needle, SpanMass, classes, needle_prompt, restrict, retrieval
 from headwise.long.profile import LongProfile, group_scores
 from headwise.long.reductions import (
@@ -33,7 +34,7 @@ from headwise.long.reductions import (
     TopKeys,
     distance_edges,
 )
-from headwise.long.run import default_block, profile
+from headwise.long.run import profile
 from headwise.long.tiles import Call, Tile
 
 __all__ = ["BlockMap", "Call", "Distance", "LongProfile", "MaxLogit", "Needle", "Received",

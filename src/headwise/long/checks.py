@@ -6,6 +6,7 @@ Axis legend: ``b`` batch, ``n`` tokens, ``h`` query heads, ``g`` key/value heads
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -15,7 +16,7 @@ from headwise.layers import MultiHeadAttention
 from headwise.long import reductions as _red
 from headwise.long.tiles import Call
 
-__all__ = ["attention_layers", "context", "counts", "plan"]
+__all__ = ["attention_layers", "context", "counts", "default_block", "plan"]
 
 WHERE = "headwise.long.profile"
 
@@ -94,19 +95,19 @@ def _check_ints(n: int, block, sinks, window, far, top_k) -> None:
             raise ValueError(f"{WHERE}: {name} must be an int >= {low}, got {value!r}")
     if not _is_int(block) or not 1 <= block <= n:
         raise ValueError(f"{WHERE}: block size {block!r} does not fit a {n:,}-token document; "
-                         f"use an int from 1 to {n:,} (or None for {_default(n)})")
+                         f"use an int from 1 to {n:,} (or None for {default_block(n)})")
 
 
-def _default(n: int) -> int:
-    from headwise.long.run import default_block
-
-    return default_block(n)
+def default_block(n: int) -> int:
+    """Tokens per block for ``n`` tokens: ``max(64, ceil(n / 128))`` (at most 128 blocks a
+    side), never more than ``n``."""
+    return max(1, min(n, max(64, math.ceil(n / 128))))
 
 
 def plan(model, ids, block, sinks, window, far, top_k, layers, heads, reductions) -> dict:
     """What the pass will do, every input checked (no forward has run yet)."""
     n = _check_ids(ids, model)
-    block = _default(n) if block is None else block
+    block = default_block(n) if block is None else block
     _check_ints(n, block, sinks, window, far, top_k)
     modules = attention_layers(model)
     h, g = counts(modules[0])

@@ -26,8 +26,9 @@ import torch
 
 from headwise.layers import MultiHeadAttention
 from headwise.long.checks import attention_layers, counts
+from headwise.long.profile import classes
 
-__all__ = ["Needle", "SpanMass", "classes", "needle_prompt", "restrict", "retrieval"]
+__all__ = ["Needle", "SpanMass", "classes", "needle_prompt", "restrict", "retrieval"]  # classes: from profile
 
 
 class SpanMass:
@@ -103,18 +104,6 @@ def retrieval(model, tokenizer, *, n: int = 2048, depth: float = 0.5, seed: int 
     prof = profile(model, needle.ids, reductions=[span, *options.pop("reductions", ())],
                    progress=progress, **options)
     return prof, needle
-
-
-def classes(streaming: torch.Tensor, retrieval: torch.Tensor, *, streaming_at: float = 0.9,
-            retrieval_at: float = 0.1) -> torch.Tensor:
-    """``(l, h)`` (or ``(l, g)``) int8 class per head: 2 retrieval (``retrieval >=
-    retrieval_at``), else 1 streaming (``streaming >= streaming_at``), else 0 full (neither
-    claim holds: keep its whole cache). Retrieval wins: a head that reads a far pass key must
-    keep far keys, whatever its mass on sinks and window."""
-    out = torch.zeros(streaming.shape, dtype=torch.int8)
-    out[streaming >= streaming_at] = 1
-    out[retrieval >= retrieval_at] = 2
-    return out
 
 
 @contextmanager

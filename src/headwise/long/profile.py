@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ import torch
 from headwise._io import atomic_write
 from headwise.errors import CheckpointError
 
-__all__ = ["FORMAT", "STREAMING_LIKE", "LongProfile", "group_scores"]
+__all__ = ["FORMAT", "STREAMING_LIKE", "LongProfile", "classes", "group_scores"]
 
 FORMAT = "headwise.long/1"
 # scores where a group is only as streaming as its least streaming head (min over its heads);
@@ -92,13 +92,11 @@ class LongProfile:
 
     def classes(self, retrieval: torch.Tensor | None = None, *, streaming_at: float = 0.9,
                 retrieval_at: float = 0.1) -> dict[str, torch.Tensor]:
-        """Head classes for a KV cache (:func:`headwise.long.classes`: 2 retrieval, 1
+        """Head classes for a KV cache (:func:`classes`: 2 retrieval, 1
         streaming, 0 full): ``{"heads": (l, h), "groups": (l, g)}`` int8, from
         ``scores["streaming"]`` and ``retrieval (l, h)`` (default ``scores["retrieval"]``,
         e.g. from :func:`headwise.long.retrieval`'s needle profile of the same heads).
         A group is streaming only if all its heads are, retrieval if any is."""
-        from headwise.long.classes import classes
-
         retrieval = self.scores.get("retrieval") if retrieval is None else retrieval
         if retrieval is None:
             raise ValueError("LongProfile.classes: no retrieval score; pass retrieval= (l, h), "
@@ -237,4 +235,16 @@ def group_scores(scores: dict[str, torch.Tensor], heads: list[int], per_layer: i
         reduce = "amin" if name in STREAMING_LIKE else "amax"
         g.scatter_reduce_(1, owner.expand(s.shape[0], -1), s, reduce=reduce)
         out[name] = g.masked_fill_(torch.isinf(g), float("nan")).float()
+    return out
+
+
+def classes(streaming: torch.Tensor, retrieval: torch.Tensor, *, streaming_at: float = 0.9,
+            retrieval_at: float = 0.1) -> torch.Tensor:
+    """``(l, h)`` (or ``(l, g)``) int8 class per head: 2 retrieval (``retrieval >=
+    retrieval_at``), else 1 streaming (``streaming >= streaming_at``), else 0 full (neither
+    claim holds: keep its whole cache). Retrieval wins: a head that reads a far pass key must
+    keep far keys, whatever its mass on sinks and window."""
+    out = torch.zeros(streaming.shape, dtype=torch.int8)
+    out[streaming >= streaming_at] = 1
+    out[retrieval >= retrieval_at] = 2
     return out

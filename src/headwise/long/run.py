@@ -7,7 +7,6 @@ Axis legend: ``b`` batch, ``n`` tokens, ``l`` profiled layers, ``h`` profiled qu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -17,17 +16,12 @@ from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
 from headwise.long import reductions as _red
+from headwise.long.checks import default_block
 from headwise.long.checks import plan as _plan
 from headwise.long.profile import LongProfile
 from headwise.long.tiles import Call, tiles
 
 __all__ = ["profile", "default_block"]
-
-
-def default_block(n: int) -> int:
-    """Tokens per block for ``n`` tokens: ``max(64, ceil(n / 128))`` (at most 128 blocks a
-    side), never more than ``n``."""
-    return max(1, min(n, max(64, math.ceil(n / 128))))
 
 
 @torch.no_grad()
@@ -146,8 +140,14 @@ class _bar:
     def __enter__(self):
         if not self.on:
             return lambda: None
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.bar = Progress(TextColumn("headwise long: layers"), BarColumn(),
                             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
