@@ -148,7 +148,7 @@ class LongProfile:
         out = {name: getattr(self, name) for name in TENSORS}
         for kind in ("scores", "group_scores", "reduced"):
             out |= {f"{kind}/{k}": v for k, v in getattr(self, kind).items()}
-        return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
+        return {k: v.detach().to("cpu").clone() for k, v in out.items()}  # none shares memory
 
     def save(self, path: str | Path) -> Path:
         """Write the profile to ``path`` (a ``.safetensors`` file), atomically."""

@@ -49,7 +49,7 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
         reductions: user reductions (:mod:`headwise.long.reductions`' protocol), run in the
             same pass; their results land in ``profile.reduced`` (and ``scores`` when ``(h,)``).
         attention_mask: ``(b, n)`` padding mask for a transformers model (1 = token).
-        tokens: the document's tokens as text (for the view).
+        tokens: the document's tokens as text (for the view; default the first row's ids).
         progress: a progress bar over layers with an ETA (rich, on stderr).
         budget: elements per chunk buffer (default :data:`headwise.weights.CHUNK_ELEMENTS`).
         dtype: the work dtype (default at least float32; float64 for references).
@@ -58,6 +58,9 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
             ``lambda: model(input_ids=ids, logits_to_keep=1)``.
     """
     plan = _plan(model, ids, block, sinks, window, far, top_k, layers, heads, reductions)
+    if tokens is not None and len(tokens) != ids.shape[1]:
+        raise ValueError(f"headwise.long.profile: {len(tokens):,} tokens for {ids.shape[1]:,} "
+                         "ids; pass one text per id (e.g. tokenizer.decode([x]) for each)")
     budget = _weights.CHUNK_ELEMENTS if budget is None else budget
     found: dict[int, dict] = {}
     with _bar(len(plan["layers"]), progress) as advance:
@@ -75,6 +78,7 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
     if missing:
         raise RuntimeError(f"headwise.long.profile: layer {missing[0]} never reported its "
                            "attention (a layer the forward skipped?)")
+    tokens = [f"[{x}]" for x in ids[0].tolist()] if tokens is None else tokens  # ids if no text
     return _assemble(plan, [found[x] for x in plan["layers"]], ids.shape[1], tokens)
 
 
@@ -128,7 +132,7 @@ def _assemble(plan, per_layer: list[dict], n: int, tokens) -> LongProfile:
                        sink=scores["sink"], local=scores["local"], received=stack("received"),
                        topk_keys=top[..., 0, :].round().long(), topk_mass=top[..., 1, :],
                        scores=scores, reduced=reduced,
-                       tokens=[str(t) for t in tokens] if tokens is not None else [])
+                       tokens=[str(t) for t in tokens])
 
 
 class _bar:
