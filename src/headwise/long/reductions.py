@@ -176,7 +176,7 @@ class RowMasses:
         far = tile.mass_between(zero, pos - c.far)
         keys = torch.arange(tile.kj, device=pos.device, dtype=tile.probs.dtype)
         if c.causal:  # every key at or before its query: sum_j p_j (i - j) = i sum p - p . j
-            mean = pos.to(keys.dtype) * tile.probs.sum(-1) - tile.probs @ keys
+            mean = pos.to(keys.dtype) * tile.row_mass - tile.probs @ keys
         else:  # later keys are no look-back: distance 0
             back = (pos[:, None].to(keys.dtype) - keys[None, :]).clamp_(min=0)
             mean = (tile.probs * back).sum(-1)

@@ -121,9 +121,17 @@ class Tile:
     def cumulative(self) -> torch.Tensor:
         """``(b, h, c, kj + 1)`` each row's mass on keys ``0:j`` at index ``j`` (0 first)."""
         b, h, c, kj = self.probs.shape
-        out = torch.zeros(b, h, c, kj + 1, dtype=self.probs.dtype, device=self.probs.device)
+        room = self._cache.get("scratch")
+        out = (room[:b * h * c * (kj + 1)].view(b, h, c, kj + 1) if room is not None else
+               torch.empty(b, h, c, kj + 1, dtype=self.probs.dtype, device=self.probs.device))
+        out[..., 0] = 0
         torch.cumsum(self.probs, dim=-1, out=out[..., 1:])
         return out
+
+    @property
+    def row_mass(self) -> torch.Tensor:
+        """``(b, h, c)`` each row's total mass (1, less a sink's share; 0 for a dead row)."""
+        return self.cumulative[..., -1]
 
     def mass_between(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """``(b, h, c)`` each row's mass on keys ``lo[r] <= j < hi[r]`` (``(c,)`` tensors,
@@ -147,8 +155,8 @@ def tiles(q: torch.Tensor, k: torch.Tensor, call: Call, *, mask, causal: bool, s
     kT = k.to(work).contiguous().transpose(-1, -2)                      # (b, h, d, j)
     reach = (lambda r1: max(0, min(nk, r1 + call.offset))) if causal else (lambda r1: nk)  # noqa: E731
     spans = _spans(nq, call.block, reach, b * h, budget)
-    size = max((b * h * (r1 - r0) * reach(r1) for r0, r1 in spans), default=0)
-    buf = torch.empty(2, size, dtype=work, device=q.device)
+    size = max((b * h * (r1 - r0) * (reach(r1) + 1) for r0, r1 in spans), default=0)
+    buf = torch.empty(3, size, dtype=work, device=q.device)  # scores, probs, cumulative sums
     sink = None if sinks is None else sinks.to(work).view(1, h, 1, 1)
     for r0, r1 in spans:
         kj = reach(r1)
@@ -159,9 +167,22 @@ def tiles(q: torch.Tensor, k: torch.Tensor, call: Call, *, mask, causal: bool, s
         torch.matmul(qs[:, :, r0:r1], kT[..., :kj], out=s)
         if softcap is not None:  # before the mask, as the model's attention does
             s.div_(softcap).tanh_().mul_(softcap)
-        _weights.mask_scores(s, mask, causal, slice(0, h), slice(r0, r1), slice(0, kj), nq, nk)
+        _mask(s, mask, causal, r0, r1, nq, nk)
         p, live = _softmax(s, buf[1, :s.numel()].view(shape), sink)
-        yield Tile(call, r0, r1, s, p, live)
+        yield Tile(call, r0, r1, s, p, live, {"scratch": buf[2]})
+
+
+def _mask(s, mask, causal, r0, r1, nq, nk) -> None:
+    """The mask and causality on the scores ``s (b, h, c, kj)`` of rows ``r0:r1`` in place
+    (:func:`headwise.weights.mask_scores`); causality only on the keys past the first row's
+    position (every row sees the keys before it)."""
+    h, kj = s.shape[1], s.shape[-1]
+    if mask is not None:
+        _weights.mask_scores(s, mask, False, slice(0, h), slice(r0, r1), slice(0, kj), nq, nk)
+    first = max(0, r0 + nk - nq + 1)
+    if causal and first < kj:
+        _weights.mask_scores(s[..., first:], None, True, slice(0, h), slice(r0, r1),
+                             slice(first, kj), nq, nk)
 
 
 def _spans(nq: int, block: int, reach, heads: int, budget: int) -> list[tuple[int, int]]:
@@ -179,6 +200,12 @@ def _spans(nq: int, block: int, reach, heads: int, budget: int) -> list[tuple[in
 
 def _softmax(s: torch.Tensor, p: torch.Tensor, sink: torch.Tensor | None):
     """``p = softmax(s)`` over the keys (and the sink logit); fully masked rows 0."""
+    if sink is None:  # one fused softmax; a fully masked row comes out NaN, then 0
+        torch.ops.aten._softmax.out(s, -1, False, out=p)
+        live = ~torch.isnan(p[..., 0])
+        if not bool(live.all()):
+            p.nan_to_num_(0.0)
+        return p, live
     top = s.amax(-1, keepdim=True)
     if sink is not None:
         top = torch.maximum(top, sink.expand_as(top))
