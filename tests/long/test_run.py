@@ -160,3 +160,25 @@ def test_a_reduction_with_the_wrong_shape_is_refused_before_the_forward():
         profile(model, torch.zeros(1, 64, dtype=torch.long), reductions=[WrongShape()],
                 progress=False)
     assert calls == []
+
+
+def test_smollm2_through_the_gguf_loader_three_heads_against_float64():
+    """SmolLM2 (the project's GGUF loader: a headwise model), 3 heads of layer 15 at 512
+    tokens: every statistic against float64 dense statistics of the same q and k
+    (``benchmarks/long.py`` runs it at 8,192)."""
+    gguf = pytest.importorskip("headwise.pretrained.gguf")
+    try:
+        chat = gguf.load_smollm2()
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"SmolLM2's GGUF is not installed: {e}")
+    model, heads, n = chat.model, [0, 4, 8], 512
+    ids = torch.randint(0, 49152, (1, n), generator=torch.Generator().manual_seed(0))
+    seen = []
+    with hw.observe.observing(hw.observe.Observer(softmax=lambda m, q, k, *a: seen.append(
+            (q, k)))), torch.no_grad():
+        model(ids)
+    q, k = seen[15]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)[:, heads]
+    prof = profile(model, ids, layers=[15], heads=heads, dtype=torch.float64, **OPTS)
+    p, allowed, s = dense.probabilities(q[:, heads], k, causal=True)
+    check(prof, {15: p}, [15], list(range(3)))

@@ -106,3 +106,15 @@ def test_a_tile_never_holds_more_than_its_budget_and_skips_the_upper_triangle():
     assert all(t.kj == t.r1 for t in seen)  # keys stop at the chunk's last row (the diagonal)
     assert sum(t.probs.shape[2] for t in seen) == 256
     assert sum(t.probs.numel() for t in seen) < 0.75 * 2 * 256 * 256
+
+
+def test_a_nan_query_gives_nan_statistics_for_its_head_and_a_dead_row_zero():
+    """The NaN policy: a row whose query holds NaN has NaN masses (its output is NaN); a fully
+    masked row (padding) has none, and is not live."""
+    q = torch.randn(1, 2, 32, 8, dtype=torch.float64)
+    q[0, 1, 20] = float("nan")
+    mask = torch.ones(1, 1, 32, 32, dtype=torch.bool)
+    mask[..., 5, :] = False  # row 5 sees no key
+    got = run(q, q.clone().nan_to_num(0.0), 8, mask=mask, causal=True)
+    assert torch.isnan(got["sink"][1]) and not torch.isnan(got["sink"][0])
+    assert torch.isfinite(got["maps"][0]).all()

@@ -200,12 +200,14 @@ def _spans(nq: int, block: int, reach, heads: int, budget: int) -> list[tuple[in
 
 def _softmax(s: torch.Tensor, p: torch.Tensor, sink: torch.Tensor | None):
     """``p = softmax(s)`` over the keys (and the sink logit); fully masked rows 0."""
-    if sink is None:  # one fused softmax; a fully masked row comes out NaN, then 0
-        torch.ops.aten._softmax.out(s, -1, False, out=p)
-        live = ~torch.isnan(p[..., 0])
-        if not bool(live.all()):
-            p.nan_to_num_(0.0)
-        return p, live
+    if sink is None:  # one fused softmax; a fully masked row comes out NaN, then 0 (a row of
+        torch.ops.aten._softmax.out(s, -1, False, out=p)  # NaN scores stays NaN: the NaN policy)
+        nan = torch.isnan(p[..., 0])
+        if not bool(nan.any()):
+            return p, ~nan
+        dead = torch.isneginf(s.amax(-1))
+        p.masked_fill_(dead[..., None], 0.0)
+        return p, ~dead
     top = s.amax(-1, keepdim=True)
     if sink is not None:
         top = torch.maximum(top, sink.expand_as(top))
