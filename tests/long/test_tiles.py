@@ -118,3 +118,13 @@ def test_a_nan_query_gives_nan_statistics_for_its_head_and_a_dead_row_zero():
     got = run(q, q.clone().nan_to_num(0.0), 8, mask=mask, causal=True)
     assert torch.isnan(got["sink"][1]) and not torch.isnan(got["sink"][0])
     assert torch.isfinite(got["maps"][0]).all()
+
+
+def test_a_block_too_big_for_the_budget_is_cut_into_pieces_within_it():
+    q = torch.randn(1, 2, 300, 8)
+    call = Call(1, 2, 300, 300, 128, 1, 4, torch.float32, q.device)
+    seen = list(tiles(q, q, call, mask=None, causal=True, scale=None, softcap=None, sinks=None,
+                      budget=2 * 16 * 300))
+    assert max(t.probs.numel() for t in seen) <= 2 * 16 * 300
+    assert all(t.r0 // 128 == (t.r1 - 1) // 128 for t in seen)  # no piece straddles blocks
+    assert [t.r0 for t in seen] == sorted({t.r0 for t in seen}) and seen[-1].r1 == 300

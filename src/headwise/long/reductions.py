@@ -111,13 +111,29 @@ class TopKeys:
         self.out = torch.zeros(call.h, call.query_blocks, 2, k, dtype=torch.float64,
                                device=call.device)
         self.out[:, :, 0] = torch.arange(k, dtype=torch.float64)
+        # a block cut into pieces: its mass so far over the keys, and its live rows
+        self.pending = torch.zeros(call.h, call.nk, dtype=torch.float64, device=call.device)
+        self.pending_rows = torch.zeros(call.h, dtype=torch.float64, device=call.device)
 
     def update(self, tile):
         blk, I0 = self.call.block, tile.r0 // self.call.block
-        rows = _row_counts(tile.live, blk).sum(0).clamp(min=1)           # (h, I)
-        mean = tile.block_sums.sum(0) / rows[..., None]                  # (h, I, kj)
-        k = min(self.out.shape[-1], tile.kj)
-        mass, keys = mean.double().topk(k, dim=-1)
+        sums, rows = tile.block_sums.sum(0).double(), _row_counts(tile.live, blk).sum(0)
+        end = min((I0 + 1) * blk, self.call.nq)
+        if tile.r0 % blk == 0 and (tile.r1 % blk == 0 or tile.r1 == self.call.nq) \
+                and tile.r1 >= end:  # whole blocks
+            self._top(I0, sums / rows.clamp(min=1)[..., None])
+            return
+        self.pending[:, :tile.kj] += sums[:, 0]
+        self.pending_rows += rows[:, 0]
+        if tile.r1 == end:  # the block's last piece
+            self._top(I0, (self.pending / self.pending_rows.clamp(min=1)[:, None])[:, None])
+            self.pending.zero_()
+            self.pending_rows.zero_()
+
+    def _top(self, I0: int, mean: torch.Tensor) -> None:
+        """Keep the top keys of ``mean (h, I, keys)``, the mean mass of blocks ``I0..``."""
+        k = min(self.out.shape[-1], mean.shape[-1])
+        mass, keys = mean.topk(k, dim=-1)
         I1 = I0 + mean.shape[1]
         self.out[:, I0:I1, 0, :k], self.out[:, I0:I1, 1, :k] = keys.double(), mass
 

@@ -4,7 +4,7 @@ the diagonal, each chunk's exact probabilities handed to the reductions as a :cl
 Axis legend: ``b`` batch, ``h`` profiled query heads, ``i`` query position, ``j`` key
 position, ``c`` rows of a chunk, ``kj`` its keys, ``I`` query blocks of a chunk, ``D`` bins.
 
-A chunk is ``c`` query rows (a whole number of ``block``-row query blocks) over the keys
+A chunk is ``c`` query rows (whole ``block``-row query blocks, or a piece of one) over the keys
 ``0:kj`` some row of it may see (under causality ``kj`` stops at its last row: the key blocks
 above the diagonal are never multiplied). Its scores are computed into one reused buffer and
 its softmax into another, whole rows at a time, so the softmax is exact on its own (no
@@ -73,7 +73,8 @@ class Tile:
 
     Attributes:
         call: the :class:`Call`.
-        r0, r1: the rows (query indices); ``r0`` is a multiple of ``call.block``.
+        r0, r1: the rows (query indices): whole query blocks, or a piece of one block (when
+            one block's rows over their keys would not fit the budget).
         scores: ``(b, h, c, kj)`` the logits the softmax saw (scaled, capped), ``-inf`` where
             masked. Read only (as every field).
         probs: ``(b, h, c, kj)`` the model's attention probabilities (0 where masked).
@@ -186,10 +187,18 @@ def _mask(s, mask, causal, r0, r1, nq, nk) -> None:
 
 
 def _spans(nq: int, block: int, reach, heads: int, budget: int) -> list[tuple[int, int]]:
-    """Chunks of whole query blocks, as many as fit ``budget`` at their reach (one at least)."""
+    """Chunks of whole query blocks, as many as fit ``budget`` at their reach; a block that
+    alone does not fit is cut into pieces of rows that do (one row at least), so a chunk never
+    straddles two blocks."""
     spans, r0 = [], 0
     while r0 < nq:
-        r1 = min(nq, r0 + block)
+        end = min(nq, r0 + block)
+        if heads * (end - r0) * reach(end) > budget:  # pieces of this block
+            step = max(1, budget // max(1, heads * reach(end)))
+            spans += [(a, min(end, a + step)) for a in range(r0, end, step)]
+            r0 = end
+            continue
+        r1 = end
         while r1 < nq and heads * (min(nq, r1 + block) - r0) * reach(min(nq, r1 + block)) \
                 <= budget:
             r1 = min(nq, r1 + block)
