@@ -54,16 +54,18 @@ def _tied(want, h, i) -> bool:
 
 
 @settings(max_examples=25, deadline=None)
-@given(b=st.integers(1, 2), h=st.integers(1, 3), n=st.integers(1, 70), block=st.integers(1, 16),
+@given(b=st.integers(1, 2), g=st.integers(1, 2), per=st.integers(1, 2), n=st.integers(1, 70),
+       block=st.integers(1, 16),
        causal=st.booleans(), pad=st.booleans(), window=st.none() | st.integers(1, 20),
        softcap=st.none() | st.floats(0.5, 30), sinks=st.booleans(), seed=st.integers(0, 99),
        budget=st.sampled_from([1, 200, 1 << 16]))
-def test_every_statistic_equals_the_dense_reference(b, h, n, block, causal, pad, window,
+def test_every_statistic_equals_the_dense_reference(b, g, per, n, block, causal, pad, window,
                                                     softcap, sinks, seed, budget):
+    h, groups = g * per, g  # grouped-query heads: per query heads share each key head
     g = torch.Generator().manual_seed(seed)
     block = min(block, n)
     q = torch.randn(b, h, n, 8, generator=g, dtype=torch.float64) * 2
-    k = torch.randn(b, h, n, 8, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(b, groups, n, 8, generator=g, dtype=torch.float64) * 2
     mask = None
     if pad:  # right padding of random lengths (keys), as a (b, 1, 1, j) mask
         lens = torch.randint(1, n + 1, (b,), generator=g)
@@ -75,8 +77,8 @@ def test_every_statistic_equals_the_dense_reference(b, h, n, block, causal, pad,
     logits = torch.randn(h, generator=g, dtype=torch.float64) if sinks else None
     got = run(q, k, block, mask=mask, causal=causal, softcap=softcap, sinks=logits,
               budget=budget)
-    p, allowed, s = dense.probabilities(q, k, mask=mask, causal=causal, softcap=softcap,
-                                        sinks=logits)
+    p, allowed, s = dense.probabilities(q, k.repeat_interleave(per, 1), mask=mask,
+                                        causal=causal, softcap=softcap, sinks=logits)
     want = dense.statistics(p, allowed, s, block=block, sinks=2, window=5, far=7, top_k=3)
     compare(got, want)
 

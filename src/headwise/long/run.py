@@ -83,11 +83,12 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
 
 
 def _layer(plan, q, k, mask, causal, scale, softcap, sink_logits, budget, dtype) -> dict:
-    """One attention call's reductions: the profiled heads, each with its key/value head."""
+    """One attention call's reductions: every head (grouped heads share their keys), or the
+    profiled ones, each with its key/value head."""
     h, g = q.shape[1], k.shape[1]
     heads = torch.tensor(plan["heads"], device=q.device)
-    q = q.index_select(1, heads)
-    k = k.index_select(1, heads // (h // g))
+    if len(plan["heads"]) < h:  # a selection: each head with its own key head (small)
+        q, k = q.index_select(1, heads), k.index_select(1, heads // (h // g))
     mask = _masks.as_4d(mask)
     if mask is not None and mask.shape[1] == h and h > 1:
         mask = mask.index_select(1, heads)

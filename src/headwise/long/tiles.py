@@ -147,13 +147,13 @@ class Tile:
 
 def tiles(q: torch.Tensor, k: torch.Tensor, call: Call, *, mask, causal: bool, scale,
           softcap: float | None, sinks: torch.Tensor | None, budget: int) -> Iterator[Tile]:
-    """The tiles of the attention of ``q (b, h, i, d)`` over ``k (b, h, j, d)`` (one key head
-    per profiled query head), chunk by chunk through two buffers of at most ``budget``
-    elements (at least one query block's rows over its keys)."""
+    """The tiles of the attention of ``q (b, h, i, d)`` over ``k (b, g, j, d)`` (query head
+    ``x`` reads key head ``x // (h / g)``: grouped heads share one GEMM, no key is repeated),
+    chunk by chunk through buffers of at most ``budget`` elements (one row at least)."""
     b, h, nq, d = q.shape
-    nk, work = k.shape[2], call.dtype
-    qs = q.to(work) * (1.0 / math.sqrt(d) if scale is None else scale)
-    kT = k.to(work).contiguous().transpose(-1, -2)                      # (b, h, d, j)
+    g, nk, work = k.shape[1], k.shape[2], call.dtype
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    kT = k.to(work).contiguous().transpose(-1, -2)                      # (b, g, d, j)
     reach = (lambda r1: max(0, min(nk, r1 + call.offset))) if causal else (lambda r1: nk)  # noqa: E731
     spans = _spans(nq, call.block, reach, b * h, budget)
     size = max((b * h * (r1 - r0) * (reach(r1) + 1) for r0, r1 in spans), default=0)
@@ -165,7 +165,8 @@ def tiles(q: torch.Tensor, k: torch.Tensor, call: Call, *, mask, causal: bool, s
             continue
         shape = (b, h, r1 - r0, kj)
         s = buf[0, :math.prod(shape)].view(shape)
-        torch.matmul(qs[:, :, r0:r1], kT[..., :kj], out=s)
+        qc = (q[:, :, r0:r1].to(work) * scale).reshape(b, g, -1, d)    # (b, g, (h/g) c, d)
+        torch.matmul(qc, kT[..., :kj], out=s.view(b, g, -1, kj))
         if softcap is not None:  # before the mask, as the model's attention does
             s.div_(softcap).tanh_().mul_(softcap)
         _mask(s, mask, causal, r0, r1, nq, nk)
