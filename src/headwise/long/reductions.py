@@ -157,10 +157,12 @@ class Distance:
         self.rows = torch.zeros(call.b, call.h, dtype=torch.float64, device=call.device)
 
     def update(self, tile):
-        pos = tile.rows
-        for d in range(self.edges.numel() - 1):  # keys j with e_d <= i - j < e_{d+1}
-            lo, hi = pos - self.edges[d + 1] + 1, pos - self.edges[d] + 1
-            self.out[..., d] += tile.mass_between(lo, hi).sum(-1)
+        # keys j with e_d <= i - j < e_{d+1}: the mass before i - e_d + 1 less the mass before
+        # i - e_{d+1} + 1, every bound of every row in one gather of the cumulative sums
+        cum = tile.cumulative
+        bounds = (tile.rows[:, None] - self.edges[None, :] + 1).clamp_(0, tile.kj)  # (c, D+1)
+        before = cum.gather(-1, bounds.expand(*cum.shape[:2], *bounds.shape))
+        self.out += (before[..., :-1] - before[..., 1:]).sum(2)
         self.rows += tile.live.sum(-1)
 
     def finish(self):
