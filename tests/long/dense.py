@@ -59,6 +59,6 @@ def statistics(p, allowed, scores, *, block, sinks, window, far, top_k):
     sink, local = keys < sinks, (dist >= 0) & (dist < window)
     return {"maps": maps.mean(0), "received": p.sum(2).mean(0), "distance": distance,
             "sink": mean(sink), "local": mean(local), "streaming": mean(sink | local),
-            "far": mean(dist > far), "mean_distance": mean(dist.clamp(min=0)),
+            "far": mean((dist > far) & ~sink), "mean_distance": mean(dist.clamp(min=0)),
             "topk_keys": top_keys, "topk_mass": top_mass, "edges": torch.tensor(edges),
             "max_logit": scores.amax(dim=(0, 2, 3))}

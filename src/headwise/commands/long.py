@@ -50,7 +50,8 @@ def arguments() -> tuple:
         flag("--sinks", type=int, default=4, at_least=0, help="sink keys (default 4)"),
         flag("--window", type=int, default=64, at_least=1, help="local window (default 64)"),
         flag("--far", type=int, default=1000, at_least=0,
-             help="the far score: mass further back than this many tokens (default 1000)"),
+             help="the far score: mass further back than this many tokens, on keys that are "
+                  "not sinks (default 1000)"),
         flag("--by", choices=SCORES, help="sort the table by this score, largest first"),
         flag("--top", type=int, metavar="N", at_least=1, help="print only the first N heads"),
         flag("--rows", metavar="SPEC",

@@ -7,7 +7,7 @@ position, ``j`` key position, ``I`` query blocks, ``J`` key blocks, ``D`` distan
 ::
 
     prof = hw.long.profile(model, ids)              # a LongProfile: every layer and head
-    prof.scores["far"]                              # (l, h) mass further back than 1,000 tokens
+    prof.scores["far"]                              # (l, h) mass > 1,000 tokens back, not sinks
     hw.long.profile(model, ids, reductions=[hw.long.MaxLogit()]).scores["max_logit"]
 
 The modules: :mod:`~headwise.long.profile` (the result, :class:`LongProfile`, saved and loaded

@@ -57,7 +57,8 @@ class LongProfile:
         topk_keys, topk_mass: ``(l, h, I, k)`` the keys with the most mean mass over query
             block I's rows, and that mass.
         scores: ``{name: (l, h)}`` per-head scores (``streaming``: mass on sinks or window;
-            ``far``: mass further back than ``far`` tokens; ``mean_distance``; ``max_logit``
+            ``far``: mass further back than ``far`` tokens, the sinks aside; ``mean_distance``;
+            ``max_logit``
             and any user reduction giving one number per head).
         group_scores: ``{name: (l, g)}`` the same per key/value group (:func:`group_scores`).
         reduced: ``{name: tensor}`` what user reductions returned (leading axis ``l``).

@@ -172,7 +172,8 @@ class Distance:
 class RowMasses:
     """``(h, 5)``: the mean over live rows of the mass on the sink keys (``j < sinks``), in
     the local window (``0 <= i - j < window``), on either (the streaming mass), further back
-    than ``far`` tokens (``i - j > far``), and the mean look-back ``sum_j p_j max(i - j, 0)``."""
+    than ``far`` tokens and not a sink (``i - j > far``, ``j >= sinks``: a head parked on the
+    first token does not read far back), and the mean look-back ``sum_j p_j max(i - j, 0)``."""
 
     name = "row_masses"
     COLUMNS = ("sink", "local", "streaming", "far", "mean_distance")
@@ -191,7 +192,7 @@ class RowMasses:
         sink = tile.mass_between(zero, zero + c.sinks)
         local = tile.mass_between(pos - c.window + 1, pos + 1)
         both = tile.mass_between(torch.maximum(pos - c.window + 1, zero + c.sinks), pos + 1)
-        far = tile.mass_between(zero, pos - c.far)
+        far = tile.mass_between(zero + c.sinks, pos - c.far)  # the sinks aside
         keys = torch.arange(tile.kj, device=pos.device, dtype=tile.probs.dtype)
         if c.causal:  # every key at or before its query: sum_j p_j (i - j) = i sum p - p . j
             mean = pos.to(keys.dtype) * tile.row_mass - tile.probs @ keys

@@ -42,7 +42,7 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
         block: tokens per block of the maps (default :func:`default_block`).
         sinks, window: the sink keys (the first ``sinks``) and the local window (the last
             ``window`` keys up to each query) of the sink / local / streaming masses.
-        far: the ``far`` score is the mass further back than this many tokens.
+        far: the ``far`` score is the mass further back than this many tokens (not on a sink).
         top_k: keys kept per query block.
         layers, heads: the layers (indices into the model's attention layers) and query heads
             to profile (default all).
