@@ -187,20 +187,29 @@ class RowMasses:
         self.rows = torch.zeros(call.b, call.h, dtype=torch.float64, device=call.device)
 
     def update(self, tile):
-        c = self.call
-        pos, zero = tile.rows, torch.zeros_like(tile.rows)
-        sink = tile.mass_between(zero, zero + c.sinks)
-        local = tile.mass_between(pos - c.window + 1, pos + 1)
-        both = tile.mass_between(torch.maximum(pos - c.window + 1, zero + c.sinks), pos + 1)
-        far = tile.mass_between(zero + c.sinks, pos - c.far)  # the sinks aside
-        keys = torch.arange(tile.kj, device=pos.device, dtype=tile.probs.dtype)
+        c, pos = self.call, tile.rows
+        sinks = torch.full_like(pos, c.sinks)
+        near = torch.maximum(pos - c.window + 1, sinks)  # the window past the sinks
+        # (lo, hi) key ranges of sink, local, sink-or-local (sink + the window past it) and
+        # far (past the sinks, more than `far` back), every row's in one gather
+        lo = torch.stack([pos * 0, pos - c.window + 1, near, sinks], -1)
+        hi = torch.stack([sinks, pos + 1, pos + 1, pos - c.far], -1)
+        lo = lo.clamp(0, tile.kj)
+        hi = torch.maximum(hi.clamp(0, tile.kj), lo)
+        cum = tile.cumulative
+        at = torch.cat([lo, hi], -1)                                      # (c, 8)
+        got = cum.gather(-1, at.expand(*cum.shape[:2], *at.shape))
+        mass = got[..., 4:] - got[..., :4]                                # (b, h, c, 4)
+        mass[..., 2] += mass[..., 0]                                      # + the sink
+        p = tile.probs
         if c.causal:  # every key at or before its query: sum_j p_j (i - j) = i sum p - p . j
-            mean = pos.to(keys.dtype) * tile.row_mass - tile.probs @ keys
+            keys = torch.arange(tile.kj, device=pos.device, dtype=p.dtype)
+            mean = pos.to(p.dtype) * tile.row_mass - p @ keys
         else:  # later keys are no look-back: distance 0
-            back = (pos[:, None].to(keys.dtype) - keys[None, :]).clamp_(min=0)
-            mean = (tile.probs * back).sum(-1)
-        for x, v in enumerate((sink, local, sink + both, far, mean)):
-            self.out[..., x] += v.sum(-1)
+            ks = torch.arange(tile.kj, device=pos.device, dtype=p.dtype)
+            mean = (p * (pos[:, None].to(p.dtype) - ks[None, :]).clamp_(min=0)).sum(-1)
+        self.out[..., :4] += mass.sum(2)
+        self.out[..., 4] += mean.sum(-1)
         self.rows += tile.live.sum(-1)
 
     def finish(self):
