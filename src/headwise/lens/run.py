@@ -58,8 +58,7 @@ def run_with_cache(model, inputs, names=None, select=None, stop_at_layer=None,
         with torch.no_grad(), installed(model, layers, wanted, selection=selection,
                                         stop=stop) as state:
             logits = _forward(model, inputs, stop is not None)
-        return logits, ActivationCache(state.steps[-1] if state.steps else {}, len(layers),
-                                       selection)
+        return logits, _cache(state.steps[-1] if state.steps else {}, wanted, layers, selection)
 
 
 def run_with_hooks(model, inputs, fwd_hooks: Iterable[tuple[str | Callable, Callable]] = ()):
@@ -98,7 +97,12 @@ def capture(model, names=None, select=None):
             try:
                 yield caches
             finally:
-                caches[:] = [ActivationCache(s, len(layers), selection) for s in state.steps]
+                caches[:] = [_cache(s, wanted, layers, selection) for s in state.steps]
+
+
+def _cache(step: dict, wanted: list[str], layers, selection) -> ActivationCache:
+    """One forward's tensors as a cache, in forward order (the order of ``wanted``)."""
+    return ActivationCache({n: step[n] for n in wanted if n in step}, len(layers), selection)
 
 
 def plan(layers, names, select, stop_at_layer, where: str):
