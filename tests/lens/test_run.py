@@ -22,7 +22,7 @@ def lm(layers: int = 3) -> TransformerLM:
 
 
 def model_of(kind: str):
-    return lm() if kind == "headwise" else build(kind, "sdpa")
+    return lm() if kind == "headwise" else build(kind, "headwise")
 
 
 def ids_of(kind: str) -> torch.Tensor:
@@ -55,14 +55,11 @@ def test_a_run_stops_after_the_last_layer_it_needs(kind):
     assert logits is not None  # the model's own layer count: everything, logits too
     ran = blocks_run(model, lambda: hw.run_with_cache(model, ids, names="z", stop_at_layer=1))
     assert ran == [0]
-    assert model.config._attn_implementation == "sdpa" if kind == "gpt2" else True
 
 
 @pytest.mark.parametrize("kind", ["llama", "headwise"])
 def test_zeroing_a_head_at_hook_z_or_hook_result_is_hw_ablate(kind):
     model, ids = model_of(kind), ids_of(kind)
-    if kind == "llama":
-        hw.hf.use(model)
     heads = {"layers" if kind == "llama" else "decoder_self": {1: [2]}}
     with hw.ablate(model, heads):
         want = hw.run_with_hooks(model, ids)
@@ -77,7 +74,6 @@ def test_zeroing_a_head_at_hook_z_or_hook_result_is_hw_ablate(kind):
 @pytest.mark.parametrize("kind", ["llama", "headwise"])
 def test_replacing_hook_z_from_another_run_is_hw_patch(kind):
     model, ids = model_of(kind), ids_of(kind)
-    hw.hf.use(model) if kind == "llama" else None
     other = torch.randint(1, 20, ids.shape, generator=torch.Generator().manual_seed(9))
     _, source = hw.run_with_cache(model, other, names="blocks.0.attn.hook_z")
     heads = {"layers" if kind == "llama" else "decoder_self": {0: [1, 3]}}
@@ -148,3 +144,13 @@ def test_bad_input_is_one_readable_line():
         with pytest.raises((ValueError, TypeError, KeyError)) as e:
             call()
         assert says in str(e.value) and "\n" not in str(e.value), (says, str(e.value))
+
+
+def test_a_transformers_model_on_another_implementation_is_refused_as_every_tool_refuses_it():
+    model = build("llama", "sdpa")
+    for call in (lambda: hw.run_with_cache(model, ids_of("llama")),
+                 lambda: hw.ablate(model, {"layers": {0: [1]}}).__enter__()):
+        with pytest.raises(ValueError, match=r"runs attn_implementation='sdpa'; call "
+                                             r"headwise.hf.use\(model\) first") as e:
+            call()
+        assert "\n" not in str(e.value)

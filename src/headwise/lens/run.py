@@ -3,8 +3,9 @@ fused path, for headwise's language model and any transformers decoder.
 
 Axis legend: ``b`` batch, ``h`` query heads, ``i`` query position, ``j`` key position.
 
-A transformers model not yet on ``attn_implementation="headwise"`` is switched to it for the
-call (as :func:`headwise.hf.use` does) and switched back after.
+A transformers model takes them as every head tool does: running
+``attn_implementation="headwise"`` (load it so, or :func:`headwise.hf.use`); on another
+implementation it is refused in one line, as its heads would be out of headwise's sight.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from contextlib import contextmanager
 import torch
 
 from headwise.analysis.run import run_batch
-from headwise.finders import transformers_model
 from headwise.lens import names as N
 from headwise.lens import sites
 from headwise.lens.activations import ActivationCache
@@ -32,8 +32,8 @@ def run_with_cache(model, inputs, names=None, select=None, stop_at_layer=None,
     """One forward of ``model`` on ``inputs`` keeping the activations ``names`` picks.
 
     Args:
-        model: a headwise ``TransformerLM`` or a transformers decoder (switched to
-            ``attn_implementation="headwise"`` for the call).
+        model: a headwise ``TransformerLM`` or a transformers decoder running
+            ``attn_implementation="headwise"``.
         inputs: token ids ``(b, i)``, or a batch dict (``input_ids``, ``attention_mask``: a
             padded batch's masked keys get weight 0 and score ``-inf``).
         names: ``None`` (every hook), a hook name (``"blocks.5.attn.hook_pattern"``), a short
@@ -166,19 +166,8 @@ def _check_editable(name: str) -> None:
 
 @contextmanager
 def _prepared(model, where: str):
-    """The model's hook sites, a transformers model on headwise's attention for the block."""
-    switched = None
-    if transformers_model(model):
-        import headwise.hf as hf
-        current = model.config._attn_implementation
-        if current != hf.NAME:
-            hf.use(model)
-            switched = current
-    try:
-        yield sites.layers_of(model, where)
-    finally:
-        if switched is not None:
-            model.set_attn_implementation(switched)
+    """The model's hook sites (a transformers model: on headwise's attention, or one line)."""
+    yield sites.layers_of(model, where)
 
 
 def _forward(model, inputs, stops: bool):
