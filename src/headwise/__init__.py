@@ -37,6 +37,7 @@ _EXPORTS = {
     "KVCache": "headwise.cache",
     "ActivationCache": "headwise.lens",
     "capture": "headwise.lens",
+    "head_view": "headwise.lens",
     "run_with_cache": "headwise.lens",
     "run_with_hooks": "headwise.lens",
     "Catalogue": "headwise.analysis.catalogue",

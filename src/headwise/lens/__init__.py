@@ -11,14 +11,17 @@ model and any transformers decoder on ``attn_implementation="headwise"``.
 
 Modules: ``names`` (the hook names and the filter), ``sites`` (where each hook lives in a
 model), ``hooks`` (what a filter installs), ``activations`` (:class:`ActivationCache`), ``run``
-(the three entry points). May import (the rule and its check: the table in
+(the three entry points), ``view`` (:func:`head_view`, the same for either kind of model).
+May import (the rule and its check: the table in
 ``tests/test_wings.py``): the core (``masks``, ``observe``, ``weights``, ``layers``),
-``models``, ``analysis`` (running a batch) and ``hf`` (a transformers model's weights
-selection); nothing imports this wing but the public names.
+``models``, ``analysis`` (running a batch), ``hf`` (a transformers model's weights
+selection) and ``viz`` (the head view's page); nothing imports this wing but the public names.
 """
 
 from headwise.lens.activations import ActivationCache
 from headwise.lens.hooks import HookPoint
 from headwise.lens.run import capture, run_with_cache, run_with_hooks
+from headwise.lens.view import head_view
 
-__all__ = ["ActivationCache", "HookPoint", "capture", "run_with_cache", "run_with_hooks"]
+__all__ = ["ActivationCache", "HookPoint", "capture", "head_view", "run_with_cache",
+           "run_with_hooks"]
