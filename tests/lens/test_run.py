@@ -10,7 +10,7 @@ import torch
 import headwise as hw
 from headwise.layers import AttentionConfig
 from headwise.models import LMConfig, TransformerLM
-from tests.hf.tiny import batch, build
+from tests.hf.tiny import build
 
 
 def lm(layers: int = 3) -> TransformerLM:
