@@ -7,6 +7,10 @@ uniform row but headwise's zero row (design.md: the only place zeros are promise
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from hypothesis import strategies as st
 
 import headwise as hw
 from headwise.layers import AttentionConfig
+from headwise.lens import names as N
 from headwise.models import LMConfig, TransformerLM
 from tests.hf.tiny import batch, build
 
@@ -187,3 +192,65 @@ def test_headwise_models_hooks_equal_their_float64_forward(seed, n):
         assert (cache[p + "hook_mlp_out"].double() - mlp).abs().max() < TOL
         x = mid + mlp
         assert (cache[p + "hook_resid_post"].double() - x).abs().max() < TOL
+
+
+# ------------------------------------------------------------- TransformerLens itself, as a peer
+ROOT = Path(__file__).resolve().parents[3]
+PEER = ROOT / ".peers" / "bin" / "python"  # built by `make peers`; never headwise's dependency
+
+
+def _save_tiny(model, directory: Path) -> None:
+    """``model`` and a word-level tokenizer of its vocabulary, saved for the peer to load."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+    model.save_pretrained(directory)
+    vocab = {f"w{i}": i for i in range(model.config.vocab_size - 1)}
+    vocab["<unk>"] = model.config.vocab_size - 1
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                            pad_token="<unk>").save_pretrained(directory)
+
+
+@pytest.mark.skipif(not PEER.exists(), reason=".peers/ absent: `make peers` builds "
+                                              "TransformerLens 4.3's environment")
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_every_hook_equals_transformer_lens_own_values(tmp_path, padding):
+    """TransformerBridge on eager attention (run by .peers' interpreter) against headwise's cache
+    on the fused path, every hook name, on a padded batch: real positions, to 1e-5."""
+    from safetensors.torch import load_file
+    model = build("gpt2", "headwise")
+    _save_tiny(model, tmp_path / "tiny")
+    ids, mask = batch(padding)
+    (tmp_path / "batch.json").write_text(json.dumps({"input_ids": ids.tolist(),
+                                                     "attention_mask": mask.tolist()}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(PEER), str(Path(__file__).with_name("transformer_lens_peer.py")),
+                          str(tmp_path / "tiny"), str(tmp_path / "batch.json"),
+                          str(tmp_path / "tl.safetensors")], capture_output=True, text=True,
+                         env=dict(env, HF_HUB_OFFLINE="1"), timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = load_file(tmp_path / "tl.safetensors")
+    # TransformerLens counts a padded row's positions from its first real token (cumsum of the
+    # mask); transformers' GPT-2 counts from 0 unless told: the same positions are passed here
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    logits, cache = hw.run_with_cache(model, {"input_ids": ids, "attention_mask": mask,
+                                              "position_ids": positions})
+    names = set(N.all_names(model.config.num_hidden_layers))
+    assert names <= set(theirs), sorted(names - set(theirs))  # every hook name, both sides
+    real = mask.bool()
+    for name in sorted(names):
+        peer_value(name, cache[name], theirs[name], real)
+    peer_value("logits", logits, theirs["logits"], real)
+
+
+def peer_value(name: str, ours: torch.Tensor, theirs: torch.Tensor, real: torch.Tensor) -> None:
+    """At real query rows (and, for patterns and scores, real keys): equal to 1e-5."""
+    assert ours.shape == theirs.shape, (name, ours.shape, theirs.shape)
+    by_head = name.endswith(("pattern", "scores"))
+    keep = (real[:, None, :, None] & real[:, None, None, :]).expand(ours.shape) if by_head \
+        else real.reshape(real.shape + (1,) * (ours.dim() - 2)).expand(ours.shape)
+    a, b = ours[keep].double(), theirs[keep].double()
+    assert torch.equal(a.isinf(), b.isinf()), name  # scores: causally masked keys -inf in both
+    a, b = a[b.isfinite()], b[b.isfinite()]
+    assert (a - b).abs().max() <= TOL * max(1.0, b.abs().max()), name
