@@ -96,8 +96,8 @@ class Headwise(Tool):
     log-sum-exp, ``hw.stats.collect``, ``hw.record_heads``, ``headwise.hf.head_view``."""
 
     name = "headwise"
-    why = {"head@stop": "headwise.hf.weights runs every layer (no stop_at_layer)",
-           "hooks": "no TransformerLens-style cache in this build (hw.run_with_cache)"}
+    why = {"head@stop": "headwise.hf.weights runs every layer (the cache row stops)",
+           "hooks": "the headwise cache row (hw.run_with_cache)"}
 
     def __init__(self, *args):
         super().__init__(*args)

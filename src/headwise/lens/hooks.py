@@ -200,8 +200,11 @@ def installed(model, layers: list[sites.Layer], wanted: list[str], *, edits=None
         add = lambda handle: stack.callback(handle.remove)  # noqa: E731
         for layer in layers:
             _install_layer(state, layer, add)
-        stack.enter_context(observe.observing(observe.Observer(
-            heads=state.heads, attention=state.attention)))
+        shorts = set().union(*state.need.values())
+        if shorts & {"z", "result", "attn_scores"}:  # the channel only when a hook reads it
+            stack.enter_context(observe.observing(observe.Observer(
+                heads=state.heads if shorts & {"z", "result"} else None,
+                attention=state.attention if "attn_scores" in shorts else None)))
         pattern = sorted(n for n, need in state.need.items() if "pattern" in need)
         if pattern and transformers_model(model):
             from headwise.hf.select import weights
