@@ -15,7 +15,7 @@ import torch
 from headwise import limits
 
 __all__ = ["causal", "causal_block", "sliding_window", "from_valid_lens", "padding", "combine",
-           "as_bias", "as_4d", "fill", "check"]
+           "as_bias", "as_4d", "fill", "check", "neutral"]
 
 _ALIGNS = ("bottom_right", "top_left")
 
@@ -172,6 +172,45 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     for m in present[1:]:
         out = out + as_bias(m, dtype)
     return out
+
+
+def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
+            mask: torch.Tensor | None, causal: bool):
+    """The masked-NaN rule, for inputs a finite check found NaN or inf in (or could not read):
+    ``(k, v, bad)``. A row's output and weights depend only on the positions it may attend:
+
+    - ``k (b, g, j, d)`` and ``v (b, g, j, e)`` (or None) come back with every NaN and inf put
+      to 0 where a mask is given (``mask`` 4-D or fewer, ``causal`` bottom-right), so a
+      position a row may not attend changes nothing of that row, whatever it held (``0 * NaN``
+      is NaN, and ``-inf + NaN`` is NaN: masking the scores alone does not do it);
+    - ``bad (b, h, i, 1)`` is True for the rows the NaN policy makes NaN: their query ``q (b, h,
+      i, d)`` holds NaN or inf, or they may attend a position whose key or value does (without
+      a mask, every row of that head; ``k``, ``v`` are then returned as they are).
+
+    A float mask excludes where it is ``-inf`` or the dtype's lowest value (transformers'
+    additive padding). On the CPU only the columns of non-finite positions are looked at."""
+    h, nq, nk = q.shape[1], q.shape[2], k.shape[2]
+    bad = ~torch.isfinite(q).all(-1, keepdim=True)                          # (b, h, i, 1)
+    pos = ~torch.isfinite(k).all(-1)                                          # (b, g, j)
+    if v is not None:
+        pos = pos | ~torch.isfinite(v).all(-1)
+    pos = pos.repeat_interleave(h // k.shape[1], dim=1)[:, :, None, :]      # (b, h, 1, j)
+    if mask is None and not causal:
+        return k, v, bad | pos.any(-1, keepdim=True)
+    seen = pos
+    cols = None
+    if pos.device.type == "cpu" and not torch.compiler.is_compiling():
+        cols = pos.flatten(0, 2).any(0).nonzero()[:, 0]  # the non-finite positions (few)
+        seen = pos[..., cols]
+    if mask is not None:
+        mask = as_4d(mask)
+        keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+        seen = seen & (keep if cols is None or keep.shape[-1] == 1 else keep[..., cols])
+    if causal:
+        keys = torch.arange(nk, device=q.device) if cols is None else cols
+        seen = seen & causal_block(torch.arange(nq, device=q.device), keys, nq, nk)
+    zero = [None if t is None else torch.where(torch.isfinite(t), t, 0.0) for t in (k, v)]
+    return zero[0], zero[1], bad | seen.any(-1, keepdim=True)
 
 
 def form(mask: torch.Tensor) -> str:

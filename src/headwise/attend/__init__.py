@@ -47,7 +47,7 @@ from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
 from headwise._device import check_tensor_device
-from headwise.attend.fused import nan_policy, sdpa, sdpa_kernel_name
+from headwise.attend.fused import checked, sdpa, sdpa_kernel_name
 from headwise.heads import expand_kv
 from headwise.observe import Memory, StepKind, WeightsSource, record
 
@@ -181,6 +181,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             e^sink_h)``.
     """
     scale = _scale(scale, q.shape[-1])
+    k, _, bad = checked(q, k, None, mask, causal)  # (None: finite) the NaN policy's rows
     # fp16 overflows at 65504 and rounds to 11 bits: widen q and k to float32 and keep scores
     # and softmax in float32, as the fused kernels accumulate; the weights come back in q's
     # dtype. Product first, then scale: the order checkpoints were written with before issue 11
@@ -205,8 +206,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
         weights = weights.masked_fill(dead, 0.0)
         kind = StepKind.SOFTMAX_WITH_SINKS
-    # NaN or inf in a query row or a head's keys: NaN, never "fully masked" zeros (NaN policy).
-    weights = nan_policy(weights.to(q.dtype), q, k)
+    # NaN or inf in a query row or a key its row may attend: NaN, never "fully masked" zeros
+    weights = weights.to(q.dtype)
+    if bad is not None:
+        weights = weights.masked_fill(bad, float("nan"))
     record(kind, weights)
     return weights
 
@@ -232,12 +235,15 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     _strict.check(strict, "the eager backend was chosen by name (it builds (b, h, i, j)); "
                   "use backend='sdpa'")
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    k, v, bad = checked(q, k, v, mask, causal)  # (None: finite) masked positions neutral
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
                                 sinks=sinks)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)
-    out = nan_policy(torch.einsum("bhij,bhje->bhie", probs, v), q, v)
+    out = torch.einsum("bhij,bhje->bhie", probs, v)
+    if bad is not None:
+        out = out.masked_fill(bad, float("nan"))
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
            memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)
