@@ -177,31 +177,41 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
 def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
             mask: torch.Tensor | None, causal: bool):
     """The masked-NaN rule, for inputs a finite check found NaN or inf in (or could not read):
-    ``(k, v, bad)``. A row's output and weights depend only on the positions it may attend:
+    ``(k, v, weights_bad, out_bad)``. A row's output and weights depend only on the positions
+    it may attend:
 
     - ``k (b, g, j, d)`` and ``v (b, g, j, e)`` (or None) come back with every NaN and inf put
       to 0 where a mask is given (``mask`` 4-D or fewer, ``causal`` bottom-right), so a
       position a row may not attend changes nothing of that row, whatever it held (``0 * NaN``
       is NaN, and ``-inf + NaN`` is NaN: masking the scores alone does not do it);
-    - ``bad (b, h, i, 1)`` is True for the rows the NaN policy makes NaN: their query ``q (b, h,
-      i, d)`` holds NaN or inf, or they may attend a position whose key or value does (without
-      a mask, every row of that head; ``k``, ``v`` are then returned as they are).
+    - ``weights_bad (b, h, i, 1)`` is True for the rows whose weights the NaN policy makes NaN:
+      their query ``q (b, h, i, d)`` holds NaN or inf, or they may attend a position whose key
+      does; ``out_bad``, the rows whose output it makes NaN: those, and the rows that may
+      attend a position whose value does (without a mask: every row of that head, and ``k``,
+      ``v`` are returned as they are).
 
     A float mask excludes where it is ``-inf`` or the dtype's lowest value (transformers'
     additive padding). On the CPU only the columns of non-finite positions are looked at."""
-    h, nq, nk = q.shape[1], q.shape[2], k.shape[2]
     bad = ~torch.isfinite(q).all(-1, keepdim=True)                          # (b, h, i, 1)
-    pos = ~torch.isfinite(k).all(-1)                                          # (b, g, j)
-    if v is not None:
-        pos = pos | ~torch.isfinite(v).all(-1)
-    pos = pos.repeat_interleave(h // k.shape[1], dim=1)[:, :, None, :]      # (b, h, 1, j)
+    bad_k = _seen(~torch.isfinite(k).all(-1), q, mask, causal)
+    bad_v = bad_k if v is None else _seen(~torch.isfinite(v).all(-1), q, mask, causal)
+    if mask is not None or causal:
+        k, v = (None if t is None else torch.where(torch.isfinite(t), t, 0.0) for t in (k, v))
+    return k, v, bad | bad_k, bad | bad_k | bad_v
+
+
+def _seen(pos: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool) -> torch.Tensor:
+    """``(b, h, i, 1)``: the rows of ``q (b, h, i, d)`` that may attend a position ``pos (b, g,
+    j)`` marks; on the CPU only the marked columns are read."""
+    h, nq, nk = q.shape[1], q.shape[2], pos.shape[-1]
+    seen = pos.repeat_interleave(h // pos.shape[1], dim=1)[:, :, None, :]    # (b, h, 1, j)
     if mask is None and not causal:
-        return k, v, bad | pos.any(-1, keepdim=True)
-    seen = pos
+        return seen.any(-1, keepdim=True)
     cols = None
     if pos.device.type == "cpu" and not torch.compiler.is_compiling():
-        cols = pos.flatten(0, 2).any(0).nonzero()[:, 0]  # the non-finite positions (few)
-        seen = pos[..., cols]
+        cols = seen.flatten(0, 2).any(0).nonzero()[:, 0]  # the non-finite positions (few)
+        seen = seen[..., cols]
     if mask is not None:
         mask = as_4d(mask)
         keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
@@ -209,8 +219,7 @@ def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
     if causal:
         keys = torch.arange(nk, device=q.device) if cols is None else cols
         seen = seen & causal_block(torch.arange(nq, device=q.device), keys, nq, nk)
-    zero = [None if t is None else torch.where(torch.isfinite(t), t, 0.0) for t in (k, v)]
-    return zero[0], zero[1], bad | seen.any(-1, keepdim=True)
+    return seen.any(-1, keepdim=True)
 
 
 def form(mask: torch.Tensor) -> str:

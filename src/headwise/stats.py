@@ -140,7 +140,7 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
     nk = k.shape[2]
     top_k = min(top_k, nk)
     # the NaN policy of headwise.attention (not the 0 of a masked row); masked keys: as if 0
-    k, _, bad = (k, None, None) if finite(q, k) else _masks.neutral(q, k, None, mask, causal)
+    k, _, bad, _ = (k, 0, None, 0) if finite(q, k) else _masks.neutral(q, k, None, mask, causal)
     if _triton_kernel(q, k, top_k):
         from headwise.fast import stats_triton
         stats = HeadStats(**stats_triton.head_stats(

@@ -181,7 +181,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             e^sink_h)``.
     """
     scale = _scale(scale, q.shape[-1])
-    k, _, bad = checked(q, k, None, mask, causal)  # (None: finite) the NaN policy's rows
+    k, _, bad, _ = checked(q, k, None, mask, causal)  # (None: finite) the NaN policy's rows
     # fp16 overflows at 65504 and rounds to 11 bits: widen q and k to float32 and keep scores
     # and softmax in float32, as the fused kernels accumulate; the weights come back in q's
     # dtype. Product first, then scale: the order checkpoints were written with before issue 11
@@ -235,9 +235,11 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     _strict.check(strict, "the eager backend was chosen by name (it builds (b, h, i, j)); "
                   "use backend='sdpa'")
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    k, v, bad = checked(q, k, v, mask, causal)  # (None: finite) masked positions neutral
+    k, v, bad_w, bad = checked(q, k, v, mask, causal)  # (None: finite) masked positions: 0
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
                                 sinks=sinks)
+    if bad_w is not None:
+        weights = weights.masked_fill(bad_w, float("nan"))
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)

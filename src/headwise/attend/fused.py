@@ -57,9 +57,9 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
     # NaN at a masked position reaches the rows it is masked for. Off the CPU the kernels
     # propagate NaN themselves (headwise.fast.kernel_nan): there the output is theirs (with or
     # without weights from their LSE), with no mask built and no value read back.
-    bad = None
+    bad_w = bad = None
     if plan not in (None, "lse") or not kernel_nan(q):
-        k, v, bad = checked(q, k, v, mask, is_causal)
+        k, v, bad_w, bad = checked(q, k, v, mask, is_causal)
     weights = lse = lse_kernel = None
     if plan == WEIGHTS_AT_V:
         weights, out = _weights.softmax_rows(q, k, v, mask=mask, causal=is_causal, scale=scale)
@@ -80,20 +80,20 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         if lse is None:
             lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
         weights = _from_lse(q, k, lse, mask, is_causal, scale, selection)
-    if bad is not None and weights is not None:
-        weights = _rows_of(weights, bad, selection, k.shape[2])
+    if bad_w is not None and weights is not None:
+        weights = _rows_of(weights, bad_w, selection, k.shape[2])
     return out, weights
 
 
 def checked(q, k, v, mask, causal):
-    """``(k, v, bad)``: the keys and values every backend computes with, and ``bad (b, h, i,
-    1)``, the rows the NaN policy makes NaN (None, with ``k`` and ``v`` untouched, when one
-    float32 total finds q, k and v finite: every call but a broken one). Otherwise the
-    masked-NaN rule, :func:`headwise.masks.neutral`: a position a row may not attend leaves
-    that row as if it held 0. ``v`` may be None (weights alone); ``mask`` as the kernel takes
-    it (4-D or fewer dims), ``causal`` bottom-right."""
+    """``(k, v, weights_bad, out_bad)``: the keys and values every backend computes with, and
+    the ``(b, h, i, 1)`` rows whose weights and whose output the NaN policy makes NaN (None,
+    with ``k`` and ``v`` untouched, when one float32 total finds q, k and v finite: every call
+    but a broken one). Otherwise the masked-NaN rule, :func:`headwise.masks.neutral`: a
+    position a row may not attend leaves that row as if it held 0. ``v`` may be None (weights
+    alone); ``mask`` as the kernel takes it (4-D or fewer dims), ``causal`` bottom-right."""
     if finite(q, k) if v is None else finite(q, k, v):
-        return k, v, None
+        return k, v, None, None
     return _masks.neutral(q, k, v, mask, causal)
 
 

@@ -66,8 +66,8 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     rows = slice(0, nq) if rows is None else rows
     bad = None  # the NaN policy's rows (None off the CPU too: the masks, always)
     if not (finite(q, k) if v is None else finite(q, k, v)):
-        k, v, bad = _masks.neutral(q, k, v, mask, causal)  # masked positions: as if 0
-        bad = take(take(bad, 1, heads), 2, rows)
+        k, v, *bad = _masks.neutral(q, k, v, mask, causal)  # masked positions: as if 0
+        bad = [take(take(x, 1, heads), 2, rows) for x in bad]  # (weights, output)
     work = torch.promote_types(q.dtype, torch.float32)
     # every head: the g key/value heads, each read by its h/g query heads as one matrix;
     # a selection: each selected head with its own key/value head (gathered: small)
@@ -98,9 +98,9 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
             block = (x, r0, r1, keys, sub_rows(rows, r0, r1))
             _block(block, qg, kT, vs, w, out, scratch, bx, heads, scale, nq, nk)
     if bad is not None:  # (no `if any`: a GPU sync)
-        w.masked_fill_(bad, float("nan"))
+        w.masked_fill_(bad[0], float("nan"))
         if out is not None:
-            out.masked_fill_(bad, float("nan"))
+            out.masked_fill_(bad[1], float("nan"))
     return w, out
 
 
