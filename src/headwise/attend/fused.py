@@ -2,8 +2,8 @@
 fed what they are fast on (4-D tensors, masks in their smallest broadcast form, causality as
 ``is_causal`` where the kernel accepts it), and per-head weights recomputed exactly, in chunks
 (:mod:`headwise.weights`; :func:`_weights_plan` says how). Registered under its name by
-:mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy every backend applies
-(:func:`nan_policy`), kept here because the fused kernel is where it has to be enforced.
+:mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy's check every backend
+calls (:func:`checked`), kept here because the fused kernel is where it has to be enforced.
 
 Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads, ``i`` query position, ``j``
 key position, ``d`` head dim.
@@ -31,7 +31,7 @@ from headwise.observe import (
     record,
 )
 
-__all__ = ["sdpa", "sdpa_kernel_name", "nan_policy", "checked"]
+__all__ = ["sdpa", "sdpa_kernel_name", "checked"]
 
 
 def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
@@ -299,24 +299,6 @@ def _takes_mask_and_causal(q, k, v, mask, dropout_p, gqa) -> bool:
 
 
 _TAKE_MASK_AND_CAUSAL = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
-
-
-def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
-    """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
-    head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
-    in one pass without a copy (NaN or inf in, non-finite sum out).
-
-    On the CPU one total over q, k and v comes first: finite (every call but a broken one), and
-    ``out`` is returned as it is, for 3 reductions and one read of a scalar instead of a dozen
-    small ops and a copy of ``out`` (on a GPU that read would be a device sync, so the
-    per-row and per-head masks are always built there, and under torch.compile, which fuses
-    them and cannot branch on a value)."""
-    if finite(q, *kv):  # (None off the CPU and under compile: the masks below, fused)
-        return out
-    bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
-    for t in kv:
-        bad = bad | _bad_heads(t, q.shape[1])
-    return out.masked_fill(bad, float("nan"))
 
 
 def _mask_kind(mask: torch.Tensor) -> str:

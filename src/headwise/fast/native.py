@@ -250,7 +250,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` returns, to float32 rounding
     (its exp a ~1 ulp polynomial; bfloat16 read as float32, the output rounded once). Finite
     inputs only: the caller has checked them (the step's NaN policy), since a NaN is not spread
-    as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
+    as :func:`headwise.attend.fused.checked` says. None when the kernel does not apply."""
     b, h, i, d = q.shape
     g, n = k.shape[1], k.shape[2]
     if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
