@@ -165,6 +165,12 @@ def test_masked_bad_values_through_the_hugging_face_attention_function(inputs):
         out, _ = attention_forward(torch.nn.Module(), q, k, v, lowest)
         zero, _ = attention_forward(torch.nn.Module(), q, _zeroed(k), _zeroed(v), lowest)
         _check(out.transpose(1, 2), zero.transpose(1, 2).double(), nan)
+        # gpt-oss sinks: the fused output rescaled by the row log-sum-exp of the same keys
+        sinks = _randn(3, q.shape[1])
+        out, _ = attention_forward(torch.nn.Module(), q, k, v, lowest, s_aux=sinks)
+        zero, _ = attention_forward(torch.nn.Module(), q, _zeroed(k), _zeroed(v), lowest,
+                                    s_aux=sinks)
+        _check(out.transpose(1, 2), zero.transpose(1, 2).double(), nan)
 
 
 def test_an_unmasked_nan_still_makes_its_whole_head_nan():

@@ -11,15 +11,17 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 - a query row whose keys are all masked gets **zero output and zero weights**, with finite
   gradients (never NaN, never a uniform average over padding) — the only place zeros are
   promised;
-- NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf anywhere in a
-  head's keys or values (masked positions included) makes that head's whole output NaN, on
-  every backend alike (fused kernels would otherwise differ block by block). ``scale`` must be
-  finite. One difference, off the CPU (a GPU, compiled or not), for the fused output without
-  weights: there headwise adds nothing to what CUDA's fused kernels do by themselves, which is
-  the policy (measured: flash, efficient and cuDNN, bf16/fp16/fp32) except under causal
-  masking, where a NaN or inf key or value makes NaN the rows that can see it and may leave
-  the earlier rows finite; enforcing it there would cost a third of the forward or a device
-  sync (:func:`headwise.fast.kernel_nan`);
+- NaN policy (docs/design.md): NaN or inf in a query row makes that output row NaN; in a key or
+  value, every row that may attend its position (without a mask, the head's whole output); a
+  position a row may not attend leaves that row as if it held 0, whatever it holds
+  (:func:`headwise.masks.neutral`), on every backend alike (fused kernels would otherwise
+  differ block by block). ``scale`` must be finite. One difference, off the CPU (a GPU,
+  compiled or not), for the fused output without weights: there headwise adds nothing to what
+  CUDA's fused kernels do by themselves (measured: flash, efficient and cuDNN,
+  bf16/fp16/fp32): a NaN or inf key or value reaches every row of its head, masked positions
+  included, except under causal masking, where it reaches the rows that can see it; enforcing
+  the rule there would cost a third of the forward or a device sync
+  (:func:`headwise.fast.kernel_nan`);
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
 ``"eager"`` is the readable reference, here beside the dispatch. ``"sdpa"``
