@@ -64,10 +64,7 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     heads = slice(0, h) if heads is None else heads
     rows = slice(0, nq) if rows is None else rows
-    bad = None  # the NaN policy's rows (None off the CPU too: the masks, always)
-    if not (finite(q, k) if v is None else finite(q, k, v)):
-        k, v, *bad = _masks.neutral(q, k, v, mask, causal)  # masked positions: as if 0
-        bad = [take(take(x, 1, heads), 2, rows) for x in bad]  # (weights, output)
+    k, v, bad = _checked(q, k, v, mask, causal, heads, rows)  # the NaN policy
     work = torch.promote_types(q.dtype, torch.float32)
     # every head: the g key/value heads, each read by its h/g query heads as one matrix;
     # a selection: each selected head with its own key/value head (gathered: small)
@@ -102,6 +99,16 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
         if out is not None:
             out.masked_fill_(bad[1], float("nan"))
     return w, out
+
+
+def _checked(q, k, v, mask, causal, heads, rows):
+    """``(k, v, bad)``: unless one float32 total finds q, k and v finite (``bad`` None; None
+    off the CPU too: the masks, always), the masked-NaN rule (:func:`headwise.masks.neutral`:
+    bad values put to 0) and ``bad``, the selected rows' ``(weights, output)`` NaN masks."""
+    if finite(q, k) if v is None else finite(q, k, v):
+        return k, v, None
+    k, v, *bad = _masks.neutral(q, k, v, mask, causal)
+    return k, v, [take(take(x, 1, heads), 2, rows) for x in bad]
 
 
 def _seen(where: list[int], nq: int, nk: int) -> tuple[int, int]:
