@@ -191,35 +191,40 @@ def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
       ``v`` are returned as they are).
 
     A float mask excludes where it is ``-inf`` or the dtype's lowest value (transformers'
-    additive padding). On the CPU only the columns of non-finite positions are looked at."""
-    bad = ~torch.isfinite(q).all(-1, keepdim=True)                          # (b, h, i, 1)
-    bad_k = _seen(~torch.isfinite(k).all(-1), q, mask, causal)
-    bad_v = bad_k if v is None else _seen(~torch.isfinite(v).all(-1), q, mask, causal)
+    additive padding)."""
+    # NaN or inf: exactly where x * 0 is NaN (two kernels where isfinite launches four)
+    bad = [None if t is None else (t * 0).isnan() for t in (k, v)]
+    bad_w = (q * 0).isnan().any(-1, keepdim=True) | _seen(bad[0].any(-1), q, mask, causal)
+    bad_out = bad_w if v is None else bad_w | _seen(bad[1].any(-1), q, mask, causal)
     if mask is not None or causal:
-        k, v = (None if t is None else torch.where(torch.isfinite(t), t, 0.0) for t in (k, v))
-    return k, v, bad | bad_k, bad | bad_k | bad_v
+        k, v = (None if t is None else t.masked_fill(x, 0.0) for t, x in zip((k, v), bad))
+    return k, v, bad_w, bad_out
 
 
 def _seen(pos: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None,
           causal: bool) -> torch.Tensor:
-    """``(b, h, i, 1)``: the rows of ``q (b, h, i, d)`` that may attend a position ``pos (b, g,
-    j)`` marks; on the CPU only the marked columns are read."""
+    """``(b, h, i or 1, 1)``: the rows of ``q (b, h, i, d)`` that may attend a position ``pos
+    (b, g, j)`` marks, with no ``(b, h, i, j)`` tensor and no host read: a mask without a query
+    axis is folded into ``pos`` (then causality is the first marked key: row ``i`` sees it iff
+    it lies at or before ``i + j - i_len``); one with a query axis is multiplied with it."""
     h, nq, nk = q.shape[1], q.shape[2], pos.shape[-1]
-    seen = pos.repeat_interleave(h // pos.shape[1], dim=1)[:, :, None, :]    # (b, h, 1, j)
-    if mask is None and not causal:
-        return seen.any(-1, keepdim=True)
-    cols = None
-    if pos.device.type == "cpu" and not torch.compiler.is_compiling():
-        cols = seen.flatten(0, 2).any(0).nonzero()[:, 0]  # the non-finite positions (few)
-        seen = seen[..., cols]
-    if mask is not None:
-        mask = as_4d(mask)
-        keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-        seen = seen & (keep if cols is None or keep.shape[-1] == 1 else keep[..., cols])
+    pos = pos.repeat_interleave(h // pos.shape[1], dim=1)[:, :, None, :]    # (b, h, 1, j)
+    keep = None if mask is None else as_4d(mask)
+    if keep is not None and keep.dtype != torch.bool:
+        keep = keep > torch.finfo(keep.dtype).min  # -inf, and transformers' lowest value
+    if keep is not None and keep.shape[-2] == 1:
+        pos, keep = pos & keep, None
+    if keep is None and not causal:
+        return pos.any(-1, keepdim=True)
+    if keep is None:  # causal alone: the first marked key of each head
+        where = torch.arange(nk, device=pos.device)
+        first = torch.where(pos, where, nk).amin(-1, keepdim=True)             # (b, h, 1, 1)
+        rows = torch.arange(nk - nq, nk, device=pos.device)[:, None]           # (i, 1)
+        return rows >= first
     if causal:
-        keys = torch.arange(nk, device=q.device) if cols is None else cols
-        seen = seen & causal_block(torch.arange(nq, device=q.device), keys, nq, nk)
-    return seen.any(-1, keepdim=True)
+        keep = keep & causal_block(torch.arange(nq, device=pos.device),
+                                   torch.arange(nk, device=pos.device), nq, nk)
+    return (keep.to(torch.float32) @ pos.to(torch.float32).transpose(-1, -2)) > 0
 
 
 def form(mask: torch.Tensor) -> str:
