@@ -197,7 +197,8 @@ def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
     bad_w = (q * 0).isnan().any(-1, keepdim=True) | _seen(bad[0].any(-1), q, mask, causal)
     bad_out = bad_w if v is None else bad_w | _seen(bad[1].any(-1), q, mask, causal)
     if mask is not None or causal:
-        k, v = (None if t is None else t.masked_fill(x, 0.0) for t, x in zip((k, v), bad))
+        k, v = (None if t is None else t.masked_fill(x, 0.0)
+                for t, x in zip((k, v), bad, strict=True))
     return k, v, bad_w, bad_out
 
 
