@@ -215,7 +215,7 @@ def _seen(pos: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None,
         keep = keep > torch.finfo(keep.dtype).min  # -inf, and transformers' lowest value
     if keep is not None and keep.shape[-2] == 1:
         pos, keep = pos & keep, None
-    if keep is None and not causal:
+    if nk == 0 or (keep is None and not causal):
         return pos.any(-1, keepdim=True)
     if keep is None:  # causal alone: the first marked key of each head
         where = torch.arange(nk, device=pos.device)
