@@ -97,8 +97,9 @@ class RaggedLayer(Ragged):
                 continue
             idx = self.heads(groups, h, q.device)
             g = torch.tensor(groups, device=k.device)
+            own = kw if kw.get("sinks") is None else {**kw, "sinks": kw["sinks"][idx]}
             o = part(q.index_select(1, idx), k.index_select(1, g), v.index_select(1, g), mask,
-                     causal, scale, kw)
+                     causal, scale, own)
             out.index_copy_(1, idx, o.to(out.dtype))
         self.n += i
         return out
@@ -152,11 +153,12 @@ class RaggedLayer(Ragged):
 
     # ------------------------------------------------------------------ the ring's contents
     def _read_starts(self, mask, b: int) -> None:
-        """Each row's first real position, from the prompt's mask (its last query sees every
-        real key of a left-padded row)."""
+        """Each row's first real position, from the prompt's mask: the first key some query
+        may see (a left-padded row's pads are seen by none; a sliding window hides early keys
+        from the last query only)."""
         if mask is None:
             return
-        real = mask[:, 0, -1].expand(b, -1)
+        real = mask[:, 0].any(-2).expand(b, -1)
         first = torch.where(real.any(-1), real.int().argmax(-1), 0)
         self.starts.copy_(first)
         self.uniform = not bool(first.any())

@@ -27,13 +27,14 @@ asks), and the head tools reach it only for a transformers model.
 
 from headwise import finders
 from headwise.hf.interface import attention_forward, register
+from headwise.hf.kvcache import HeadwiseKVCache
 from headwise.hf.local import load
 from headwise.hf.model import FINDER, NAME, attention_layers, use
 from headwise.hf.prune import load_pruned, prune_heads
 from headwise.hf.select import weights
 from headwise.hf.tools import explain, head_view, next_token_loss
 
-__all__ = ["NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
+__all__ = ["HeadwiseKVCache", "NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
            "use", "weights"]
 __all__ += ["explain", "head_view", "load", "next_token_loss"]  # the head tools' HF side
 
