@@ -131,3 +131,18 @@ def test_a_plan_for_another_model_is_refused():
         cache = headwise_cache(lm(), KVPlan.uniform(3, 2, 8), 1, 20)
         lm()(torch.ones(1, 3, dtype=torch.long), cache=cache)
         lm()(torch.ones(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_smollm2_with_a_window_over_the_whole_text_gives_the_full_caches_answer(smollm2_path):
+    from headwise.pretrained.gguf import load_gguf
+
+    model = load_gguf(smollm2_path).model
+    c = model.config
+    x = torch.tensor([[1, 504, 3458, 314, 260, 1789, 28, 27024, 7, 29, 2353]])
+    half = tuple(range(0, c.kv_heads, 2))
+    plan = KVPlan(c.num_layers, c.kv_heads, c.head_size, 4, 64,
+                  tuple(half if i % 2 else () for i in range(c.num_layers)))
+    tokens, logits = generate_with_logits(model, x, max_new_tokens=10)
+    tokens2, logits2 = generate_with_logits(model, x, max_new_tokens=10, kv_plan=plan)
+    assert torch.equal(tokens, tokens2)
+    assert (logits2 - logits).abs().max() <= 1e-6 * max(1.0, logits.abs().max().item())

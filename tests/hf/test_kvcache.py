@@ -81,3 +81,17 @@ def test_other_implementations_and_other_shapes_are_refused():
         run(model, *inputs(False), cache)
     with pytest.raises(ValueError, match=r"the plan is for"):
         HeadwiseKVCache(build("llama", "headwise"), KVPlan.uniform(layers + 1, groups, d), 20)
+
+
+def test_smollm2_with_a_window_over_the_whole_text_gives_the_full_caches_answer(smollm2_path):
+    from headwise.hf import load
+
+    model, tok = load("smollm2")
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 1789, 28, 27024, 7, 29, 2353]])
+    layers, groups, d = model_shape(model.config)
+    plan = KVPlan(layers, groups, d, 4, 64, tuple((1,) if i % 2 else () for i in range(layers)))
+    with torch.no_grad():
+        want_ids, want = run(model, ids, torch.ones_like(ids), None)
+        got_ids, got = run(model, ids, torch.ones_like(ids), HeadwiseKVCache(model, plan, 19))
+    assert torch.equal(got_ids, want_ids)
+    assert (got - want).abs().max() <= 1e-6 * max(1.0, want.abs().max().item())
