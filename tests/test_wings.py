@@ -111,7 +111,7 @@ WINGS: dict[str, Rule] = {
     "hf.tools": rule("the head view, trace and loss of a transformers model", "tracing", "viz"),
     "analysis": rule("the head tools: ablation, importance, pruning, the catalogue",
                      "masks", "heads", "attend", "weights", "observe", "stats", "layers", "fast",
-                     "models", "data", "train.evaluate", "hf"),
+                     "models", "data", "train.evaluate", "hf", "kvplan", "decode.ragged"),
     "analysis.catalogue": rule("the head catalogue (its page: viz)", "viz.catalogue"),
     "commands": rule("one module per subcommand", ANYTHING),
     "cli": rule("the command line", "commands", "headwise"),

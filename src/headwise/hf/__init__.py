@@ -19,7 +19,7 @@ or not, a GGUF file or an installed model's name, ``"minilm"``, ``"smollm2"``, a
 ``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
 importance). This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule
 and its check: the table in ``tests/test_wings.py``): ``attend``, ``weights``, ``heads``,
-``observe``, ``installed``, ``kvplan`` and ``decode.ragged`` (the head-wise cache's layers),
+``observe``, ``installed``, ``kvplan`` and ``decode.ragged``,
 and ``hf.tools`` also ``tracing`` and ``viz``; the core never
 imports it (importing it registers its layer finder with :mod:`headwise.finders`, which the core
 asks), and the head tools reach it only for a transformers model.
