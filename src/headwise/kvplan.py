@@ -132,7 +132,7 @@ class KVPlan:
         if tuple(shape) != self.shape:
             raise ValueError(f"KVPlan: the plan is for (layers, kv groups, head dim) = "
                              f"{self.shape}, {what} has {tuple(shape)}; make a plan for this "
-                             f"model (headwise kv-plan)")
+                             f"model (headwise kvplan)")
 
     def kv_bytes(self, batch: int, length: int, element_size: int) -> int:
         """Bytes of keys and values a head-wise cache of ``length`` positions holds."""
