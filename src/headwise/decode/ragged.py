@@ -71,6 +71,12 @@ class RaggedLayer(Ragged):
                                             dtype=torch.long, device=device)
         return self._heads[key]
 
+    def _index(self, groups: tuple[int, ...], device) -> torch.Tensor:
+        """``groups`` as an index tensor, made once."""
+        if groups not in self._heads:
+            self._heads[groups] = torch.tensor(groups, dtype=torch.long, device=device)
+        return self._heads[groups]
+
     # ------------------------------------------------------------------ attention
     def attend(self, q, k, v, *, mask=None, causal=True, scale=None, **kw) -> torch.Tensor:
         """Write the new ``k, v (b, g, i, d)`` as the plan keeps them and attend ``q (b, h, i,
@@ -96,7 +102,7 @@ class RaggedLayer(Ragged):
             if not groups:
                 continue
             idx = self.heads(groups, h, q.device)
-            g = torch.tensor(groups, device=k.device)
+            g = self._index(groups, k.device)
             own = kw if kw.get("sinks") is None else {**kw, "sinks": kw["sinks"][idx]}
             o = part(q.index_select(1, idx), k.index_select(1, g), v.index_select(1, g), mask,
                      causal, scale, own)
