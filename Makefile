@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 EXTRAS ?= dev,pretrained,data,browser
 PYTEST_ARGS ?=
 
-.PHONY: venv install demo test test-cpus lint bench clean browser corpora
+.PHONY: venv install demo test test-cpus lint bench clean browser corpora peers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,5 +63,32 @@ lint: install
 bench: install
 	$(PY) benchmarks/attention.py
 
+# The peer tools benchmarks/peers.py compares headwise with, in environments of their own (never
+# headwise's dependencies). attnread 0.1.2 pins nnsight==0.7.0 and transformers 5.19, which
+# nnsight 0.8.1 and TransformerLens' environment do not share, so it gets a second one; its
+# torch>=2.14 pin would pull a CUDA build, so it is installed --no-deps over the local CPU torch.
+PEERS          ?= .peers
+PEERS_ATTNREAD ?= .peers-attnread
+PEER_TORCH     ?= torch==2.13.0
+PEER_PKGS      ?= transformer-lens==4.3.0 nnsight==0.8.1 bertviz==1.4.1 gguf transformers==5.25.0
+ATTNREAD_PKGS  ?= nnsight==0.7.0 "transformers>=5.19,<5.20" gguf
+
+$(PEERS)/.installed:
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q $(PEER_TORCH)
+	$(PEERS)/bin/python -m pip install -q $(PEER_PKGS)
+	touch $@
+
+$(PEERS_ATTNREAD)/.installed:
+	$(PYTHON) -m venv $(PEERS_ATTNREAD)
+	$(PEERS_ATTNREAD)/bin/python -m pip install -q $(PEER_TORCH)
+	$(PEERS_ATTNREAD)/bin/python -m pip install -q $(ATTNREAD_PKGS)
+	$(PEERS_ATTNREAD)/bin/python -m pip install -q --no-deps attnread==0.1.2
+	touch $@
+
+peers: $(PEERS)/.installed $(PEERS_ATTNREAD)/.installed
+	$(PEERS)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|transformer-lens|nnsight|bertviz|gguf) '
+	$(PEERS_ATTNREAD)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|nnsight|attnread|gguf) '
+
 clean:
-	rm -rf $(VENV) headwise-demo .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PEERS) $(PEERS_ATTNREAD) headwise-demo .pytest_cache .hypothesis

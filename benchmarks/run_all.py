@@ -47,6 +47,7 @@ BENCHMARKS = {
     "importance": (["--threads", "2"], ["--quick", "--models", "reverse,minilm"]),
     "hf": ([], ["--seqs", "512", "--batches", "1", "--threads", "1", "--budget", "10"]),
     "gguf_load": ([], ["--rounds", "3"]),
+    "peers": ([], ["--quick"]),
     "kv": ([], ["--quick"]),
 }
 

@@ -352,6 +352,8 @@ def _check_ids(token_ids) -> None:
                else type(token_ids).__name__)
         raise TypeError(f"head_stats: token_ids must be an integer tensor (int64 or int32, the "
                         f"tokenizer's ids), got {got}; pass the ids before any embedding")
+    if token_ids.device.type == "meta":
+        raise ValueError("head_stats: token_ids is a meta tensor (no ids); pass them on q's device")
 
 
 @contextmanager

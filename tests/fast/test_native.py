@@ -118,9 +118,10 @@ def test_a_fresh_cache_builds_once_and_loads(monkeypatch, tmp_path):
     the source's hash), and the product it loads is right."""
     monkeypatch.setattr(_native, "_state", {})
     monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path))
-    assert _native.status() == "ready"
-    built = list(tmp_path.iterdir())
-    assert len(built) == 1 and built[0].name.startswith("step_kernels-") and built[0].suffix == ".so"
+    assert _native.status(wait=_native.BUILD_TIMEOUT_S) == "ready"
+    built = sorted(tmp_path.iterdir())  # the library and its stamp
+    assert [p.name.startswith("step_kernels-") for p in built] == [True, True]
+    assert built[0].suffix == ".so" and built[1].name == built[0].name + ".stamp"
     x, w = torch.randn(4, 40), torch.randn(24, 40)
     torch.testing.assert_close(_native.rows_matmul(x, w), x @ w.t(), atol=1e-5, rtol=0)
 
@@ -311,7 +312,7 @@ def test_a_hanging_compiler_costs_the_first_call_wait_s_and_is_killed_with_its_c
     assert _native.rows_matmul(torch.randn(2, 8), torch.randn(6, 8)) is None
     assert time.monotonic() - start < 5  # WAIT_S (0.5 s) and the load, not the build
     assert "still building" in _native._state["why"]
-    assert "did not finish within 3 s (killed with its children)" in _native.status()
+    assert "did not finish within 3 s (killed with its children)" in _native.status(wait=10)
     assert _gone(pids)
     assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
 

@@ -35,6 +35,10 @@ def as_batches(batches, where: str, device: torch.device | None = None) -> list:
     if not batches:
         raise ValueError(f"{where}: no data: batches is empty; pass at least one batch, e.g. "
                          "task.eval_set(64) or a (b, n) tensor of token ids")
+    empty = next((n for n, b in enumerate(batches) if batch_size(b) == 0), None)
+    if empty is not None:
+        raise ValueError(f"{where}: batch {empty} has 0 rows (examples); drop it or pass "
+                         "at least one example per batch")
     return batches if device is None else [_to(b, device) for b in batches]
 
 

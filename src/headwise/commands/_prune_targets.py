@@ -67,7 +67,14 @@ def reverse(checkpoint: str | Path | None = None, *, quick: bool = False, steps:
     task = make_task("reverse", seed=cfg.seed, min_len=cfg.min_len, max_len=cfg.max_len,
                      num_symbols=cfg.num_symbols)
     if checkpoint is not None or (path / "config.json").is_file():
-        model = ckpt.load(path).model
+        loaded = ckpt.load(path)
+        model, trained_on = loaded.model, loaded.metadata.get("task")
+        if loaded.config.kind != "transformer" or trained_on not in (None, "reverse"):
+            raise ValueError(f"--checkpoint {path}: a model of kind {loaded.config.kind!r} "
+                             f"trained on {trained_on or 'an unnamed task'}, but the sweep "
+                             "measures exact "
+                             "match on string reversal; pass a run of headwise train reverse "
+                             "(or headwise demo's headwise-demo/checkpoint)")
     else:
         from headwise.train import train
         model = train(demo_config(steps=steps or (400 if quick else 1500)), progress=False,

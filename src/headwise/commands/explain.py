@@ -137,11 +137,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _refuse_empty(texts: list[str]) -> None:
-    """As view refuses ``--text ""``: an empty text has nothing to explain."""
+    """As view refuses ``--text ""``: an empty text has nothing to explain; nor has text that
+    is not UTF-8 (the tokenizers take UTF-8)."""
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ValueError(f"text {empty[0]} is empty; pass a non-empty string, e.g. headwise "
                          "explain \"The cat sat on the mat.\"")
+    for i, t in enumerate(texts):  # argv bytes that are not UTF-8 arrive as lone surrogates
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text {i} is not valid UTF-8 (byte {ord(t[e.start]) & 0xFF:#04x} "
+                             f"at character {e.start}); pass UTF-8 text (iconv -t UTF-8 converts "
+                             "it)") from None
 
 
 def _note_cut(tokenizer, texts: list[str], pairs: list[str] | None) -> None:

@@ -4,8 +4,13 @@ and when; this module only runs the compiler and opens the result).
 - :func:`start`: compile in a thread, so a slow or hung compiler never holds up the caller
   longer than it chooses to wait; the compiler runs in its own process group (session), so a
   hung one is killed with its children (cc1, as, ld) at the time limit or when this process
-  exits; the library is written to a temporary file and renamed into place (another process
-  sees all of it or nothing).
+  exits; the library is written to a temporary file, flushed to disk and renamed into place
+  (another process sees all of it or nothing), then its stamp beside it (``.so.stamp``: the
+  library's size and sha256 and the sha256 of its sources and flags);
+- :func:`verify`: why a cached library may not be loaded (``""``: it may): no stamp, a stamp
+  that does not match the file (truncated by a full disk or an interrupted copy, another
+  library copied in its place) or its sources, a function the table needs missing. Mapping a
+  truncated library dies of SIGBUS, so nothing is opened before it is verified;
 - :func:`open_library`: ``ctypes`` with each function's C signature, from a compact table;
 - :func:`target`: the compiler and the library's path.
 """
@@ -16,6 +21,7 @@ import atexit
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -24,7 +30,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["TYPES", "compile_library", "kill", "open_library", "start", "target"]
+from headwise import _io
+
+__all__ = ["TYPES", "compile_library", "kill", "open_library", "source_key", "start",
+           "stamp_path", "target", "verify"]
 
 # the letters of a signature (open_library): pointer, long, int, float
 TYPES = {"p": ctypes.c_void_p, "l": ctypes.c_long, "i": ctypes.c_int, "f": ctypes.c_float}
@@ -69,8 +78,44 @@ def compile_library(cc: str, sources, flags, path: Path, state: dict, timeout: f
             state.pop("proc", None)
         if proc.returncode != 0:
             return f"{cc} failed: {err.strip()[-300:]}"
+        data = built.read_bytes()
+        with open(built, "rb+") as f:
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+        stamp = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                 "sources": source_key(sources, flags)}
         os.replace(built, path)  # atomic: another process sees all of it or nothing
+        _io.atomic_write(stamp_path(path), lambda f: json.dump(stamp, f), binary=False)
     return ""
+
+
+def stamp_path(path: Path) -> Path:
+    """Where the stamp of the library at ``path`` lies."""
+    return path.with_name(path.name + ".stamp")
+
+
+def source_key(sources, flags) -> str:
+    """The sha256 of ``sources``' bytes and ``flags``: what a library was built from."""
+    return hashlib.sha256(b"".join(Path(p).read_bytes() for p in sources)
+                          + " ".join(flags).encode()).hexdigest()
+
+
+def verify(path: Path, sources, flags, symbols) -> str:
+    """Why the library at ``path`` may not be loaded, in one line (``""``: it may): its stamp
+    (:func:`compile_library`) must exist and match the file's size and sha256 and the sha256
+    of ``sources`` and ``flags``, and each name in ``symbols`` must be among its strings."""
+    try:
+        stamp = json.loads(stamp_path(path).read_text(encoding="utf-8"))
+        data = path.read_bytes()
+    except (OSError, ValueError) as e:
+        return f"no readable stamp beside it ({type(e).__name__})"
+    if not isinstance(stamp, dict) or stamp.get("sources") != source_key(sources, flags):
+        return "its stamp names other sources or flags"
+    if stamp.get("size") != len(data):
+        return f"it holds {len(data)} bytes where its stamp says {stamp.get('size')}"
+    if stamp.get("sha256") != hashlib.sha256(data).hexdigest():
+        return "its bytes do not match its stamp's sha256 (another file in its place)"
+    missing = [s for s in symbols if b"\0" + s.encode() + b"\0" not in data]
+    return f"it lacks {missing[0]} (an older build)" if missing else ""
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -111,7 +156,6 @@ def target(sources, flags) -> tuple[str, Path] | str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return "no C compiler (cc or gcc) on PATH"
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in sources)
-                         + " ".join(flags).encode()).hexdigest()[:16]
+    key = source_key(sources, flags)[:16]
     root = Path(os.environ.get("HEADWISE_CACHE") or Path.home() / ".cache" / "headwise")
     return cc, root / f"{Path(sources[0]).stem}-{key}.so"

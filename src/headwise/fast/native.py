@@ -13,7 +13,8 @@ How. The first call compiles :data:`SOURCES` (``-O3 -mavx2 -mfma -ffp-contract=o
 each product and sum rounded on its own) with :func:`headwise.fast.build.target`'s compiler into
 its path, in a thread the first call waits :data:`WAIT_S` for: past that the process keeps the
 torch path, and the compiler is killed after :data:`BUILD_TIMEOUT_S` or at exit
-(:mod:`headwise.fast.build`). The kernels split output features over
+(:mod:`headwise.fast.build`). A cached library is loaded only once its stamp verifies (else it
+is rebuilt: :func:`headwise.fast.build.verify`). The kernels split output features over
 ``torch.get_num_threads()`` OpenMP threads (torch's ``libgomp``). bfloat16, 4-bit and 8-bit
 weights (``step_kernels_bf16.c``, ``_q4.c``, ``_q8.c``) run AVX-512 (with AVX512-BF16's
 ``vdpbf16ps``) where CPU and OS have it, else AVX2 (:func:`isa`; ``HEADWISE_NATIVE_ISA=avx2``);
@@ -57,50 +58,48 @@ BUILD_TIMEOUT_S = 120  # then the compiler and its children are killed
 _F32, _BF16, _U8, _I8, _F16 = torch.float32, torch.bfloat16, torch.uint8, torch.int8, torch.float16
 _lock = threading.Lock()
 # "fn": the library (a ctypes.CDLL) or None; "why": the reason when None; "wide": 1 for the
-# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "thread", "proc",
-# "failed": the build and its compiler while they run, why the build failed
+# AVX512-BF16 path, 0 for AVX2; "f16c": float16 conversions (4-bit kernels); "stale": why the
+# cached library was rebuilt; "thread", "proc", "failed": the build, its compiler, why it failed
 _state: dict = {}
 _declined: dict[str, str] = {}  # kernel -> why it first declined a product it was asked for
 
 
-def status() -> str:
-    """``"ready"``, or why the kernel is not used (building it first if not tried yet, and
-    waiting for a build still under way: a diagnostic, not a hot path)."""
-    if _kernel() is None and _state.get("thread") is not None:
+def status(wait: float = 0.0) -> str:
+    """``"ready"``, or why the kernel is not used, in one line (building it first if not tried
+    yet). A build still under way is waited for at most ``wait`` s: by default not at all, so
+    a line that reports it (``headwise chat``'s roof) never waits for a hung compiler."""
+    if _kernel() is None and (t := _state.get("thread")) is not None and wait > 0:
+        t.join(wait)
         with _lock:
-            _state.update(_settle(BUILD_TIMEOUT_S + 5))
+            _state.update(_settle(0.0))
     return "ready" if _kernel() is not None else _state["why"]
 
 
 def isa() -> str | None:
-    """The path the bfloat16, 4-bit and 8-bit products run: ``"avx512-bf16"`` or ``"avx2"``
-    (None without the library: :func:`status` says why)."""
+    """The bfloat16, 4-bit and 8-bit products' path, ``"avx512-bf16"`` or ``"avx2"``, or None."""
     return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
 
 
 def use_isa(name: str) -> None:
-    """From now on in this process, run the bfloat16 and 4-bit kernels on path ``name`` as
-    :data:`ISA_ENV` would have from the start (a benchmark's rows on each path)."""
+    """Run the bfloat16 and 4-bit kernels on path ``name`` from now on (as :data:`ISA_ENV`)."""
     if name not in ISAS:
         raise ValueError(f"use_isa: expected one of {ISAS}, got {name!r}")
     os.environ[ISA_ENV] = name
-    with _lock:
-        _state.pop("fn", None)  # (settled again at the next call: the library is loaded once)
+    with _lock:  # (settled again at the next call: the library is loaded once)
+        _state.pop("fn", None)
 
 
-def library():
-    """``(the loaded library, "wide", "f16c")`` as the wrappers pass them, or None."""
+def library():  # (the loaded library, "wide", "f16c") as the wrappers pass them, or None
     return None if _kernel() is None else (_state["fn"], _state["wide"], _state["f16c"])
 
 
 def declined() -> dict[str, str]:
-    """For each kernel that declined a product it was asked for, the first reason (the caller
-    then ran torch's kernel), e.g. ``{"q4_matmul": "more than 4 rows"}``."""
+    """Each kernel's first reason to decline a product (torch's kernel ran instead)."""
     return dict(_declined)
 
 
-def decline(kernel: str, why: str) -> None:
-    _declined.setdefault(kernel, why)  # (its first reason, for declined()); returns None
+def decline(kernel: str, why: str) -> None:  # (its first reason, for declined()); None
+    _declined.setdefault(kernel, why)
 
 
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -238,7 +237,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
 
 
 def rms_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether :func:`rms_rows` takes ``x`` and ``w``."""
+    # (whether rms_rows takes x and w)
     return (x.dim() == 2 and x.stride(1) == 1 and w.shape == (x.shape[1],) and w.is_contiguous()
             and applies(x, w, bf16=True))
 
@@ -353,22 +352,26 @@ def _settle(wait: float) -> dict:
         if not isinstance(found, tuple):
             return {"fn": None, "why": found}
         cc, path = found
-        if not path.exists():
+        stale = build.verify(path, SOURCES, FLAGS, SIGNATURES) if path.exists() else ""
+        if stale or not path.exists():  # never mapped unverified: a truncated one is SIGBUS
             thread = (_state.get("thread")
                       or build.start(cc, SOURCES, FLAGS, path, _state, BUILD_TIMEOUT_S))
             thread.join(wait)
+            note = f"the cached {path.name} is rebuilt, as {stale}; " if stale else ""
             if thread.is_alive():
                 return {"fn": None, "why": (
-                    f"{cc} is still building {SOURCE.name} after {wait:.0f} s: this process "
-                    f"uses the torch path; the build goes on (killed after {BUILD_TIMEOUT_S} s)"
-                    " and later processes load it")}
+                    f"{note}{cc} is still building {SOURCE.name}: this process uses the torch "
+                    f"path; the build goes on (killed after {BUILD_TIMEOUT_S} s) and later "
+                    "processes load it")}
             if _state.get("failed"):
-                return {"fn": None, "why": _state["failed"]}
+                return {"fn": None, "why": note + _state["failed"]}
+            if bad := build.verify(path, SOURCES, FLAGS, SIGNATURES):
+                return {"fn": None, "why": f"{note}the new {path.name} is not usable: {bad}"}
         lib = build.open_library(path, SIGNATURES)
         features = lib.headwise_features()  # bit 0: F16C, bit 1: the AVX512-BF16 path
         wide = features >> 1 & 1 and os.environ.get(ISA_ENV, "auto") != "avx2"
-        return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1}
-    except (OSError, subprocess.SubprocessError) as e:
+        return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1, "stale": stale}
+    except (OSError, AttributeError, subprocess.SubprocessError) as e:  # (a missing symbol)
         return {"fn": None, "why": f"could not build or load {SOURCE.name}: {e}"}
 
 
@@ -387,14 +390,11 @@ def _compiler():
 
 
 # the library's functions and C signatures (build.TYPES; the letter after ":" the result)
-SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i",
-              "headwise_rows_matmul_bf16": "plplplplpillii:i",
-              "headwise_q4_matmul": "plpppplplpillii:i",
-              "headwise_q8_matmul": "plppplplpillii:i",
-              "headwise_features": ":i", "headwise_row_matmul_t": "pplppplli:",
-              "headwise_rope_rows": "plllllppl:i", "headwise_rope_rows_bf16": "plllllppl:i",
-              "headwise_rms_rows": "pllpflp:", "headwise_rms_rows_bf16": "pllpflp:",
-              "headwise_attend_rows": "plppllllllllfpli:i",
+SIGNATURES = {"headwise_rows_matmul": "plplplplpilli:i", "headwise_features": ":i",
+              "headwise_rows_matmul_bf16": "plplplplpillii:i", "headwise_plan_run": "plllii:l",
+              "headwise_q4_matmul": "plpppplplpillii:i", "headwise_q8_matmul": "plppplplpillii:i",
+              "headwise_row_matmul_t": "pplppplli:", "headwise_rope_rows": "plllllppl:i",
+              "headwise_rope_rows_bf16": "plllllppl:i", "headwise_rms_rows": "pllpflp:",
+              "headwise_rms_rows_bf16": "pllpflp:", "headwise_attend_rows": "plppllllllllfpli:i",
               "headwise_attend_rows_bf16": "plppllllllllfpli:i",
-              "headwise_self_rows": "pllllllppipplllllifpli:i",
-              "headwise_plan_run": "plllii:l"}
+              "headwise_self_rows": "pllllllppipplllllifpli:i"}

@@ -16,6 +16,7 @@ switching a model), ``prune`` (cutting heads out of Llama-family layers, and bui
 checkpoint's structure), ``local`` (:func:`load`, the one loader: a local model folder, pruned
 or not, a GGUF file or an installed model's name, ``"minilm"``, ``"smollm2"``, as
 ``(model, tokenizer)`` on headwise; nothing downloaded; ``load_pruned`` is deprecated),
+``folder`` (a folder checked before transformers reads it: one line for each problem),
 ``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
 importance). This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule
 and its check: the table in ``tests/test_wings.py``): ``attend``, ``weights``, ``heads``,

@@ -10,9 +10,11 @@ GGUF's metadata (its whole vocabulary: 49k-262k entries) is parsed into a config
 that config goes to the tokenizer and the model (transformers' own weight reader parses it once
 more, as in its own ``from_pretrained``). Every check that needs no weights comes first, each one
 readable line: a missing path, a folder without ``config.json``, a configuration transformers
-does not know, a model class whose attention does not go through the attention interface
-(built on the meta device, so no weights are read), no tokenizer. Everything is read with
-``local_files_only=True``.
+does not know, a config naming no model class or one transformers lacks, a model class whose
+attention does not go through the attention interface (built on the meta device, so no weights
+are read), no tokenizer, a damaged safetensors file or weights of another shape
+(:mod:`headwise.hf.folder`); what transformers' loader still raises is one
+:class:`~headwise.errors.CheckpointError` line. Everything is read with ``local_files_only=True``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from headwise.errors import CheckpointError
+from headwise.hf import folder as _folder
 from headwise.hf.model import NAME, refuse_unless_served
 from headwise.installed import MODELS
 
@@ -33,8 +37,9 @@ def check_source(source, where: str = "headwise.hf.load") -> Path:
     """``source`` as a path that can hold a model (a folder with ``config.json`` or a ``.gguf``
     file), else a ValueError naming what is missing. A name of :data:`MODELS` that is not a
     path here is that installed model's folder or file. Reads nothing but directory listings."""
+    _folder.check_source_type(source, where)
     path = Path(source).expanduser()
-    if not path.exists() and isinstance(source, str) and source in MODELS:
+    if _folder.resolve(path, where) is None and isinstance(source, str) and source in MODELS:
         return MODELS[source].path()  # not installed: a CheckpointError saying how to install
     if not path.exists():
         names = ", ".join(f"{m.name!r} ({m.title})" for m in MODELS.values())
@@ -68,15 +73,25 @@ def _one_line(exc: BaseException) -> str:
 
 def _model_class(config, where: str, gguf: bool):
     """The class named in ``config.architectures`` (transformers' own), else the causal-LM
-    class of a GGUF file's config (GGUF files hold decoders; their configs name none), else
-    ``AutoModel``'s for that config type."""
+    class of a GGUF file's config (GGUF files hold decoders; their configs name none). A
+    folder's config naming none, or only classes transformers lacks, is a CheckpointError
+    (``AutoModel``'s class would load the weights without their head)."""
     import transformers
 
-    for name in getattr(config, "architectures", None) or ():
+    named = getattr(config, "architectures", None) or ()
+    for name in named:
         cls = getattr(transformers, name, None)
         if cls is not None:
             return cls
-    auto = transformers.AutoModelForCausalLM if gguf else transformers.AutoModel
+    auto = transformers.AutoModelForCausalLM
+    if not gguf:
+        lm = [a._model_mapping.get(type(config), None) for a in (
+            auto, transformers.AutoModelForMaskedLM, transformers.AutoModel)]
+        hint = next((c.__name__ for c in lm if isinstance(c, type)), "the model's class")
+        problem = (f"names {list(named)}, which transformers {transformers.__version__} has "
+                   "no class for") if named else "names no model class (no \"architectures\")"
+        raise CheckpointError(f"{where}: config.json {problem}; set \"architectures\": "
+                              f"[\"{hint}\"] in it (what save_pretrained writes)")
     try:
         return auto._model_mapping[type(config)]
     except KeyError:
@@ -144,16 +159,23 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     Raises ValueError (one line, before any weights are read) for a missing path or unknown
     name (the message lists the names), a folder without ``config.json``, a configuration or
     tokenizer transformers cannot read, or a model class headwise cannot serve."""
-    from headwise.hf.prune import from_pretrained
+    from headwise.hf.prune import from_pretrained, restructure
 
+    device = _folder.check_device(device, where)
     structure = skeleton(source, where)
     files = _files(check_source(source, where))
+    if "gguf_file" not in files:  # a damaged or mismatched folder: one line, nothing read yet
+        restructure(structure)
+        _folder.check_weights(files["pretrained_model_name_or_path"], structure, where)
     tok = tokenizer(files, structure.config, where)
     try:  # a checkpoint headwise.hf.prune_heads pruned gets its per-layer head counts first
         where_from = files.pop("pretrained_model_name_or_path")
         model = from_pretrained(where_from, type(structure), config=structure.config, **files,
                                 attn_implementation=NAME, dtype=dtype)
-    except OSError as e:
-        raise ValueError(f"{where}: cannot read the weights of {str(source)!r}: "
-                         f"{_one_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 (transformers' and safetensors' loader errors)
+        if not isinstance(e, OSError | RuntimeError | ValueError | KeyError) and \
+                type(e).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{where}: cannot read the weights of {str(source)!r}: "
+                              f"{_one_line(e)[:300]}; {_folder.FIX}") from None
     return model.to(device).eval(), tok

@@ -112,6 +112,12 @@ def load_pruned(path, model_class=None, **kwargs):
                   "class or from_pretrained options of your own, call "
                   "headwise.hf.prune.from_pretrained(path, model_class, **kwargs)",
                   DeprecationWarning, stacklevel=2)
+    from headwise.hf import folder, local  # the folder checked as headwise.hf.load checks it
+
+    where = "headwise.hf.load_pruned"
+    structure = local.skeleton(path, where)
+    restructure(structure)
+    folder.check_weights(local.check_source(path, where), structure, where)
     return from_pretrained(path, model_class, **kwargs)
 
 

@@ -99,6 +99,9 @@ def _check_index(value, name: str) -> None:
         if value.dtype == torch.bool:
             raise TypeError(f"Selection: {name} is a bool tensor, but indices are expected; "
                             f"pass its positions: {name}=mask.nonzero().flatten()")
+        if value.device.type == "meta":
+            raise ValueError(f"Selection: {name} is a meta tensor, which holds no indices to "
+                             f"read; pass them on the CPU, e.g. {name}=torch.tensor([0, 2])")
         if value.is_floating_point() or value.is_complex() or value.dim() > 1:
             raise TypeError(f"Selection: {name} must be a 0-D or 1-D integer tensor, got "
                             f"{str(value.dtype).removeprefix('torch.')} of shape "
