@@ -146,3 +146,21 @@ def test_smollm2_with_a_window_over_the_whole_text_gives_the_full_caches_answer(
     tokens2, logits2 = generate_with_logits(model, x, max_new_tokens=10, kv_plan=plan)
     assert torch.equal(tokens, tokens2)
     assert (logits2 - logits).abs().max() <= 1e-6 * max(1.0, logits.abs().max().item())
+
+
+def test_the_fixed_shape_step_reads_the_same_ragged_cache_and_graphs_are_refused():
+    from headwise.decode.step import DecodeStep
+
+    model = lm()
+    x = torch.randint(1, 41, (2, 6), generator=torch.Generator().manual_seed(9))
+    plan = KVPlan(3, 2, 8, 1, 3, ((0,), (1,), (0, 1)))
+    outs = []
+    for static in (False, True):
+        cache = headwise_cache(model, plan, 2, 20)
+        with torch.inference_mode():
+            model(x, cache=cache)
+            step = DecodeStep(model, cache, static=static)
+            outs.append(torch.stack([step(x[:, t % 6]) for t in range(8)]))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="head-wise KV cache"):
+        DecodeStep(model, headwise_cache(model, plan, 2, 20), graph=True)
