@@ -6,6 +6,8 @@ Run: ``python benchmarks/kv.py [--quick]`` (1 thread). Real Austen text (``make 
   rank     each of the 90 key/value groups' measured cost: the next-token loss on a
            ``--rank-tokens`` calibration passage when that group alone streams (sinks 4, window
            ``--rank-window``), minus the full cache's; the plans stream the cheapest first
+  prompts  ``--lengths`` n fill the context: prompt + held-out tokens are n - 128 tokens, the
+           timed steps after them stay within n (SmolLM2's context is 8192)
   plans    ``--budgets`` shares of the groups streaming, sinks 4 and window ``--window``
   loss     next-token loss on the ``--heldout`` tokens that follow each prompt, the prompt's
            prefill and the held-out tokens in one forward through the cache (what decoding
@@ -23,6 +25,7 @@ DuoAttentionPress) are not run here: see the note printed at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,10 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from _common import interleave, median_ms, ratio, rss_mb, set_clock, table  # noqa: E402
 
+from headwise._io import atomic_write  # noqa: E402
 from headwise.analysis.kv import group_costs, plan_loss  # noqa: E402
 from headwise.decode.ragged import headwise_cache  # noqa: E402
 from headwise.decode.step import DecodeStep  # noqa: E402
 from headwise.kvplan import KVPlan  # noqa: E402
+
+
+RESERVE = 128  # positions left after prompt + held-out for the timed steps
 
 
 def austen_ids(tokenizer, n: int) -> torch.Tensor:
@@ -62,17 +69,17 @@ def plan_of(order, share: float, window: int) -> KVPlan:
 def measure(model, ids, plans, heldout: int, batch: int, steps: int, budget: float):
     """Rows for one prompt: loss, KV bytes, ms/step of each plan (None: the full cache)."""
     x = ids[None].expand(batch, -1)
-    n = x.shape[1]
+    n = x.shape[1] + RESERVE
     steppers, rows = {}, []
     for name, plan in plans.items():
         with torch.inference_mode():
-            cache = (model.new_cache(batch, n + 400) if plan is None
-                     else headwise_cache(model, plan, batch, n + 400))
+            cache = (model.new_cache(batch, n) if plan is None
+                     else headwise_cache(model, plan, batch, n))
             logits = model(x, cache=cache)[0]
         tail = logits[:, -heldout - 1:-1].float()
         loss = torch.nn.functional.cross_entropy(tail.flatten(0, 1),
                                                  x[:, -heldout:].flatten()).item()
-        step = DecodeStep(model, cache, steps=400)
+        step = DecodeStep(model, cache, steps=RESERVE)
         token = x[:, -1].clone()
         steppers[name] = lambda step=step, token=token: [step(token) for _ in range(steps)]
         rows.append(dict(plan=name, loss=loss, kv=cache.nbytes() / 2**20))
@@ -96,6 +103,7 @@ def main() -> int:
     ap.add_argument("--rank-tokens", type=int, default=512)
     ap.add_argument("--rank-window", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rank-file", help="reuse (or save) the ranking here (JSON)")
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of timing per prompt")
     args = ap.parse_args()
     if args.quick:
@@ -106,8 +114,14 @@ def main() -> int:
     from headwise.pretrained import find_smollm2, load_gguf
 
     chat = load_gguf(find_smollm2())
-    ids = austen_ids(chat.tokenizer, max(args.lengths) + args.heldout + args.rank_tokens)
-    order = ranked(chat.model, ids[-args.rank_tokens:], args.rank_window)
+    ids = austen_ids(chat.tokenizer, max(args.lengths) + args.rank_tokens)
+    saved = Path(args.rank_file) if args.rank_file else None
+    if saved is not None and saved.exists():
+        order = [tuple(ic) for ic in json.loads(saved.read_text())]
+    else:
+        order = ranked(chat.model, ids[-args.rank_tokens:], args.rank_window)
+        if saved is not None:
+            atomic_write(saved, lambda f: f.write(json.dumps(order)), binary=False)
     rank_loss = plan_loss(chat.model, ids[-args.rank_tokens:][None], None)
     plans = {"full": None} | {f"stream {s:.0%}": plan_of(order, s, args.window)
                               for s in args.budgets}
@@ -119,7 +133,7 @@ def main() -> int:
         model = chat.model.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
         for n in args.lengths:
             for b in args.batches:
-                prompt = ids[:n + args.heldout]
+                prompt = ids[:n - RESERVE]
                 for row in measure(model, prompt, plans, args.heldout, b, args.steps,
                                    args.budget):
                     all_rows.append(dict(row, dtype=dtype, prompt=n, batch=b))
