@@ -81,6 +81,10 @@ class Tool:
 
     why: dict[str, str] = {}
 
+    def cell_forward(self, ids):  # (a tool over an HF model in self.model; others override)
+        self.model(input_ids=ids)
+        return None
+
     @classmethod
     def available(cls) -> str:
         """"" where the tool can run at all here, else why not (one line)."""
@@ -99,10 +103,6 @@ class Headwise(Tool):
         super().__init__(*args)
         import headwise.hf  # noqa: F401  (registers attn_implementation="headwise")
         self.model = load_hf(self.model_dir, "headwise")
-
-    def cell_forward(self, ids):
-        self.model(input_ids=ids)
-        return None
 
     def cell_head(self, ids):
         import headwise.hf as hh
@@ -146,6 +146,7 @@ class HeadwiseCache(Tool):
     where this build has it."""
 
     name = "headwise cache"
+    cell_forward = None  # (the headwise row)
     why = {"forward": "the headwise row", "stats": "the headwise row (hw.stats.collect)",
            "view": "the headwise row", "decode": "the headwise row"}
 
@@ -216,10 +217,6 @@ class HFEager(Tool):
     def __init__(self, *args):
         super().__init__(*args)
         self.model = load_hf(self.model_dir, "eager")
-
-    def cell_forward(self, ids):
-        self.model(input_ids=ids)
-        return None
 
     def cell_head(self, ids):
         return self.model(input_ids=ids, output_attentions=True).attentions[LAYER][0, HEAD]
@@ -368,10 +365,6 @@ class AttnRead(Tool):
         return extract_attention(self.model, {"input_ids": ids,
                                               "attention_mask": torch.ones_like(ids)}, heads=heads)
 
-    def cell_forward(self, ids):
-        self.model(input_ids=ids)
-        return None
-
     def cell_head(self, ids):
         return self.extract(ids, [(LAYER, HEAD)])[("text", LAYER, HEAD)][0]
 
@@ -399,10 +392,6 @@ class BertViz(Tool):
         super().__init__(*args)
         self.model = load_hf(self.model_dir, "eager")
 
-    def cell_forward(self, ids):
-        self.model(input_ids=ids)
-        return None
-
     def cell_view(self, ids):
         from bertviz import head_view
         attentions = self.model(input_ids=ids, output_attentions=True).attentions
@@ -416,7 +405,7 @@ TOOLS = {t.name: t for t in (Headwise, HeadwiseCache, HFEager, TransformerLens, 
 def supported(tool: str, cell: str) -> str:
     """"" when ``tool`` has ``cell``, else the one line saying why not (no import needed)."""
     cls = TOOLS[tool]
-    if not hasattr(cls, "cell_" + cell.replace("@", "_")):
+    if getattr(cls, "cell_" + cell.replace("@", "_"), None) is None:
         return cls.why.get(cell, f"{tool} has no {cell} cell")
     return cls.available()
 

@@ -276,6 +276,18 @@ def _hanging_cc(tmp_path):
     return cc, pids
 
 
+def _hanging_build(monkeypatch, tmp_path, wait_s: float, timeout_s: float):
+    """A fresh native state whose next build runs a hanging ``$CC`` (into a cache of its own),
+    first calls waiting ``wait_s`` and the build killed after ``timeout_s``: ``(cc, pids)``."""
+    cc, pids = _hanging_cc(tmp_path)
+    monkeypatch.setattr(_native, "_state", {})
+    monkeypatch.setattr(_native, "WAIT_S", wait_s)
+    monkeypatch.setattr(_native, "BUILD_TIMEOUT_S", timeout_s)
+    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(cc))
+    return cc, pids
+
+
 def _gone(pids_file, seconds=10.0) -> bool:
     """Every recorded pid has exited (absent, or a zombie waiting for init)."""
     deadline = time.monotonic() + seconds
@@ -300,12 +312,7 @@ def test_a_hanging_compiler_costs_the_first_call_wait_s_and_is_killed_with_its_c
     """A hung ``$CC`` blocked every process's first generation for the 300 s build timeout
     and left its children running. Now the first call waits WAIT_S, takes the torch path, and
     the compiler's whole process group is killed at BUILD_TIMEOUT_S."""
-    cc, pids = _hanging_cc(tmp_path)
-    monkeypatch.setattr(_native, "_state", {})
-    monkeypatch.setattr(_native, "WAIT_S", 0.5)
-    monkeypatch.setattr(_native, "BUILD_TIMEOUT_S", 3)
-    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("CC", str(cc))
+    cc, pids = _hanging_build(monkeypatch, tmp_path, 0.5, 3)
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("no AVX2: the kernel is never built here")
     start = time.monotonic()

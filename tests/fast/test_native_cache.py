@@ -18,7 +18,7 @@ import torch
 
 from headwise.fast import build
 from headwise.fast import native as _native
-from tests.fast.test_native import _builds_here, _hanging_cc
+from tests.fast.test_native import _builds_here, _hanging_build
 
 needs_kernel = pytest.mark.skipif(not _builds_here(), reason="no x86-64 AVX2 CPU or no cc")
 
@@ -125,12 +125,7 @@ def test_verify_names_what_is_wrong(built, tmp_path):
 def test_status_does_not_wait_for_a_build_under_way(monkeypatch, tmp_path):
     """``headwise chat`` printed its roof line with ``status()``, which waited for a hung
     compiler's time limit (~107 s more at exit); now status answers at once with the reason."""
-    cc, _ = _hanging_cc(tmp_path)
-    monkeypatch.setattr(_native, "_state", {})
-    monkeypatch.setattr(_native, "WAIT_S", 0.3)
-    monkeypatch.setattr(_native, "BUILD_TIMEOUT_S", 4)
-    monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("CC", str(cc))
+    _hanging_build(monkeypatch, tmp_path, 0.3, 4)
     start = time.monotonic()
     why = _native.status()
     assert time.monotonic() - start < 2.5, why

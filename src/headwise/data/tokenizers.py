@@ -152,7 +152,8 @@ def tokenizer_from_dict(d: dict[str, Any]) -> CharTokenizer | ByteTokenizer:
     if kind == "char":
         if set(d) != {"kind", "alphabet"}:
             raise ValueError(f"char tokenizer dict expects keys kind, alphabet; got {sorted(d)}")
-        if not isinstance(d["alphabet"], str):
+        alphabet = d["alphabet"]
+        if not isinstance(alphabet, str | list) or not all(isinstance(c, str) for c in alphabet):
             raise ValueError(f"char tokenizer dict: alphabet must be a string of its characters, "
                              f"got {type(d['alphabet']).__name__} {d['alphabet']!r:.40}; write "
                              "e.g. \"alphabet\": \"abc\"")

@@ -22,8 +22,8 @@ import torch
 
 from headwise.errors import CheckpointError
 
-__all__ = ["HEADER_MAX", "check_device", "check_source_type", "check_weights", "read_header",
-           "resolve"]
+__all__ = ["HEADER_MAX", "check_device", "check_folder", "check_source_type", "check_weights",
+           "read_header", "resolve"]
 
 HEADER_MAX = 100 * 2**20  # safetensors' own limit on a header
 # bytes per element of each safetensors dtype
@@ -126,3 +126,15 @@ def check_weights(folder: Path, model, where: str) -> None:
                     f"{list(want)}: the weights and the config belong to different models "
                     "(or config.json, or its headwise_pruned_heads, was edited); put the "
                     "config.json saved with these weights beside them")
+
+
+def check_folder(path, where: str) -> None:
+    """A folder with ``config.json`` and whole safetensors files (:func:`read_header`), or a
+    CheckpointError (TypeError for a source of another type), before transformers reads it."""
+    check_source_type(path, where)
+    path = Path(path).expanduser()
+    if resolve(path, where) is None or not (path / "config.json").is_file():
+        raise CheckpointError(f"{where}: {str(path)!r} does not exist or holds no config.json; "
+                              "pass the folder save_pretrained wrote")
+    for file in sorted(path.glob("*.safetensors")):
+        read_header(file, where)

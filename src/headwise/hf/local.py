@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, one_line
 from headwise.hf import folder as _folder
 from headwise.hf.model import NAME, refuse_unless_served
 from headwise.installed import MODELS
@@ -67,10 +67,6 @@ def _files(path: Path) -> dict:
     return {"pretrained_model_name_or_path": path, "local_files_only": True}
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def _model_class(config, where: str, gguf: bool):
     """The class named in ``config.architectures`` (transformers' own), else the causal-LM
     class of a GGUF file's config (GGUF files hold decoders; their configs name none). A
@@ -111,7 +107,7 @@ def skeleton(source, where: str = "headwise.hf.load"):
         config = transformers.AutoConfig.from_pretrained(**files)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"{where}: cannot read the configuration of {str(source)!r}: "
-                         f"{_one_line(e)}") from None
+                         f"{one_line(e)}") from None
     with torch.device("meta"):
         model = _model_class(config, where, "gguf_file" in files)(config)
     refuse_unless_served(model, where)
@@ -142,7 +138,7 @@ def tokenizer(files: dict, config, where: str = "headwise.hf.load"):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{where}: no tokenizer could be read from "
                          f"{str(files.get('gguf_file') or folder)!r} (save it beside the model: "
-                         f"tokenizer.save_pretrained(DIR)): {_one_line(e)}") from None
+                         f"tokenizer.save_pretrained(DIR)): {one_line(e)}") from None
 
 
 def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -159,6 +155,8 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     Raises ValueError (one line, before any weights are read) for a missing path or unknown
     name (the message lists the names), a folder without ``config.json``, a configuration or
     tokenizer transformers cannot read, or a model class headwise cannot serve."""
+    from safetensors import SafetensorError
+
     from headwise.hf.prune import from_pretrained, restructure
 
     device = _folder.check_device(device, where)
@@ -172,10 +170,7 @@ def load(source, *, device: str | torch.device = "cpu", dtype: torch.dtype = tor
         where_from = files.pop("pretrained_model_name_or_path")
         model = from_pretrained(where_from, type(structure), config=structure.config, **files,
                                 attn_implementation=NAME, dtype=dtype)
-    except Exception as e:  # noqa: BLE001 (transformers' and safetensors' loader errors)
-        if not isinstance(e, OSError | RuntimeError | ValueError | KeyError) and \
-                type(e).__name__ != "SafetensorError":
-            raise
+    except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as e:  # loaders
         raise CheckpointError(f"{where}: cannot read the weights of {str(source)!r}: "
-                              f"{_one_line(e)[:300]}; {_folder.FIX}") from None
+                              f"{one_line(e)[:300]}; {_folder.FIX}") from None
     return model.to(device).eval(), tok

@@ -112,13 +112,17 @@ def load_pruned(path, model_class=None, **kwargs):
                   "class or from_pretrained options of your own, call "
                   "headwise.hf.prune.from_pretrained(path, model_class, **kwargs)",
                   DeprecationWarning, stacklevel=2)
-    from headwise.hf import folder, local  # the folder checked as headwise.hf.load checks it
+    from headwise.errors import CheckpointError, one_line
+    from headwise.hf import folder
 
     where = "headwise.hf.load_pruned"
-    structure = local.skeleton(path, where)
-    restructure(structure)
-    folder.check_weights(local.check_source(path, where), structure, where)
-    return from_pretrained(path, model_class, **kwargs)
+    folder.check_folder(path, where)
+    try:
+        return from_pretrained(path, model_class, **kwargs)
+    except RuntimeError as e:  # transformers' size-mismatch report
+        raise CheckpointError(f"{where}: {path}: the weights do not fit config.json (or its "
+                              f"{KEY} was edited): {one_line(e)[:200]}; put the config.json "
+                              "saved with these weights beside them") from None
 
 
 def from_pretrained(path, model_class=None, **kwargs):
