@@ -36,6 +36,14 @@ def test_kvplan_prints_the_plan_and_its_loss_and_chat_reads_it(smollm2_path, cal
     assert main(["chat", "Hi", "--max-new-tokens", "3", "--kv-plan", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "(30, 3, 32)" in err and "(30, 3, 64)" in err
+    raw["head_dim"] = 64
+    for text, message in ((json.dumps({**raw, "extra": 1}), "unknown keys ['extra']"),
+                          (json.dumps(raw)[:200], "truncated"),
+                          (json.dumps({**raw, "window": 0}), "window must be an int >= 1")):
+        out.write_text(text)
+        assert main(["chat", "Hi", "--max-new-tokens", "3", "--kv-plan", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -62,12 +62,22 @@ def test_a_layer_attends_each_group_under_its_rule_over_the_wrap(seed, prompt, s
         torch.testing.assert_close(got[row, :, s0:], want[row, :, s0:], rtol=1e-10, atol=1e-10)
 
 
-def test_memory_is_allocated_per_group():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_memory_is_allocated_per_group(dtype):
+    """The bytes are the tensors' own storage: a streaming group owns S + W slots, a full one
+    max_len, and no buffer of the full cache's size is held anywhere."""
     plan = KVPlan(2, 4, 16, 4, 12, ((0, 1, 2), ()))
-    cache = HeadwiseCache(plan, 3, 1000)
-    full = 2 * 2 * 3 * 4 * 1000 * 16 * 4
-    kept = 2 * 3 * 16 * 4 * (3 * 16 + 1 * 1000 + 4 * 1000)
-    assert cache.nbytes() == kept == plan.kv_bytes(3, 1000, 4) < full
+    cache = HeadwiseCache(plan, 3, 1000, dtype=dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    full = 2 * 2 * 3 * 4 * 1000 * 16 * size
+    kept = 2 * 3 * 16 * size * (3 * 16 + 1 * 1000 + 4 * 1000)
+    layers = [layer.self_attn for layer in cache.layers]
+    assert [tuple(x.kr.shape) for x in layers] == [(3, 3, 16, 16), (3, 0, 16, 16)]
+    assert [tuple(x.kf.shape) for x in layers] == [(3, 1, 1000, 16), (3, 4, 1000, 16)]
+    storage = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+               for x in layers for t in (x.kf, x.vf, x.kr, x.vr)}
+    assert sum(storage.values()) == cache.nbytes() == kept == plan.kv_bytes(3, 1000, size)
+    assert kept < full / 1.5
 
 
 def lm(**kw):
@@ -103,6 +113,20 @@ def test_every_group_streaming_without_sinks_is_the_sliding_window_model():
     with torch.no_grad():
         full = windowed(tokens)[0]
     torch.testing.assert_close(logits, full[:, 6:-1].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_after_the_ring_wraps_each_step_is_the_masked_prefill_of_the_whole_text():
+    """In float64, with sinks and a window the ring wraps many times over: the logits of every
+    decoded position are those of a fresh prefill of the whole text so far, which attends under
+    the sinks + window mask over every position at its true RoPE angle (no ring)."""
+    model = lm().double()
+    x = torch.randint(1, 41, (2, 5), generator=torch.Generator().manual_seed(8))
+    plan = KVPlan(3, 2, 8, 2, 3, ((0, 1), (1,), (0, 1)))
+    tokens, logits = generate_with_logits(model, x, max_new_tokens=16, kv_plan=plan)
+    for t in (5, 9, 13, 20):
+        with torch.no_grad():
+            want = model(tokens[:, :t], cache=headwise_cache(model, plan, 2, t))[0][:, -1]
+        torch.testing.assert_close(logits[:, t - 5].double(), want, rtol=1e-10, atol=1e-10)
 
 
 def test_the_module_path_and_the_step_agree_on_a_streaming_plan():

@@ -70,6 +70,24 @@ def test_every_group_streaming_is_the_dense_sinks_and_window_attention_over_the_
     torch.testing.assert_close(logits, want[:, 8:-1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_left_padded_row_streams_as_it_does_alone_over_the_wrap(family):
+    """Batch 2, row 1 left-padded by 3: its sinks are its first real tokens and its positions
+    start at 0 there, so after the ring has wrapped its tokens and logits are those of the same
+    row run alone without padding."""
+    model = build(family, "headwise")
+    model.generation_config.eos_token_id = None  # (both runs decode all 12 tokens)
+    ids, mask = inputs(True)
+    layers, groups, d = model_shape(model.config)
+    plan = KVPlan(layers, groups, d, 2, 3, ((0, 1),) + ((1,),) * (layers - 1))
+    with torch.no_grad():
+        seq, logits = run(model, ids, mask, HeadwiseKVCache(model, plan, 21), new=12)
+        alone, want = run(model, ids[1:, 3:], mask[1:, 3:], HeadwiseKVCache(model, plan, 18),
+                          new=12)
+    assert torch.equal(seq[1, 3:], alone[0])
+    torch.testing.assert_close(logits[1], want[0], rtol=1e-5, atol=1e-5)
+
+
 def test_other_implementations_and_other_shapes_are_refused():
     model = build("llama", "sdpa")
     layers, groups, d = model_shape(model.config)
