@@ -53,6 +53,7 @@ _EXPORTS = {
     "trace": "headwise.tracing",
     "Selection": "headwise.weights",
     "release_memory": "headwise.weights",
+    "long": None,
     "masks": None,
     "models": None,
     "stats": None,

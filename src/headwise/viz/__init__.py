@@ -6,6 +6,10 @@
   head toggles. Opens from disk with no network; 1024 tokens x 48 heads fit in < 40 MB.
 - :func:`catalogue_page` — the head catalogue (:func:`headwise.catalogue`) as one offline HTML
   file: every head's dataset-level scores, averaged pattern and top tokens, sortable.
+- :func:`long_view` -- the long-document head view: one offline HTML file from a long-context
+  profile (:class:`headwise.long.LongProfile`, passed in): block-map thumbnails of every head on
+  one scale, sortable by any score; one head's map, distance profile, received mass over the
+  text, top keys of a query block, and exact per-token rows asked for; a size budget it keeps.
 - :func:`attention_rollout` — Abnar & Zuidema (2020) rollout as a tensor.
 
 Example (any headwise model; ``return_weights=True`` gives ``{kind: [per layer (b, h, i, j)]}``)::
@@ -25,6 +29,7 @@ Only the command line, :mod:`headwise.hf.tools` and the catalogue (for its page)
 from headwise.viz.catalogue import catalogue_page
 from headwise.viz.head_view import head_view
 from headwise.viz.heatmaps import heatmaps
+from headwise.viz.long_view import long_view
 from headwise.viz.rollout import attention_rollout
 
-__all__ = ["attention_rollout", "catalogue_page", "head_view", "heatmaps"]
+__all__ = ["attention_rollout", "catalogue_page", "head_view", "heatmaps", "long_view"]
