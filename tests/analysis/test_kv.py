@@ -44,3 +44,45 @@ def test_a_tolerance_keeps_the_heldout_loss_within_it():
         kv_plan(model, ids(1), budget=2.0, scores=[[0, 0]] * 3)
     with pytest.raises(ValueError, match="window must be an int >= 1"):
         kv_plan(model, ids(1), window=0, scores=[[0, 0]] * 3)
+
+
+def profile(streaming: torch.Tensor, layers=(0, 1, 2), groups=2):
+    """A LongProfile of the tiny model's 4 query heads per layer carrying ``streaming (l, h)``
+    (its other statistics random: kv_plan reads only the group scores)."""
+    from headwise.long import LongProfile
+
+    g = torch.Generator().manual_seed(5)
+    l, h, n = len(layers), 4, 40
+    rand = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    return LongProfile(n=n, block=8, layers=list(layers), heads=list(range(h)),
+                       heads_per_layer=h, groups_per_layer=groups, sinks=4, window=16,
+                       maps=rand(l, h, 5, 5), distance=rand(l, h, 7),
+                       distance_edges=torch.tensor([0, 1, 2, 4, 8, 16, 32, n]),
+                       sink=rand(l, h), local=rand(l, h), received=rand(l, h, n),
+                       topk_keys=torch.randint(0, n, (l, h, 5, 2), generator=g),
+                       topk_mass=rand(l, h, 5, 2), scores={"streaming": streaming})
+
+
+def test_a_long_profile_ranks_the_groups_by_their_least_streaming_head():
+    model, x = lm(), ids(3)
+    streaming = torch.rand(3, 4, generator=torch.Generator().manual_seed(6))
+    p = profile(streaming)
+    plan = kv_plan(model, x, budget=0.5, sinks=1, window=4, scores=p)
+    group = streaming.view(3, 2, 2).amin(-1)  # (l, g): heads 2c, 2c+1 share group c
+    chosen = sorted(group[i, c].item() for i in range(3) for c in plan.streaming[i])
+    rest = sorted(group[i, c].item() for i in range(3) for c in plan.full(i))
+    assert len(chosen) == 3 and min(chosen) >= max(rest)
+    torch.testing.assert_close(torch.tensor(plan.scores, dtype=torch.float64), group.double())
+    assert plan.loss["plan"] == pytest.approx(plan_loss(model, x, plan))
+
+
+def test_a_profile_or_table_of_another_shape_is_one_line():
+    model, x = lm(), ids(3)
+    streaming = torch.rand(2, 4, generator=torch.Generator().manual_seed(7))
+    for scores, match in ((profile(streaming, layers=(0, 2)), r"covers layers \[0, 2\]"),
+                          (profile(torch.rand(3, 4), groups=4), r"\[0, 1, 2\] x 4 groups, the model has 3 x 2"),
+                          ([[0.5, 0.1]] * 2, r"gives \(2, 2\) streaming scores"),
+                          ([[0.5, float("nan")]] * 3, r"no finite streaming score")):
+        with pytest.raises(ValueError, match=match) as info:
+            kv_plan(model, x, budget=0.5, scores=scores)
+        assert "\n" not in str(info.value)

@@ -57,3 +57,41 @@ def test_bad_flags_are_one_line(argv, message, capsys):
         raise SystemExit(2)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def smollm2_profile(path, layers=30):
+    """A saved LongProfile of SmolLM2's shape (30 layers x 9 query heads, 3 groups) whose
+    streaming scores are random (the rest random too: kvplan reads only the group scores)."""
+    import torch
+
+    from headwise.long import LongProfile
+
+    g = torch.Generator().manual_seed(2)
+    rand = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    l, h, n = layers, 9, 16
+    streaming = rand(l, h)
+    LongProfile(n=n, block=8, layers=list(range(l)), heads=list(range(h)), heads_per_layer=h,
+                groups_per_layer=3, sinks=4, window=8, maps=rand(l, h, 2, 2),
+                distance=rand(l, h, 5), distance_edges=torch.tensor([0, 1, 2, 4, 8, n]),
+                sink=rand(l, h), local=rand(l, h), received=rand(l, h, n),
+                topk_keys=torch.randint(0, n, (l, h, 2, 2), generator=g),
+                topk_mass=rand(l, h, 2, 2), scores={"streaming": streaming}).save(path)
+    return streaming.view(l, 3, 3).amin(-1)
+
+
+def test_kvplan_ranks_by_a_saved_long_profile(smollm2_path, calib, tmp_path, capsys):
+    group = smollm2_profile(tmp_path / "long.safetensors")
+    out = tmp_path / "plan.json"
+    assert main(["kvplan", "--file", str(calib), "--tokens", "48", "--window", "8",
+                 "--budget", "0.2", "--profile", str(tmp_path / "long.safetensors"),
+                 "--out", str(out)]) == 0
+    plan = KVPlan.load(out)
+    chosen = [group[i, c].item() for i in range(30) for c in plan.streaming[i]]
+    rest = [group[i, c].item() for i in range(30) for c in plan.full(i)]
+    assert len(chosen) == 18 and min(chosen) >= max(rest)
+    assert "held-out loss over 48 tokens" in capsys.readouterr().out
+    smollm2_profile(tmp_path / "short.safetensors", layers=29)
+    assert main(["kvplan", "--file", str(calib), "--tokens", "48", "--profile",
+                 str(tmp_path / "short.safetensors")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "covers layers" in err[0] and "30 x 3" in err[0]

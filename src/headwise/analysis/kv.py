@@ -3,8 +3,10 @@ budget, with the loss it costs measured on held-out text.
 
 Axis legend: ``b`` rows, ``n`` positions, ``l`` layers, ``g`` key/value groups.
 
-How groups are ranked. Given per-group streaming scores (higher = more streaming-like, e.g.
-the long-document statistics' group scores), the highest stream first. Without them each
+How groups are ranked. Given per-group streaming scores (higher = more streaming-like): a
+:class:`headwise.long.LongProfile` of a calibration text (its ``group_scores["streaming"]``, the
+mass on sinks + window, a group as streaming as its least streaming query head) or an
+``(l, g)`` table, the highest stream first. Without them each
 group's *cost* is measured: the next-token loss on the calibration text when that group alone
 streams, minus the full cache's (one prefill per group; the cheapest stream first). A budget
 is either the share of groups that stream or a loss tolerance: the most groups, in that order,
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from headwise.decode.ragged import headwise_cache
 from headwise.kvplan import KVPlan, check_window
 
-__all__ = ["group_costs", "kv_plan", "model_shape", "plan_loss"]
+__all__ = ["group_costs", "kv_plan", "model_shape", "plan_loss", "streaming_scores"]
 
 
 def _hf(model) -> bool:
@@ -74,6 +76,34 @@ def group_costs(model, ids: torch.Tensor, *, sinks: int = 4, window: int = 256,
              for c in range(shape[1])] for i in range(shape[0])]
 
 
+def streaming_scores(scores, shape: tuple[int, int, int]) -> list[list[float]]:
+    """``(l, g)`` streaming scores for a model of ``shape`` from a LongProfile (read by its
+    ``group_scores["streaming"]``; it must cover every layer and group) or an ``(l, g)`` table;
+    ValueError (one line) for another shape or a group without a finite score."""
+    where = "scores"
+    if hasattr(scores, "group_scores"):  # a LongProfile (not imported: duck-typed)
+        where = "the LongProfile"
+        layers, groups = list(scores.layers), scores.groups_per_layer
+        if layers != list(range(shape[0])) or groups != shape[1]:
+            raise ValueError(f"kv_plan: the LongProfile covers layers {layers} x {groups} "
+                             f"groups, the model has {shape[0]} x {shape[1]}; profile every "
+                             f"layer of this model")
+        if "streaming" not in scores.group_scores:
+            raise ValueError(f"kv_plan: the LongProfile has no 'streaming' group score (it "
+                             f"has {sorted(scores.group_scores)}); profile with the default "
+                             f"scores")
+        scores = scores.group_scores["streaming"]
+    t = torch.as_tensor(scores, dtype=torch.float64)
+    if tuple(t.shape) != shape[:2]:
+        raise ValueError(f"kv_plan: {where} gives {tuple(t.shape)} streaming scores, expected "
+                         f"(layers, groups) = {shape[:2]}")
+    bad = (~torch.isfinite(t)).nonzero().tolist()
+    if bad:
+        raise ValueError(f"kv_plan: {where} has no finite streaming score for (layer, group) "
+                         f"{[tuple(x) for x in bad[:4]]}; profile every query head")
+    return t.tolist()
+
+
 def _plan(shape, order, count, sinks, window, **kw) -> KVPlan:
     rows = [[] for _ in range(shape[0])]
     for layer, group in order[:count]:
@@ -88,8 +118,9 @@ def kv_plan(model, ids: torch.Tensor, *, budget: float | None = 0.5,
 
     ``budget``: the share of groups that stream; or ``tolerance`` (then ``budget`` is ignored):
     stream the most groups whose held-out loss is within ``(1 + tolerance)`` x the full
-    cache's. ``scores``: per-group streaming scores ``(l, g)`` (higher streams first); default:
-    each group's measured cost (:func:`group_costs`). ``heldout``: ids the loss is measured on
+    cache's. ``scores``: a :class:`headwise.long.LongProfile` or per-group streaming scores
+    ``(l, g)`` (higher streams first, :func:`streaming_scores`); default: each group's measured
+    cost (:func:`group_costs`). ``heldout``: ids the loss is measured on
     (default: ``ids``). The plan carries the scores (costs negated) and the measured losses."""
     check_window(sinks, window)
     KVPlan(1, 1, 1, sinks, window, ((),), budget=budget)  # (the budget's one check)
@@ -101,6 +132,8 @@ def kv_plan(model, ids: torch.Tensor, *, budget: float | None = 0.5,
     if scores is None:
         scores = [[-c for c in row] for row in group_costs(model, ids, sinks=sinks,
                                                             window=window)]
+    else:
+        scores = streaming_scores(scores, shape)
     order = sorted(((i, c) for i in range(shape[0]) for c in range(shape[1])),
                    key=lambda ic: -scores[ic[0]][ic[1]])
     full = plan_loss(model, heldout, None)

@@ -2,11 +2,13 @@
 
     headwise kvplan --budget 0.5 --out plan.json
     headwise kvplan --hf smollm2 --file calib.txt --tolerance 0.01 --window 256 --out plan.json
+    headwise kvplan --profile long.safetensors --budget 0.5 --out plan.json
     headwise chat "Hello" --kv-plan plan.json
 
 The calibration text (``--file``, default Jane Austen's novels) gives ``--tokens`` tokens to rank
 the key/value groups on (each group's measured cost when it alone streams: one prefill per
-group) and the next ``--tokens`` as held-out text the plan's loss is measured on. The plan is
+group; or, with ``--profile``, a saved :class:`headwise.long.LongProfile`'s per-group streaming
+scores, no prefill) and the next ``--tokens`` as held-out text the plan's loss is measured on. The plan is
 printed (one line per layer: ``S`` streaming, ``F`` full) and written as JSON with ``--out``.
 """
 
@@ -27,6 +29,9 @@ FLAGS = (
                                           "GGUF on headwise's own decoder"),
     F.GGUF.but(help="a llama GGUF file on headwise's own decoder (default: SmolLM2)"),
     flag("--file", metavar="TEXT", help="calibration text (default: Jane Austen's novels)"),
+    flag("--profile", metavar="FILE.safetensors",
+         help="rank the groups by this long-document profile's streaming scores (a saved "
+              "LongProfile of every layer) instead of measuring each group's cost"),
     F.OneOf((flag("--budget", type=float, metavar="F",
                   help="the share of key/value groups that stream (0..1; default 0.5)"),
              flag("--tolerance", type=float, metavar="T",
@@ -87,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(limits.threads(args.threads, "--threads"))
     text = _text(args.file)
+    scores = None
+    if args.profile is not None:  # (read before the model: a bad file fails fast)
+        from headwise.long import LongProfile
+
+        scores = LongProfile.load(args.profile)
     model, encode, name = load(args)
     ids = list(encode(text[: 12 * 2 * args.tokens]))
     n = args.tokens
@@ -95,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                          f"and as many held out); pass a longer text or a smaller --tokens")
     ids = torch.tensor([ids[:2 * n]])
     plan = kv_plan(model, ids[:, :n], heldout=ids[:, n:], name=name, sinks=args.sinks,
-                   window=args.window, tolerance=args.tolerance,
+                   window=args.window, tolerance=args.tolerance, scores=scores,
                    budget=0.5 if args.budget is None else args.budget)
     print(plan.table())
     full, got = plan.loss["full"], plan.loss["plan"]
