@@ -8,15 +8,17 @@ SPEC: ``model_dir`` (a float32 transformers copy of SmolLM2), ``ids`` (Austen to
 timing per prompt) and ``presses``: ``[name, kind, compression_ratio]`` (kind ``full``,
 ``streaming`` or ``duo``; the ratio a number or one per prompt length, ``{"8192": 0.48}``). For each prompt (``n - reserve`` tokens, the last ``heldout`` held
 out) and press: the prompt's prefill under the press (kvpress compresses the cache there), the
-cache's exact tensor bytes, the peak RSS rise over that prefill, the next-token loss on the
-held-out tokens (forwarded over the compressed cache), then decoding steps timed interleaved
-with the full cache's, same process. A press that fails (DuoAttentionPress downloads its head
+peak RSS rise over that prefill, the next-token loss on the held-out tokens (forwarded over
+the compressed cache), the cache's exact tensor bytes after them, then, for each batch, that cache
+repeated to the batch's rows and decoding steps timed interleaved with the full cache's, same
+process. A press that fails (DuoAttentionPress downloads its head
 patterns) gives its one-line reason. Prints one JSON line: the rows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import statistics
 import sys
@@ -69,11 +71,11 @@ def prefill(model, prompt, held, kind: str, ratio: float):
     with torch.inference_mode():
         with press(model) if press is not None else contextlib.nullcontext():
             first = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        kv = cache_bytes(cache)
         start, end = prompt.shape[1], prompt.shape[1] + held.shape[1]
         at = torch.arange(start, end)[None].expand(held.shape[0], -1)
         # (positions given, as kvpress's pipeline does: a compressed cache is shorter)
         rest = model(held, past_key_values=cache, use_cache=True, position_ids=at).logits
+        kv = cache_bytes(cache)  # (the compressed prompt and the held-out tokens)
     peak = rss("VmHWM") - base
     logits = torch.cat([first[:, -1:], rest[:, :-1]], 1).float()
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), held.flatten()).item()
@@ -104,28 +106,42 @@ def stepper(model, cache, token, at: int, steps: int):
     return run
 
 
-def measure(model, ids, spec, n: int, b: int) -> list[dict]:
-    x = torch.tensor(ids[:n - spec["reserve"]])[None].expand(b, -1)
+def tiled(cache, batch: int):
+    """A copy of the one-row ``cache`` repeated to ``batch`` rows (the same prompt in each)."""
+    cache = copy.deepcopy(cache)
+    if batch > 1:
+        cache.batch_repeat_interleave(batch)
+    return cache
+
+
+def measure(model, ids, spec, n: int) -> list[dict]:
+    """Rows of each press at prompt ``n``: one prefill, its cache repeated to each batch."""
+    x = torch.tensor(ids[:n - spec["reserve"]])[None]
     prompt, held = x[:, :-spec["heldout"]], x[:, -spec["heldout"]:]
-    rows, steppers = [], {}
+    made, rows = {}, []
     for name, kind, ratio in spec["presses"]:
+        share = ratio[str(n)] if isinstance(ratio, dict) else ratio  # (per prompt)
         try:
-            share = ratio[str(n)] if isinstance(ratio, dict) else ratio  # (per prompt)
-            row, cache, at = prefill(model, prompt, held, kind, share)
+            made[name] = prefill(model, prompt, held, kind, share)
         except Exception as e:  # (a press that cannot run here: its reason, one line)
             why = " ".join(f"{type(e).__name__}: {e}".split())[:160]
-            rows.append(dict(press=name, note=f"not run: {why}"))
-            continue
-        rows.append(dict(row, press=name))
-        steppers[name] = stepper(model, cache, x[:, -1:], at, spec["steps"])
-    if "full" in steppers:
-        times = interleave(steppers, spec["budget"])
-        for row in rows:
-            if row["press"] in times:
+            rows.append(dict(press=name, batch=1, note=f"not run: {why}"))
+    for b in spec["batches"]:
+        steppers, here = {}, []
+        for name, (row, cache, at) in made.items():
+            c = tiled(cache, b)
+            kv = cache_bytes(c) / 2**20 if b > 1 else row["kv"]
+            here.append(dict(row, press=name, batch=b, kv=kv,
+                             peak=row["peak"] if b == 1 else "—"))
+            steppers[name] = stepper(model, c, x[:, -1:].expand(b, -1), at, spec["steps"])
+        if "full" in steppers:
+            times = interleave(steppers, spec["budget"])
+            for row in here:
                 t = times[row["press"]]
                 row["ms/step"] = 1000 * statistics.median(t) / spec["steps"]
                 row["speed"] = statistics.median(
                     f / p for f, p in zip(times["full"], t, strict=True))
+        rows += here
     return rows
 
 
@@ -141,10 +157,9 @@ def main() -> int:
     for dtype in spec["dtypes"]:
         model = model.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
         for n in spec["lengths"]:
-            for b in spec["batches"]:
-                for row in measure(model, spec["ids"], spec, n, b):
-                    out.append(dict(row, dtype=dtype, prompt=n, batch=b))
-                print(f"# kvpress {dtype} {n} batch {b} done", file=sys.stderr, flush=True)
+            for row in measure(model, spec["ids"], spec, n):
+                out.append(dict(row, dtype=dtype, prompt=n))
+            print(f"# kvpress {dtype} {n} done", file=sys.stderr, flush=True)
     import kvpress
 
     print(json.dumps({"rows": out, "versions": {"kvpress": getattr(kvpress, "__version__", "?"),

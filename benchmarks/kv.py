@@ -16,7 +16,10 @@ kvpress from ``make kvpress`` (``.kvpress/``, its own environment):
            the held-out tokens in one forward through the cache (what decoding with the plan
            sees at each of them)
   KV MiB   the cache's exact tensor bytes (``nbytes``) after prompt + held-out tokens
-  peak     the rise of the process's VmHWM over that forward (the cache, the prefill's work)
+  peak     the rise of the process's VmHWM over that forward (the cache, the prefill's work;
+           after a warm-up prefill at that length), batch 1; a batch of b rows repeats that
+           one-row cache (the same prompt in every row: one prefill, not b; its loss is the
+           same) and has no peak of its own
   ms/step  the decoding step (:class:`headwise.decode.step.DecodeStep`) after those, median of
            interleaved rounds (rotating order, same process, CPU time), speed = full / plan
   kvpress  in a child process of the ``.kvpress`` interpreter (``_kvpress_cells.py``), on the
@@ -94,31 +97,64 @@ def tail_logits(model, keep: int):
         hook.remove()
 
 
-def measure(model, ids, plans, heldout: int, batch: int, steps: int, budget: float):
-    """Rows for one prompt: loss, KV bytes, peak, ms/step of each plan (None: full cache)."""
-    x = ids[None].expand(batch, -1)
+def prefill(model, x, plan, heldout: int, n: int):
+    """``(cache, loss)``: ``x (1, m)`` through a fresh cache of ``n`` positions (None: full)."""
+    with torch.inference_mode(), tail_logits(model, heldout + 1):
+        cache = model.new_cache(1, n) if plan is None else headwise_cache(model, plan, 1, n)
+        logits = model(x, cache=cache)[0]
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].float(), x[0, -heldout:]).item()
+    return cache, loss
+
+
+def tiled(model, plan, cache, batch: int):
+    """The one-row ``cache`` repeated to ``batch`` rows: what a prefill of the same prompt in
+    every row writes (so batch 4 costs one prefill, not four)."""
+    if batch == 1:
+        return cache
+    n = cache.max_len
+    new = model.new_cache(batch, n) if plan is None else headwise_cache(model, plan, batch, n)
+    if plan is None:
+        new.k.copy_(cache.k.expand_as(new.k))
+        new.v.copy_(cache.v.expand_as(new.v))
+        new.filled.n = cache.filled.n
+    for mine, theirs in zip(new.layers, cache.layers, strict=True):
+        a, c = mine.self_attn, theirs.self_attn
+        if plan is not None:
+            for name in ("kf", "vf", "kr", "vr"):
+                getattr(a, name).copy_(getattr(c, name).expand_as(getattr(a, name)))
+            a.n, a.clean, a.uniform = c.n, c.clean, c.uniform
+        a.vouch = c.vouch
+    return new
+
+
+def measure(model, ids, plans, args) -> list[dict]:
+    """Rows for one prompt: loss, KV bytes, peak, ms/step of each plan (None: full cache) at
+    each batch of ``args.batches``."""
+    x = ids[None]
     n = x.shape[1] + RESERVE
-    steppers, rows = {}, []
+    prefill(model, x, None, args.heldout, n)  # (warm-up: the prefill's buffers at this length)
+    rows, made = [], {}
     for name, plan in plans.items():
         reset_peak()
         base = rss_mb("VmRSS")
-        with torch.inference_mode(), tail_logits(model, heldout + 1):
-            cache = (model.new_cache(batch, n) if plan is None
-                     else headwise_cache(model, plan, batch, n))
-            logits = model(x, cache=cache)[0]
-        tail = logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(tail.flatten(0, 1),
-                                                 x[:, -heldout:].flatten()).item()
-        step = DecodeStep(model, cache, steps=RESERVE)
-        token = x[:, -1].clone()
-        steppers[name] = lambda step=step, token=token: [step(token) for _ in range(steps)]
-        rows.append(dict(plan=name, loss=loss, kv=cache.nbytes() / 2**20,
-                         peak=rss_mb("VmHWM") - base))
-    with torch.inference_mode():
-        times = interleave(steppers, warmup=1, min_rounds=3, max_rounds=12, budget_s=budget)
-    for row in rows:
-        row["ms/step"] = median_ms(times[row["plan"]]) / steps
-        row["speed"] = ratio(times["full"], times[row["plan"]])
+        cache, loss = prefill(model, x, plan, args.heldout, n)
+        made[name] = (plan, cache, loss, rss_mb("VmHWM") - base)
+    for b in args.batches:
+        steppers = {}
+        for name, (plan, cache, loss, peak) in made.items():
+            with torch.inference_mode():
+                c = tiled(model, plan, cache, b)
+            step, token = DecodeStep(model, c, steps=RESERVE), x[:, -1].expand(b).clone()
+            steppers[name] = lambda step=step, token=token: [step(token)
+                                                             for _ in range(args.steps)]
+            rows.append(dict(plan=name, batch=b, loss=loss, kv=c.nbytes() / 2**20,
+                             peak=peak if b == 1 else "—"))
+        with torch.inference_mode():
+            times = interleave(steppers, warmup=1, min_rounds=3, max_rounds=12,
+                               budget_s=args.budget)
+        for row in rows[-len(steppers):]:
+            row["ms/step"] = median_ms(times[row["plan"]]) / args.steps
+            row["speed"] = ratio(times["full"], times[row["plan"]])
     return rows
 
 
@@ -188,7 +224,7 @@ def relative(rows: list[dict], key: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2k and 8k, float32, batch 1")
+    ap.add_argument("--quick", action="store_true", help="2k and 8k, float32")
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
@@ -204,7 +240,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of timing per prompt")
     args = ap.parse_args()
     if args.quick:
-        args.lengths, args.dtypes, args.batches = [2048, 8192], ["fp32"], [1]
+        args.lengths, args.dtypes = [2048, 8192], ["fp32"]
         args.budgets, args.budget = [0.5, 0.75], 6.0
     torch.set_num_threads(1)
     set_clock("cpu")
@@ -224,10 +260,8 @@ def main() -> int:
     for dtype in args.dtypes:
         model = chat.model.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
         for n in args.lengths:
-            for b in args.batches:
-                for row in measure(model, ids[:n - RESERVE], plans, args.heldout, b,
-                                   args.steps, args.budget):
-                    rows.append(dict(row, dtype=dtype, prompt=n, batch=b))
+            for row in measure(model, ids[:n - RESERVE], plans, args):
+                rows.append(dict(row, dtype=dtype, prompt=n))
     relative(rows, "plan")
     cols = ["dtype", "prompt", "batch", "kv", "KV less", "peak", "loss", "loss +%", "ms/step",
             "speed"]
