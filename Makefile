@@ -105,4 +105,4 @@ kvpress: $(KVPRESS)/.installed
 	$(KVPRESS)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|kvpress|gguf) '
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(PEERS_ATTNREAD) headwise-demo .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PEERS) $(PEERS_ATTNREAD) $(KVPRESS) headwise-demo .pytest_cache .hypothesis
