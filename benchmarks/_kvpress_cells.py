@@ -3,10 +3,11 @@
 
     .kvpress/bin/python benchmarks/_kvpress_cells.py SPEC.json
 
-SPEC: ``model_dir`` (a float32 transformers copy of SmolLM2), ``ids`` (Austen token ids),
+SPEC: ``model_dir`` (a float32 transformers copy of SmolLM2 and its tokenizer), ``ids``
+(Austen token ids), ``texts`` (50 other Austen passages, for DuoAttention's on-the-fly scores),
 ``lengths``, ``dtypes``, ``batches``, ``heldout``, ``reserve``, ``steps``, ``budget`` (seconds of
 timing per prompt) and ``presses``: ``[name, kind, compression_ratio]`` (kind ``full``,
-``streaming`` or ``duo``; the ratio a number or one per prompt length, ``{"8192": 0.48}``). For each prompt (``n - reserve`` tokens, the last ``heldout`` held
+``streaming``, ``duo``, ``duo-fly`` or ``duo-austen``: :func:`make_press`; the ratio a number or one per prompt length, ``{"8192": 0.48}``). For each prompt (``n - reserve`` tokens, the last ``heldout`` held
 out) and press: the prompt's prefill under the press (kvpress compresses the cache there), the
 peak RSS rise over that prefill, the next-token loss on the held-out tokens (forwarded over
 the compressed cache), the cache's exact tensor bytes after them, then, for each batch, that cache
@@ -50,21 +51,43 @@ def cache_bytes(cache) -> int:
                if isinstance(t, torch.Tensor))
 
 
-def make_press(kind: str, ratio: float):
+def make_press(kind: str, ratio: float, texts: list[str]):
+    """The press of ``kind``: ``duo`` loads DuoAttention's published head patterns,
+    ``duo-fly`` scores heads by kvpress's on-the-fly method (on BookSum, downloaded),
+    ``duo-austen`` the same method on ``texts`` (Austen passages) instead of BookSum."""
     import kvpress
 
     if kind == "full":
         return None
     if kind == "streaming":
         return kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=4)
-    return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
+    if kind == "duo-austen":
+        import pandas as pd
+        from kvpress.presses import duo_attention_press as duo
+
+        class Texts:  # (what datasets' load_dataset(...) gives the method: .to_pandas())
+            def to_pandas(self):
+                return pd.DataFrame({"chapter": texts})
+
+        duo.load_dataset = lambda *a, **k: Texts()
+    return kvpress.DuoAttentionPress(head_compression_ratio=ratio,
+                                     on_the_fly_scoring=kind != "duo")
 
 
-def prefill(model, prompt, held, kind: str, ratio: float):
+def why_not(e: Exception) -> str:
+    """A press's failure in one line."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    if isinstance(e, AssertionError) and "not in" in text:
+        return ("not run: DuoAttentionPress ships head patterns for 6 checkpoints only, "
+                "downloaded at run time; SmolLM2 is not one")
+    return f"not run: {text[:150]}"
+
+
+def prefill(model, prompt, held, kind: str, ratio: float, texts: list[str]):
     """(row, cache): bytes, peak rise, held-out loss; the cache after the held-out tokens."""
     from transformers import DynamicCache
 
-    press = make_press(kind, ratio)
+    press = make_press(kind, ratio, texts)
     cache = DynamicCache()
     reset_peak()
     base = rss("VmRSS")
@@ -119,13 +142,13 @@ def measure(model, ids, spec, n: int) -> list[dict]:
     x = torch.tensor(ids[:n - spec["reserve"]])[None]
     prompt, held = x[:, :-spec["heldout"]], x[:, -spec["heldout"]:]
     made, rows = {}, []
+    prefill(model, prompt, held, "full", 0.0, [])  # (warm-up: the buffers at this length)
     for name, kind, ratio in spec["presses"]:
         share = ratio[str(n)] if isinstance(ratio, dict) else ratio  # (per prompt)
         try:
-            made[name] = prefill(model, prompt, held, kind, share)
+            made[name] = prefill(model, prompt, held, kind, share, spec["texts"])
         except Exception as e:  # (a press that cannot run here: its reason, one line)
-            why = " ".join(f"{type(e).__name__}: {e}".split())[:160]
-            rows.append(dict(press=name, batch=1, note=f"not run: {why}"))
+            rows.append(dict(press=name, batch=1, note=why_not(e)))
     for b in spec["batches"]:
         steppers, here = {}, []
         for name, (row, cache, at) in made.items():
@@ -151,6 +174,7 @@ def main() -> int:
     spec = json.loads(open(sys.argv[1]).read())
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     model = transformers.LlamaForCausalLM.from_pretrained(
         spec["model_dir"], torch_dtype=torch.float32, attn_implementation="sdpa").eval()
     out = []
@@ -160,9 +184,9 @@ def main() -> int:
             for row in measure(model, spec["ids"], spec, n):
                 out.append(dict(row, dtype=dtype, prompt=n))
             print(f"# kvpress {dtype} {n} done", file=sys.stderr, flush=True)
-    import kvpress
+    from importlib.metadata import version
 
-    print(json.dumps({"rows": out, "versions": {"kvpress": getattr(kvpress, "__version__", "?"),
+    print(json.dumps({"rows": out, "versions": {"kvpress": version("kvpress"),
                                                 "transformers": transformers.__version__,
                                                 "torch": torch.__version__}}))
     return 0

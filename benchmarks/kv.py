@@ -26,7 +26,9 @@ kvpress from ``make kvpress`` (``.kvpress/``, its own environment):
            same float32 weights in transformers (sdpa): the prompt's prefill under the press,
            then the held-out tokens over the compressed cache; StreamingLLMPress (4 sinks) at
            each plan's KV bytes (``= <plan>``: the same bytes at that prompt), and
-           DuoAttentionPress (head ratio 0.5); ratios against transformers' own full cache
+           DuoAttentionPress (head ratio 0.5) with its published patterns, with its on-the-fly
+           scores (BookSum, downloaded) and with those scores on 50 Austen passages of 1000
+           characters instead (``fly/Austen``); ratios against transformers' own full cache
   passkey  a random 5-digit key stated at ``--depths`` of an 8k Austen passage, then asked
            (greedy, 8 new tokens), full cache and each plan
 
@@ -191,10 +193,13 @@ def kvpress_rows(args, ids, plans) -> tuple[list[dict], str]:
                     for n in args.lengths}
             presses.append([f"StreamingLLM = {name}", "streaming",
                             {k: 1 - v for k, v in keep.items()}])
-    presses.append(["DuoAttention 0.5", "duo", 0.5])
+    presses += [["DuoAttention 0.5", "duo", 0.5], ["DuoAttention 0.5 fly", "duo-fly", 0.5],
+                ["DuoAttention 0.5 fly/Austen", "duo-austen", 0.5]]
     with tempfile.TemporaryDirectory() as folder:
         float32_copy(load(), folder)
-        spec = dict(model_dir=folder, ids=ids.tolist(), lengths=args.lengths,
+        tokenizer(folder)
+        spec = dict(model_dir=folder, ids=ids.tolist(), texts=passages(50, 1000),
+                    lengths=args.lengths,
                     dtypes=args.dtypes, batches=args.batches, heldout=args.heldout,
                     reserve=RESERVE, steps=args.steps, budget=args.budget, presses=presses)
         path = Path(folder) / "spec.json"
@@ -210,6 +215,26 @@ def kvpress_rows(args, ids, plans) -> tuple[list[dict], str]:
     v = got["versions"]
     return got["rows"], (f"kvpress {v['kvpress']} (transformers {v['transformers']}, torch "
                          f"{v['torch']}), sdpa, 1 thread")
+
+
+def tokenizer(folder: str) -> None:
+    """SmolLM2's tokenizer saved beside the float32 copy (DuoAttention's scoring loads it)."""
+    import transformers
+
+    from headwise.pretrained import find_smollm2
+
+    path = find_smollm2()
+    transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(
+        folder)
+
+
+def passages(count: int, chars: int) -> list[str]:
+    """``count`` Austen passages from the first third of the text (before every prompt)."""
+    from headwise.data import austen_text
+
+    text = austen_text()
+    step = len(text) // 3 // count
+    return [text[i * step:i * step + chars] for i in range(count)]
 
 
 def relative(rows: list[dict], key: str) -> None:
