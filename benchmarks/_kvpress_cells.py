@@ -5,15 +5,18 @@
 
 SPEC: ``model_dir`` (a float32 transformers copy of SmolLM2 and its tokenizer), ``ids``
 (Austen token ids), ``texts`` (50 other Austen passages, for DuoAttention's on-the-fly scores),
-``lengths``, ``dtypes``, ``batches``, ``heldout``, ``reserve``, ``steps``, ``budget`` (seconds of
-timing per prompt) and ``presses``: ``[name, kind, compression_ratio]`` (kind ``full``,
-``streaming``, ``duo``, ``duo-fly`` or ``duo-austen``: :func:`make_press`; the ratio a number or one per prompt length, ``{"8192": 0.48}``). For each prompt (``n - reserve`` tokens, the last ``heldout`` held
-out) and press: the prompt's prefill under the press (kvpress compresses the cache there), the
-peak RSS rise over that prefill, the next-token loss on the held-out tokens (forwarded over
-the compressed cache), the cache's exact tensor bytes after them, then, for each batch, that cache
-repeated to the batch's rows and decoding steps timed interleaved with the full cache's, same
-process. A press that fails (DuoAttentionPress downloads its head
-patterns) gives its one-line reason. Prints one JSON line: the rows.
+``lengths``, ``dtypes``, ``batches``, ``heldout``, ``reserve``, ``steps``, ``warmup``,
+``budget`` (seconds of timing per prompt) and ``presses``: ``[name, kind, compression_ratio]``
+(kind ``full``, ``streaming``, ``duo``, ``duo-fly`` or ``duo-austen``: :func:`make_press`; the
+ratio a number or one per prompt length, ``{"8192": 0.48}``).
+
+For each prompt (``n - reserve`` tokens, the last ``heldout`` held out) and press: the
+prompt's prefill under the press (kvpress compresses the cache there), the peak RSS rise over
+that prefill, the next-token loss on the held-out tokens (forwarded over the compressed cache,
+at their true positions), the cache's exact tensor bytes after them; then, for each batch, that
+cache repeated to the batch's rows and decoding steps timed interleaved with the full cache's,
+same process. A press that fails (DuoAttentionPress downloads its head patterns or BookSum)
+gives its one-line reason. Prints one JSON line: the rows.
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ def measure(model, ids, spec, n: int) -> list[dict]:
     x = torch.tensor(ids[:n - spec["reserve"]])[None]
     prompt, held = x[:, :-spec["heldout"]], x[:, -spec["heldout"]:]
     made, rows = {}, []
-    prefill(model, prompt, held, "full", 0.0, [])  # (warm-up: the buffers at this length)
+    if spec.get("warmup", True):  # (the buffers at this length, before the peaks)
+        prefill(model, prompt, held, "full", 0.0, [])
     for name, kind, ratio in spec["presses"]:
         share = ratio[str(n)] if isinstance(ratio, dict) else ratio  # (per prompt)
         try:

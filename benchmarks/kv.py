@@ -134,7 +134,8 @@ def measure(model, ids, plans, args) -> list[dict]:
     each batch of ``args.batches``."""
     x = ids[None]
     n = x.shape[1] + RESERVE
-    prefill(model, x, None, args.heldout, n)  # (warm-up: the prefill's buffers at this length)
+    if args.warmup:  # (the prefill's buffers at this length, before the peaks)
+        prefill(model, x, None, args.heldout, n)
     rows, made = [], {}
     for name, plan in plans.items():
         reset_peak()
@@ -193,15 +194,16 @@ def kvpress_rows(args, ids, plans) -> tuple[list[dict], str]:
                     for n in args.lengths}
             presses.append([f"StreamingLLM = {name}", "streaming",
                             {k: 1 - v for k, v in keep.items()}])
-    presses += [["DuoAttention 0.5", "duo", 0.5], ["DuoAttention 0.5 fly", "duo-fly", 0.5],
-                ["DuoAttention 0.5 fly/Austen", "duo-austen", 0.5]]
+    presses += [["DuoAttention 0.5", "duo", 0.5], ["DuoAttention 0.5 fly", "duo-fly", 0.5]]
+    if args.duo_austen:
+        presses.append(["DuoAttention 0.5 fly/Austen", "duo-austen", 0.5])
     with tempfile.TemporaryDirectory() as folder:
         float32_copy(load(), folder)
         tokenizer(folder)
         spec = dict(model_dir=folder, ids=ids.tolist(), texts=passages(50, 1000),
-                    lengths=args.lengths,
-                    dtypes=args.dtypes, batches=args.batches, heldout=args.heldout,
-                    reserve=RESERVE, steps=args.steps, budget=args.budget, presses=presses)
+                    lengths=args.lengths, dtypes=args.dtypes, batches=args.batches,
+                    heldout=args.heldout, reserve=RESERVE, steps=args.steps,
+                    warmup=args.warmup, budget=args.budget, presses=presses)
         path = Path(folder) / "spec.json"
         path.write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -262,6 +264,11 @@ def main() -> int:
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     ap.add_argument("--rank-file", help="reuse (or save) the ranking here (JSON)")
     ap.add_argument("--no-kvpress", action="store_true")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="no warm-up prefill before the peaks (the first row's peak then "
+                         "includes the buffers made once)")
+    ap.add_argument("--no-duo-austen", dest="duo_austen", action="store_false",
+                    help="skip DuoAttentionPress with on-the-fly scores on Austen passages")
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of timing per prompt")
     args = ap.parse_args()
     if args.quick:
