@@ -32,8 +32,8 @@ JOURNAL = "commit 9ae4871"
 # The file's order of benchmarks, one for every writer (run_all.py and gpu.py --merge), so a run
 # on one machine never reorders the sections another wrote; a name not here sorts after them.
 ORDER = ["ceilings", "attention", "weights", "generate", "train", "bert", "head_view",
-         "cli_startup", "llama_decode", "prune", "busy", "importance", "hf", "gguf_load", "stats", "peers",
-         "kv", "tests"]
+         "cli_startup", "llama_decode", "prune", "busy", "importance", "hf", "gguf_load", "stats",
+         "peers", "long", "kv", "tests"]
 
 
 @dataclass(frozen=True)

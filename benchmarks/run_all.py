@@ -48,6 +48,7 @@ BENCHMARKS = {
     "hf": ([], ["--seqs", "512", "--batches", "1", "--threads", "1", "--budget", "10"]),
     "gguf_load": ([], ["--rounds", "3"]),
     "peers": ([], ["--quick"]),
+    "long": ([], ["--quick"]),
     "kv": ([], ["--quick"]),
 }
 

@@ -177,3 +177,22 @@ def test_attention_reports_each_call_with_its_queries_keys_and_mask():
     assert q1.shape == (3, 4, 5, 2) and k1.shape == (3, 2, 5, 2) and k2.shape == (3, 2, 7, 2)
     assert (mask1, causal1, self1) == (None, True, True)
     assert mask2.shape[-1] == 7 and not causal2 and not self2
+
+
+def test_softmax_observers_see_every_call_plain_ones_only_plain_softmax():
+    """A soft-capped or sink call reaches ``softmax`` observers with its cap and sinks, and
+    never the ``attention`` observers (their statistics model neither)."""
+    import torch
+
+    from headwise import observe
+
+    plain, full = [], []
+    q = torch.zeros(1, 2, 3, 4)
+    sinks = torch.zeros(2)
+    with observe.observing(observe.Observer(attention=lambda *a: plain.append(a))), \
+            observe.observing(observe.Observer(softmax=lambda *a: full.append(a))):
+        observe.attention(None, q, q, None, True, None, True)
+        observe.attention(None, q, q, None, True, None, True, softcap=5.0)
+        observe.attention(None, q, q, None, True, None, True, sinks=sinks)
+    assert len(plain) == 1 and [a[-2:] for a in full][:2] == [(None, None), (5.0, None)]
+    assert full[2][-1] is sinks

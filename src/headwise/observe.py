@@ -214,6 +214,7 @@ def describe(step: StepKind, facts: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------- the channel
 Recorder = Callable[..., None]  # (step, tensor, **facts)
 Attention = Callable[..., None]  # (module, q, k, mask, causal, scale, self_attention)
+Softmax = Callable[..., None]  # (module, q, k, mask, causal, scale, self_attention, softcap, sinks)
 Heads = Callable[[Any, torch.Tensor], torch.Tensor]  # (module, out (b, h, i, d)) -> out
 
 
@@ -225,7 +226,11 @@ class Observer:
         step: ``step(kind, tensor, **facts)``, every :func:`record` call (the trace).
         attention: ``attention(module, q, k, mask, causal, scale, self_attention)``, every
             :func:`attention` call: ``q (b, h, i, d)``, ``k (b, g, j, d)`` after the head split
-            and rotary positions, ``mask`` and ``causal`` as the kernel got them.
+            and rotary positions, ``mask`` and ``causal`` as the kernel got them; only calls
+            whose softmax is plain (no soft-capping, no sinks), which these observers model.
+        softmax: ``softmax(module, q, k, mask, causal, scale, self_attention, softcap, sinks)``,
+            every :func:`attention` call with the terms its softmax adds (``softcap``: Gemma 2's
+            cap or None; ``sinks``: gpt-oss's ``(h,)`` logits or None): the long-context pass.
         heads: ``heads(module, out) -> out``, every :func:`heads` call: the module's per-head
             output ``(b, h, i, d)`` (after its ``head_mask``), returned as it is (recording) or
             edited (ablation, patching); what it returns is what the merge gets.
@@ -239,6 +244,7 @@ class Observer:
     step: Recorder | None = None
     attention: Attention | None = None
     heads: Heads | None = None
+    softmax: Softmax | None = None
 
 
 # The active observers, outermost first, and what each report calls: set only by _install, read
@@ -246,15 +252,17 @@ class Observer:
 _observers: tuple[Observer, ...] = ()
 _step: Recorder | None = None
 _attention: Attention | None = None
+_softmax: Softmax | None = None
 _heads: tuple[Heads, ...] | None = None
 
 
 def _install(observers: tuple[Observer, ...]) -> None:
-    global _observers, _step, _attention, _heads
+    global _observers, _step, _attention, _softmax, _heads
     _observers = observers
     _step = next((o.step for o in reversed(observers) if o.step is not None), None)
     _attention = next((o.attention for o in reversed(observers) if o.attention is not None),
                       None)
+    _softmax = next((o.softmax for o in reversed(observers) if o.softmax is not None), None)
     _heads = tuple(o.heads for o in observers if o.heads is not None) or None
 
 
@@ -295,11 +303,16 @@ def record(step: StepKind, tensor: torch.Tensor | None = None, **facts: Any) -> 
 
 
 def attention(module, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
-              causal: bool, scale: float | None, self_attention: bool) -> None:
+              causal: bool, scale: float | None, self_attention: bool, *,
+              softcap: float | None = None, sinks: torch.Tensor | None = None) -> None:
     """Report one attention call of ``module``: ``q (b, h, i, d)``, ``k (b, g, j, d)``, the mask
     (broadcastable to ``(b, h, i, j)``, True = may attend) and causality the kernel got, the
-    scale (None: ``1/sqrt(d)``) and whether the keys are the queries' own sequence."""
-    if _attention is not None:
+    scale (None: ``1/sqrt(d)``), whether the keys are the queries' own sequence, and what the
+    softmax adds (``softcap``, ``sinks (h,)``). ``attention`` observers see only plain softmax
+    calls (their statistics model no cap and no sink); ``softmax`` observers see every call."""
+    if _softmax is not None:
+        _softmax(module, q, k, mask, causal, scale, self_attention, softcap, sinks)
+    if _attention is not None and softcap is None and sinks is None:
         _attention(module, q, k, mask, causal, scale, self_attention)
 
 

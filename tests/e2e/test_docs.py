@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # the pages whose snippets run here (questions.md and robustness.md have tests of their own:
 # tests/e2e/test_questions_doc.py and tests/robustness/test_robustness_doc.py)
-PAGES = ["design.md", "heads.md", "decoding.md", "training.md", "hf.md"]
+PAGES = ["design.md", "heads.md", "decoding.md", "training.md", "hf.md", "long.md"]
 
 
 def snippets(page: str) -> list[str]:

@@ -263,6 +263,18 @@ def test_which_heads_matter_runs_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "reverse" / "checkpoint").is_dir()
 
 
+def test_the_long_document_snippet_runs_as_written():
+    """The snippet runs (on 1,200 tokens instead of 8,192) and its comment's shape is true."""
+    pytest.importorskip("transformers")
+    (block,) = python_blocks("Every head of a long document")
+    assert "[:, :8192]" in block
+    namespace: dict = {}
+    exec(block.replace("[:, :8192]", "[:, :1200]"), namespace)  # noqa: S102
+    prof = namespace["prof"]
+    assert re.search(r'prof.scores\["far"\] +# \(30, 9\)', block)
+    assert tuple(prof.scores["far"].shape) == (30, 9) and prof.n == 1200
+
+
 def test_the_hugging_face_snippet_runs_and_gives_the_shape_it_says(tmp_path):
     pytest.importorskip("transformers")
     from tests.hf import tiny

@@ -194,3 +194,38 @@ def test_bad_tiles_path_and_options_fail_in_one_line(small, tmp_path):
     with pytest.raises(ValueError, match="outside the profile's 2 layers x 3"):
         long_view(p, layer=2, head=0)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_real_long_profile_makes_the_page(tmp_path):
+    """headwise.long.profile's LongProfile, not the stand-in: the header holds its scores and
+    the stored map of a head decodes to its block map within the log scale's bound."""
+    import torch
+
+    from headwise.layers import AttentionConfig
+    from headwise.long import profile
+    from headwise.models import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(vocab_size=30, d_model=32, num_heads=4, num_layers=2,
+                                   d_ff=32, max_len=128, positional="rope", norm="rms",
+                                   attention=AttentionConfig(num_kv_heads=2))).eval()
+    n = 100
+    ids = torch.randint(0, 30, (1, n), generator=torch.Generator().manual_seed(0))
+    p = profile(model, ids, block=16, tokens=tokens_of(n), progress=False)
+    rows = [96, 97, 98, 99]
+    with torch.no_grad():
+        w = model(ids, return_weights={"decoder_self": {"rows": rows}})[1]["decoder_self"]
+    page_path = tmp_path / "real.html"
+    long_view(p, page_path, tiles={"last 4": (rows, [x[0].numpy() for x in w])})
+    page = page_path.read_text(encoding="utf-8")
+    meta = header(page)
+    assert (meta["n"], meta["blocks"], meta["heads"], meta["layers"]) == (n, 7, 4, [0, 1])
+    np.testing.assert_allclose(meta["scores"]["streaming"], p.scores["streaming"].numpy(),
+                               atol=1e-6)
+    got = store.log_value(np.frombuffer(stored(page, "m/1/2")[:49], np.uint8).reshape(7, 7),
+                          meta["mapTop"])
+    want = p.maps[1, 2].double().numpy()
+    shown = want >= meta["mapTop"] * 10 ** -store.DECADES
+    bound = 10 ** (store.DECADES / 508) - 1
+    np.testing.assert_array_less(np.abs(got - want)[shown], (bound * want)[shown] + 1e-12)
+    assert HOSTILE not in page

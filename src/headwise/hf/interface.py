@@ -64,9 +64,9 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
     wanted = select.asked(module, kwargs.get("output_attentions") or _collecting_attentions())
     if isinstance(wanted, Selection):
         check_selection(wanted, "auto", query.shape[1], query.shape[2], key.shape[2])
-    if softcap is None and s_aux is None:  # head statistics know neither (they would lie)
-        observe.attention(module, query, key, attention_mask, causal, scaling,
-                          not getattr(module, "is_cross_attention", False))
+    observe.attention(module, query, key, attention_mask, causal, scaling,  # statistics see
+                      not getattr(module, "is_cross_attention", False),  # plain softmax only
+                      softcap=softcap, sinks=s_aux)
     # 3) attend: the fused kernel; soft-capping alone needs the eager reference (no kernel
     #    takes a function of the scores); sinks are the fused output rescaled by its LSE
     if s_aux is not None and softcap is None:

@@ -133,7 +133,8 @@ class MultiHeadAttention(nn.Module):
                                     dropout_p=self.dropout_p if self.training else 0.0,
                                     backend=self.backend, softcap=self.softcap, sinks=self.sinks,
                                     strict=self.strict)
-        observe.attention(self, q, k, mask, causal, None, key is query)
+        observe.attention(self, q, k, mask, causal, None, key is query, softcap=self.softcap,
+                          sinks=self.sinks)
         if head_mask is not None:
             out = out * rearrange(head_mask.to(out.dtype), "... h -> ... h 1 1")
             record(StepKind.HEAD_MASK, out)

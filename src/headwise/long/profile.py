@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ import torch
 from headwise._io import atomic_write
 from headwise.errors import CheckpointError
 
-__all__ = ["FORMAT", "STREAMING_LIKE", "LongProfile", "group_scores"]
+__all__ = ["FORMAT", "STREAMING_LIKE", "LongProfile", "classes", "group_scores"]
 
 FORMAT = "headwise.long/1"
 # scores where a group is only as streaming as its least streaming head (min over its heads);
@@ -57,7 +57,8 @@ class LongProfile:
         topk_keys, topk_mass: ``(l, h, I, k)`` the keys with the most mean mass over query
             block I's rows, and that mass.
         scores: ``{name: (l, h)}`` per-head scores (``streaming``: mass on sinks or window;
-            ``far``: mass further back than ``far`` tokens; ``mean_distance``; ``max_logit``
+            ``far``: mass further back than ``far`` tokens, the sinks aside; ``mean_distance``;
+            ``max_logit``
             and any user reduction giving one number per head).
         group_scores: ``{name: (l, g)}`` the same per key/value group (:func:`group_scores`).
         reduced: ``{name: tensor}`` what user reductions returned (leading axis ``l``).
@@ -89,6 +90,32 @@ class LongProfile:
         if not self.group_scores:
             self.group_scores = group_scores(self.scores, self.heads, self.heads_per_layer,
                                              self.groups_per_layer)
+
+    def classes(self, retrieval: torch.Tensor | None = None, *, streaming_at: float = 0.9,
+                retrieval_at: float = 0.1) -> dict[str, torch.Tensor]:
+        """Head classes for a KV cache (:func:`classes`: 2 retrieval, 1
+        streaming, 0 full): ``{"heads": (l, h), "groups": (l, g)}`` int8, from
+        ``scores["streaming"]`` and ``retrieval (l, h)`` (default ``scores["retrieval"]``,
+        e.g. from :func:`headwise.long.retrieval`'s needle profile of the same heads).
+        A group is streaming only if all its heads are, retrieval if any is."""
+        retrieval = self.scores.get("retrieval") if retrieval is None else retrieval
+        if retrieval is None:
+            raise ValueError("LongProfile.classes: no retrieval score; pass retrieval= (l, h), "
+                             "e.g. headwise.long.retrieval(model, tokenizer)[0].scores"
+                             "['retrieval']")
+        retrieval = torch.as_tensor(retrieval).float()
+        streaming = self.scores["streaming"]
+        if retrieval.shape != streaming.shape:
+            raise ValueError(f"LongProfile.classes: retrieval has shape {tuple(retrieval.shape)}"
+                             f", the profiled heads {tuple(streaming.shape)}; profile the same "
+                             "layers and heads")
+        groups = group_scores({"streaming": streaming, "retrieval": retrieval}, self.heads,
+                              self.heads_per_layer, self.groups_per_layer)
+        return {"heads": classes(streaming, retrieval, streaming_at=streaming_at,
+                                 retrieval_at=retrieval_at),
+                "groups": classes(groups["streaming"].nan_to_num(0.0),
+                                  groups["retrieval"].nan_to_num(0.0),
+                                  streaming_at=streaming_at, retrieval_at=retrieval_at)}
 
     @property
     def map_bytes(self) -> int:
@@ -122,7 +149,7 @@ class LongProfile:
         out = {name: getattr(self, name) for name in TENSORS}
         for kind in ("scores", "group_scores", "reduced"):
             out |= {f"{kind}/{k}": v for k, v in getattr(self, kind).items()}
-        return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
+        return {k: v.detach().to("cpu").clone() for k, v in out.items()}  # none shares memory
 
     def save(self, path: str | Path) -> Path:
         """Write the profile to ``path`` (a ``.safetensors`` file), atomically."""
@@ -209,4 +236,16 @@ def group_scores(scores: dict[str, torch.Tensor], heads: list[int], per_layer: i
         reduce = "amin" if name in STREAMING_LIKE else "amax"
         g.scatter_reduce_(1, owner.expand(s.shape[0], -1), s, reduce=reduce)
         out[name] = g.masked_fill_(torch.isinf(g), float("nan")).float()
+    return out
+
+
+def classes(streaming: torch.Tensor, retrieval: torch.Tensor, *, streaming_at: float = 0.9,
+            retrieval_at: float = 0.1) -> torch.Tensor:
+    """``(l, h)`` (or ``(l, g)``) int8 class per head: 2 retrieval (``retrieval >=
+    retrieval_at``), else 1 streaming (``streaming >= streaming_at``), else 0 full (neither
+    claim holds: keep its whole cache). Retrieval wins: a head that reads a far pass key must
+    keep far keys, whatever its mass on sinks and window."""
+    out = torch.zeros(streaming.shape, dtype=torch.int8)
+    out[streaming >= streaming_at] = 1
+    out[retrieval >= retrieval_at] = 2
     return out
