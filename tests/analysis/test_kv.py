@@ -86,3 +86,19 @@ def test_a_profile_or_table_of_another_shape_is_one_line():
         with pytest.raises(ValueError, match=match) as info:
             kv_plan(model, x, budget=0.5, scores=scores)
         assert "\n" not in str(info.value)
+
+
+def test_kv_plan_takes_the_profile_headwise_long_measures():
+    """The whole path: headwise.long.profile's streaming mass (sinks + window) per group on a
+    calibration text ranks the groups; the plan streams the most streaming-like half."""
+    from headwise.long import profile
+
+    model, x = lm(), ids(4)
+    prof = profile(model, x, sinks=1, window=4, progress=False)
+    group = prof.group_scores["streaming"]
+    assert group.shape == (3, 2) and bool(torch.isfinite(group).all())
+    plan = kv_plan(model, x, budget=0.5, sinks=1, window=4, scores=prof)
+    chosen = [group[i, c].item() for i in range(3) for c in plan.streaming[i]]
+    rest = [group[i, c].item() for i in range(3) for c in plan.full(i)]
+    assert len(chosen) == 3 and min(chosen) >= max(rest)
+    torch.testing.assert_close(torch.tensor(plan.scores, dtype=torch.float64), group.double())
