@@ -27,6 +27,8 @@ def test_kvplan_prints_the_plan_and_its_loss_and_chat_reads_it(smollm2_path, cal
     text = capsys.readouterr().out
     plan = KVPlan.load(out)
     assert plan.shape == (30, 3, 64) and round(plan.fraction * 90) == 18
+    scores = [s for row in plan.scores for s in row]  # the profile's streaming mass per group
+    assert all(0 < s <= 1 + 1e-6 for s in scores) and len(set(scores)) > 1
     assert "layers=30 groups=3" in text and "held-out loss over 48 tokens" in text
     assert f"plan {plan.loss['plan']:.4f}" in text
     assert main(["chat", "Hi", "--max-new-tokens", "3", "--kv-plan", str(out)]) == 0

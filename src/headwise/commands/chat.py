@@ -56,7 +56,7 @@ FLAGS = (
                        "streaming key/value groups keep only sinks + a window"),
              flag("--kv-budget", type=float, metavar="F",
                   help="make a head-wise KV plan streaming this share of groups first (ranked "
-                       "on 1024 Austen tokens: one prefill per group, about a minute)"))),
+                       "by their streaming mass on 1024 Austen tokens, headwise.long.profile)"))),
     flag("--view", metavar="FILE.html",
          help="also write the head view of prompt + answer (the answer marked, query heads "
               "grouped under their key/value heads)"),
@@ -120,9 +120,12 @@ def _plan(args: argparse.Namespace, chat):
     from headwise.analysis.kv import kv_plan
     from headwise.data import austen_text
 
+    from headwise.long import profile
+
     ids = torch.tensor([chat.tokenizer.encode(austen_text()[:40_000])[:2048]])
+    ranks = profile(chat.model, ids[:, :1024], sinks=4, window=256, progress=False)
     plan = kv_plan(chat.model, ids[:, :1024], heldout=ids[:, 1024:], budget=args.kv_budget,
-                   name=chat.config.name)
+                   name=chat.config.name, scores=ranks, sinks=4, window=256)
     print(f"[kv plan: {plan.fraction:.0%} of key/value groups streaming (sinks {plan.sinks}, "
           f"window {plan.window}); held-out loss {plan.loss['plan']:.4f} against "
           f"{plan.loss['full']:.4f} with the full cache]", file=sys.stderr)

@@ -6,9 +6,11 @@
     headwise chat "Hello" --kv-plan plan.json
 
 The calibration text (``--file``, default Jane Austen's novels) gives ``--tokens`` tokens to rank
-the key/value groups on (each group's measured cost when it alone streams: one prefill per
-group; or, with ``--profile``, a saved :class:`headwise.long.LongProfile`'s per-group streaming
-scores, no prefill) and the next ``--tokens`` as held-out text the plan's loss is measured on. The plan is
+the key/value groups on and the next ``--tokens`` as held-out text the plan's loss is measured
+on. The ranking (``--rank``): ``profile`` (default) is :func:`headwise.long.profile`'s streaming
+mass per group (the attention on the sinks and the window, a group as streaming as its least
+streaming query head: one pass); ``cost`` each group's measured loss when it alone streams (one
+prefill per group); ``--profile FILE`` a saved :class:`headwise.long.LongProfile`'s scores. The plan is
 printed (one line per layer: ``S`` streaming, ``F`` full) and written as JSON with ``--out``.
 """
 
@@ -29,6 +31,9 @@ FLAGS = (
                                           "GGUF on headwise's own decoder"),
     F.GGUF.but(help="a llama GGUF file on headwise's own decoder (default: SmolLM2)"),
     flag("--file", metavar="TEXT", help="calibration text (default: Jane Austen's novels)"),
+    flag("--rank", choices=("profile", "cost"), default="profile",
+         help="rank the groups by their streaming mass on the calibration text (profile, "
+              "default) or by each one's measured loss cost (cost: one prefill per group)"),
     flag("--profile", metavar="FILE.safetensors",
          help="rank the groups by this long-document profile's streaming scores (a saved "
               "LongProfile of every layer) instead of measuring each group's cost"),
@@ -104,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--file: {len(ids)} tokens, need {2 * n} (--tokens {n} to calibrate "
                          f"and as many held out); pass a longer text or a smaller --tokens")
     ids = torch.tensor([ids[:2 * n]])
+    if scores is None and args.rank == "profile":
+        from headwise.long import profile
+
+        scores = profile(model, ids[:, :n], sinks=args.sinks, window=args.window,
+                         progress=False)
     plan = kv_plan(model, ids[:, :n], heldout=ids[:, n:], name=name, sinks=args.sinks,
                    window=args.window, tolerance=args.tolerance, scores=scores,
                    budget=0.5 if args.budget is None else args.budget)
