@@ -119,7 +119,6 @@ def _plan(args: argparse.Namespace, chat):
 
     from headwise.analysis.kv import kv_plan
     from headwise.data import austen_text
-
     from headwise.long import profile
 
     ids = torch.tensor([chat.tokenizer.encode(austen_text()[:40_000])[:2048]])
