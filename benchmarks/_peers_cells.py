@@ -96,8 +96,8 @@ class Headwise(Tool):
     log-sum-exp, ``hw.stats.collect``, ``hw.record_heads``, ``headwise.hf.head_view``."""
 
     name = "headwise"
-    why = {"head@stop": "headwise.hf.weights runs every layer (no stop_at_layer)",
-           "hooks": "no TransformerLens-style cache in this build (hw.run_with_cache)"}
+    why = {"head@stop": "headwise.hf.weights runs every layer (the cache row stops)",
+           "hooks": "the headwise cache row (hw.run_with_cache)"}
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -148,7 +148,7 @@ class HeadwiseCache(Tool):
     name = "headwise cache"
     cell_forward = None  # (the headwise row)
     why = {"forward": "the headwise row", "stats": "the headwise row (hw.stats.collect)",
-           "view": "the headwise row", "decode": "the headwise row"}
+           "view": "the headwise row"}
 
     @classmethod
     def available(cls) -> str:
@@ -184,6 +184,15 @@ class HeadwiseCache(Tool):
         got = self.cache(ids, names=lambda n: not n.endswith(("hook_pattern",
                                                                "hook_attn_scores")))
         return dict(got.items())
+
+    def cell_decode(self, ids):
+        """``hw.capture`` around ``generate``: each step's forward runs the new token only, so
+        its pattern is that token's row; the prompt's forward gives the prompt's last row."""
+        import headwise as hw
+        with hw.capture(self.model, names="pattern",
+                        select={"layers": [LAYER], "heads": [HEAD]}) as steps:
+            out = plain_generate(self.model, ids)
+        return out, [s["pattern", LAYER][0, 0, -1] for s in steps]
 
 
 def decode_patterns(model, ids):

@@ -70,3 +70,11 @@ def test_check_heads_names_what_does_not_exist(heads, error, match):
     from headwise.heads import check_heads
     with pytest.raises(error, match=match):
         check_heads(heads, {"decoder_self": [3, 3]}, "t")
+
+
+def test_layers_names_the_one_kind_of_a_model_that_has_one():
+    from headwise.heads import check_heads
+    assert check_heads({"layers": {1: [0], -1: True}}, {"decoder_self": [3, 2]}, "t") == {
+        "decoder_self": {1: [0, 1]}}
+    with pytest.raises(ValueError, match="unknown attention kind 'layers'"):  # several kinds
+        check_heads({"layers": {0: [0]}}, {"encoder_self": [2], "cross": [2]}, "t")

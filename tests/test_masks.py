@@ -144,3 +144,24 @@ def test_from_valid_lens_of_what_is_not_lengths_is_a_clear_type_error(lens):
             masks.from_valid_lens(lens, 6)
     else:
         assert torch.equal(masks.from_valid_lens(lens, 6), want)
+
+
+def test_neutral_zeroes_bad_values_and_marks_only_the_rows_that_may_attend_them():
+    """The masked-NaN rule's one helper: NaN/inf put to 0 where a mask is given; weights' rows
+    from a bad query or key, the output's from a bad value too; a float mask excludes at -inf
+    and at the dtype's lowest value (transformers' additive padding)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=g) for _ in range(3))
+    k[0, 0, 2, 1], v[0, 1, 0, 3], q[0, 1, 1, 0] = float("nan"), float("inf"), float("-inf")
+    lowest = torch.finfo(torch.float32).min
+    for mask in (torch.tensor([True, True, False]), torch.tensor([0.0, 0.0, lowest])):
+        k2, v2, bad_w, bad_out = masks.neutral(q, k, v, mask, False)
+        assert torch.isfinite(k2).all() and torch.isfinite(v2).all()
+        assert k2[0, 0, 2, 1] == 0 and torch.equal(k2[0, 1], k[0, 1])
+        # key 2 is masked for every row; value 0 is seen by every row of head 1
+        assert bad_w[..., 0].tolist() == [[[False, False, False], [False, True, False]]]
+        assert bad_out[..., 0].tolist() == [[[False, False, False], [True, True, True]]]
+    _, _, bad_w, _ = masks.neutral(q, k, None, None, True)  # causal: rows 2 on see key 2
+    assert bad_w[..., 0].tolist() == [[[False, False, True], [False, True, False]]]
+    k3, _, bad_w, _ = masks.neutral(q, k, None, None, False)  # no mask: the whole head
+    assert k3 is k and bad_w[..., 0].tolist() == [[[True, True, True], [False, True, False]]]

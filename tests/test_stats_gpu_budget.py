@@ -59,7 +59,8 @@ def test_the_guard_catches_cpu_sized_blocks_and_a_scalar_read():
 
 def _triton_path(mutation: str = "") -> dict:
     pytest.importorskip("triton")
-    return run(SETUP + '''
+    # (a mutation that reads a scalar back stops the call there: before the launch)
+    return run(SETUP + f"MUTATED = {bool(mutation)}\n" + '''
 from headwise.fast import stats_triton
 launched = []
 class _Stub:  # fake tensors have no memory: record the launch instead of running it
@@ -69,7 +70,7 @@ stats_triton._stats_kernel = _Stub()
 ''' + mutation + '''
 with counted("triton"):
     headwise.stats.head_stats(q, k, causal=True, token_ids=ids)
-assert len(launched) == 1, launched
+assert len(launched) == 1 or MUTATED, launched
 ''')
 
 
@@ -77,7 +78,7 @@ def test_the_triton_path_is_one_launch_and_no_host_read():
     c = _triton_path()["triton"]
     assert c.error is None, c.traceback
     assert c.syncs == [] and c.h2d == [] and "aten.topk" not in c.histogram(), str(c)
-    assert c.kernels <= 30, str(c)  # 5 around the launch, ~20 for the NaN masks
+    assert c.kernels <= 30, str(c)  # 5 around the launch, ~22 for the NaN rule's masks
     synced = _triton_path("headwise.stats.finite = lambda *t: bool(t[0].sum() == 0)\n")
     assert synced["triton"].syncs
 

@@ -112,6 +112,8 @@ WINGS: dict[str, Rule] = {
     "analysis": rule("the head tools: ablation, importance, pruning, the catalogue",
                      "masks", "heads", "attend", "weights", "observe", "stats", "layers", "fast",
                      "models", "data", "train.evaluate", "hf", "kvplan", "decode.ragged"),
+    "lens": rule("TransformerLens' activation cache and hooks on the fused path",
+                 "masks", "observe", "weights", "layers", "models", "analysis", "hf", "viz"),
     "analysis.catalogue": rule("the head catalogue (its page: viz)", "viz.catalogue"),
     "long": rule("per-head long-context statistics in one streaming pass",
                  "masks", "heads", "attend", "weights", "observe", "stats", "layers", "fast",

@@ -108,7 +108,14 @@ def check_heads(heads, counts: Mapping[str, Sequence[int]], where: str,
     head indices count from the end. ``counts``: kind -> query heads per layer of the model.
     A kind, layer or head that does not exist is a ValueError, another form a TypeError.
     ``once``: a layer or head named twice (``[1, -3]`` of 4 heads) is a ValueError (pruning,
-    where it is likely a mistake); else the names are merged (ablation, patching)."""
+    where it is likely a mistake); else the names are merged (ablation, patching).
+
+    ``"layers"`` names the one kind of a model that has one (a language model's
+    ``decoder_self``), so ``{"layers": {1: [0]}}`` addresses the same heads of headwise's models
+    and of a transformers model."""
+    if isinstance(heads, Mapping) and "layers" in heads and len(counts) == 1 \
+            and not set(heads) & set(counts):
+        heads = {next(iter(counts)) if k == "layers" else k: v for k, v in heads.items()}
     if not isinstance(heads, Mapping):
         example = "{'layers': {1: [0, 2]}}" if set(counts) == {"layers"} else "{'cross': {1: [0, 2]}}"
         raise TypeError(f"{where}: heads must be a dict {{kind: {{layer: [heads]}}}} such as "

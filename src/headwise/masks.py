@@ -15,7 +15,7 @@ import torch
 from headwise import limits
 
 __all__ = ["causal", "causal_block", "sliding_window", "from_valid_lens", "padding", "combine",
-           "as_bias", "as_4d", "fill", "check"]
+           "as_bias", "as_4d", "fill", "check", "neutral"]
 
 _ALIGNS = ("bottom_right", "top_left")
 
@@ -172,6 +172,60 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     for m in present[1:]:
         out = out + as_bias(m, dtype)
     return out
+
+
+def neutral(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
+            mask: torch.Tensor | None, causal: bool):
+    """The masked-NaN rule, for inputs a finite check found NaN or inf in (or could not read):
+    ``(k, v, weights_bad, out_bad)``. A row's output and weights depend only on the positions
+    it may attend:
+
+    - ``k (b, g, j, d)`` and ``v (b, g, j, e)`` (or None) come back with every NaN and inf put
+      to 0 where a mask is given (``mask`` 4-D or fewer, ``causal`` bottom-right), so a
+      position a row may not attend changes nothing of that row, whatever it held (``0 * NaN``
+      is NaN, and ``-inf + NaN`` is NaN: masking the scores alone does not do it);
+    - ``weights_bad (b, h, i, 1)`` is True for the rows whose weights the NaN policy makes NaN:
+      their query ``q (b, h, i, d)`` holds NaN or inf, or they may attend a position whose key
+      does; ``out_bad``, the rows whose output it makes NaN: those, and the rows that may
+      attend a position whose value does (without a mask: every row of that head, and ``k``,
+      ``v`` are returned as they are).
+
+    A float mask excludes where it is ``-inf`` or the dtype's lowest value (transformers'
+    additive padding)."""
+    # NaN or inf: exactly where x * 0 is NaN (two kernels where isfinite launches four)
+    bad = [None if t is None else (t * 0).isnan() for t in (k, v)]
+    bad_w = (q * 0).isnan().any(-1, keepdim=True) | _seen(bad[0].any(-1), q, mask, causal)
+    bad_out = bad_w if v is None else bad_w | _seen(bad[1].any(-1), q, mask, causal)
+    if mask is not None or causal:
+        k, v = (None if t is None else t.masked_fill(x, 0.0)
+                for t, x in zip((k, v), bad, strict=True))
+    return k, v, bad_w, bad_out
+
+
+def _seen(pos: torch.Tensor, q: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool) -> torch.Tensor:
+    """``(b, h, i or 1, 1)``: the rows of ``q (b, h, i, d)`` that may attend a position ``pos
+    (b, g, j)`` marks, with no ``(b, h, i, j)`` tensor and no host read: a mask without a query
+    axis is folded into ``pos`` (then causality is the first marked key: row ``i`` sees it iff
+    it lies at or before ``i + j - i_len``); one with a query axis is multiplied with it."""
+    h, nq, nk = q.shape[1], q.shape[2], pos.shape[-1]
+    pos = pos.repeat_interleave(h // pos.shape[1], dim=1)[:, :, None, :]    # (b, h, 1, j)
+    keep = None if mask is None else as_4d(mask)
+    if keep is not None and keep.dtype != torch.bool:
+        keep = keep > torch.finfo(keep.dtype).min  # -inf, and transformers' lowest value
+    if keep is not None and keep.shape[-2] == 1:
+        pos, keep = pos & keep, None
+    if nk == 0 or (keep is None and not causal):
+        return pos.any(-1, keepdim=True)
+    if keep is None:  # causal alone: the first marked key of each head
+        where = torch.arange(nk, device=pos.device)
+        first = torch.where(pos, where, nk).amin(-1, keepdim=True)             # (b, h, 1, 1)
+        rows = torch.arange(nk - nq, nk, device=pos.device)[:, None]           # (i, 1)
+        return rows >= first
+    if causal:
+        keep = keep & causal_block(torch.arange(nq, device=pos.device),
+                                   torch.arange(nk, device=pos.device), nq, nk)
+    return (keep.to(torch.float32) @ pos.to(torch.float32).transpose(-1, -2)) > 0
 
 
 def form(mask: torch.Tensor) -> str:

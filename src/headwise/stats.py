@@ -139,20 +139,21 @@ def head_stats(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = 
     b, h, nq, _ = q.shape
     nk = k.shape[2]
     top_k = min(top_k, nk)
+    # the NaN policy of headwise.attention (not the 0 of a masked row); masked keys: as if 0
+    k, _, bad, _ = (k, 0, None, 0) if finite(q, k) else _masks.neutral(q, k, None, mask, causal)
     if _triton_kernel(q, k, top_k):
         from headwise.fast import stats_triton
         stats = HeadStats(**stats_triton.head_stats(
             q, k, mask=_masks.as_4d(mask), causal=causal, scale=scale, lse=lse,
             token_ids=token_ids, top_k=top_k))
     else:
-        budget = _fast.block_elements(q, k, cpu=_weights.CHUNK_ELEMENTS) if budget is None \
-            else budget
+        budget = budget or _fast.block_elements(q, k, cpu=_weights.CHUNK_ELEMENTS)
         acc = _Accumulator(b, h, nq, nk, top_k, q.device, token_ids)
         for chunk in _chunks(q, k, lse, mask=mask, causal=causal, scale=scale, budget=budget):
             acc.add(chunk)
         stats = acc.result()
-    if not finite(q, k):  # the NaN policy of headwise.attention, not the 0 of a masked row
-        _nan_rows(stats, q, k)
+    if bad is not None:
+        _nan_rows(stats, bad)
     return stats
 
 
@@ -165,10 +166,9 @@ def _triton_kernel(q: torch.Tensor, k: torch.Tensor, top_k: int) -> bool:
             and q.numel() > 0)
 
 
-def _nan_rows(stats: HeadStats, q: torch.Tensor, k: torch.Tensor) -> None:
-    """NaN statistics for the rows whose query, or whose head's keys, hold NaN or inf (their
-    output is NaN); a 0 there would read as a perfectly focused head."""
-    bad = _weights.nonfinite_rows(q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1))
+def _nan_rows(stats: HeadStats, bad: torch.Tensor) -> None:
+    """NaN statistics for the rows ``bad (b, h, i, 1)`` (their query holds NaN or inf, or a key
+    they may attend does: their output is NaN); a 0 there would read as a focused head."""
     for name in ("entropy", "max_weight", "sink", "prev_token", "induction", "distance"):
         if getattr(stats, name) is not None:
             getattr(stats, name).masked_fill_(bad[..., 0], float("nan"))

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwise as hw
-from headwise.attend.fused import _sdpa_inputs, nan_policy, sdpa, sdpa_kernel_name
+from headwise.attend.fused import _sdpa_inputs, checked, sdpa, sdpa_kernel_name
 
 
 def test_sdpa_uses_the_fused_kernel_for_causal_plus_padding():
@@ -40,19 +40,28 @@ def test_causal_reaches_the_kernel_bottom_right(nq, nk, seed):
 @given(b=st.integers(1, 3), g=st.integers(1, 3), r=st.integers(1, 3), nq=st.integers(1, 6),
        row=st.integers(0, 5), head=st.integers(0, 2), seed=st.integers(0, 2**31 - 1),
        bad=st.sampled_from([float("nan"), float("inf"), float("-inf")]))
-def test_nan_policy_marks_the_bad_query_row_and_the_bad_kv_head(b, g, r, nq, row, head, seed,
-                                                                 bad):
+def test_checked_marks_the_bad_query_row_and_without_a_mask_the_bad_kv_head(b, g, r, nq, row,
+                                                                          head, seed, bad):
     gen = torch.Generator().manual_seed(seed)
     h, row, head = g * r, row % nq, head % g
     q = torch.randn(b, h, nq, 4, generator=gen)
     k = torch.randn(b, g, 5, 4, generator=gen)
-    out = torch.randn(b, h, nq, 3, generator=gen)
-    assert torch.equal(nan_policy(out, q, k), out)  # finite inputs: untouched
+    v = torch.randn(b, g, 5, 3, generator=gen)
+    got = checked(q, k, v, None, False)
+    assert got[0] is k and got[1] is v and got[2:] == (None, None)  # finite: untouched
     q[0, 0, row, 1] = bad
     k[-1, head, 2, 3] = bad
-    got = nan_policy(out, q, k)
-    expect = torch.zeros(b, h, nq, dtype=torch.bool)
+    k2, v2, bad_w, bad_out = checked(q, k, v, None, False)
+    expect = torch.zeros(b, h, nq, 1, dtype=torch.bool)
     expect[0, 0, row] = True
     expect[-1, head * r:(head + 1) * r] = True  # every query head that reads kv head `head`
-    assert torch.equal(got.isnan().all(dim=-1), expect)
-    assert torch.equal(got[~expect], out[~expect])
+    assert torch.equal(bad_w, expect) and torch.equal(bad_out, expect)
+    assert k2 is k and v2 is v  # without a mask every row of the head is NaN: nothing to clean
+    # with a mask that hides key 2 from every row, only the query row is left
+    keep = torch.tensor([True, True, False, True, True])
+    k3, _, bad_w, _ = checked(q, k, v, keep, False)
+    ok = torch.isfinite(k)
+    assert torch.isfinite(k3).all() and torch.equal(k3[ok], k[ok]) and not k3[~ok].any()
+    only_q = torch.zeros_like(expect)
+    only_q[0, 0, row] = True
+    assert torch.equal(bad_w, only_q)

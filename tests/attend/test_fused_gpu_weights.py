@@ -4,8 +4,8 @@ count what ``hw.attention(..., return_weights=...)`` would launch there.
 On a GPU the weights of any selection come from the LSE the fused kernel returned with the
 output: the fused kernel, one float32 key-sum reduction (the NaN policy's per-head test) and
 the Triton weights kernel, with no host read. (The NaN policy on the *output* is
-:func:`headwise.attend.fused.nan_policy`'s own budget, guarded with the forward; it is
-replaced by the identity here so these counts measure what the weights add.) torch's own
+:func:`headwise.attend.fused.checked`'s own budget, guarded with the forward; it is
+replaced by "all finite" here so these counts measure what the weights add.) torch's own
 kernel choice (``aten._fused_sdp_choice``) runs on the host: no kernel.
 """
 
@@ -20,7 +20,7 @@ from tests.fake_cuda import run  # noqa: E402
 _SCRIPT = '''
 import headwise as hw
 import headwise.attend.fused as fused
-fused.nan_policy = lambda out, *qkv: out
+fused.checked = lambda q, k, v, *rest: (k, v, None, None)
 {plant}
 b, h, n, d = 2, 8, 1024, 64
 for dtype in (torch.bfloat16, torch.float32):

@@ -125,8 +125,8 @@ def test_the_peers_cells_run_in_their_environment(tiny, tool, cell):
 
 
 @pytest.mark.skipif(bool(P.HeadwiseCache.available()), reason="no hw.run_with_cache in this build")
-@pytest.mark.parametrize("cell", ["head", "head@stop", "layers", "z", "hooks"])
+@pytest.mark.parametrize("cell", ["head", "head@stop", "layers", "z", "hooks", "decode"])
 def test_the_cache_cells_equal_hf_eager(tiny, cell):
-    got = _measure(tiny, "headwise cache", cell)
+    got = _measure(tiny, "headwise cache", cell, n=P.PROMPT if cell == "decode" else N)
     assert cell == "hooks" or got["diff"] < 1e-5, got
     assert got["returned"] > 0

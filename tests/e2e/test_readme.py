@@ -292,6 +292,28 @@ def test_the_hugging_face_snippet_runs_and_gives_the_shape_it_says(tmp_path):
     assert tuple(got[5].shape) == (2, 1, 16, 20) and list(got) == [5]
 
 
+def test_the_cache_snippet_runs_after_the_hugging_face_one_and_prints_what_it_says(tmp_path,
+                                                                                    capsys):
+    pytest.importorskip("transformers")
+    import torch
+
+    from tests.hf import tiny
+    model = tiny.build("llama")
+    model.config.num_hidden_layers = 6  # the snippets read layer 5
+    model = type(model)(model.config).eval()
+    model.save_pretrained(tmp_path / "tiny")
+    ids, mask = tiny.batch("left", b=2, n=20)
+    namespace = {"path": str(tmp_path / "tiny"), "torch": torch,
+                 "batch": {"input_ids": ids, "attention_mask": mask}}
+    (first,) = python_blocks("Any Hugging Face model (transformers 5.x)")
+    (block,) = python_blocks("TransformerLens' hook names, on the fused path")
+    exec(first, namespace)  # noqa: S102
+    exec(block, namespace)  # noqa: S102
+    said = re.search(r"# (torch.Size\(\[[\d, ]+\]\))", block)[1]
+    assert capsys.readouterr().out.strip() == said
+    assert namespace["logits"].shape == (2, 20, tiny.VOCAB)
+
+
 # ------------------------------------------------------------------- names it and docs/ use
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ALL_TEXT = "\n".join(p.read_text() for p in DOCS)

@@ -4,7 +4,7 @@ that must agree does.
 | pair | tolerance |
 |---|---|
 | eager vs sdpa vs float64 reference (attention core, masks of every rank, GQA, causal) | 1e-5 |
-| eager vs sdpa under the NaN/inf policy (same NaN rows, other rows equal) | 1e-5 |
+| eager vs sdpa under the NaN/inf policy (same NaN rows, other rows equal; masked: as if 0) | 1e-5 |
 | fused MultiHeadAttention vs its per-head loop (``unfuse``) | 1e-5 |
 | train mode vs eval mode with dropout 0 | exact |
 | padded batch vs each sequence alone (key padding by ``valid_lens``) | 1e-5 |
@@ -94,16 +94,24 @@ def test_eager_sdpa_and_float64_reference_agree(inputs):
 @harness
 @given(attention_inputs(nan=True))
 def test_nan_policy_is_the_same_on_every_backend(inputs):
-    """NaN or inf in a query row -> that row is NaN; anywhere in a head's keys or values (masked
-    or not) -> every row of the query heads reading it is NaN; the rest equals the reference."""
+    """NaN or inf in a query row -> that row is NaN; in a key or value -> every row of the query
+    heads reading it that may attend its position is NaN (a masked position is as if 0); the
+    rest equals the reference with the bad value put to 0."""
     q, k, v, mask, causal, where, index = inputs
     b, h, i = q.shape[:3]
+    j = k.shape[2]
     expect = torch.zeros(b, h, i, dtype=torch.bool)
     if where == "q":
         expect[index[0], index[1], index[2]] = True
     else:
+        allowed = torch.ones(b, h, i, j, dtype=torch.bool)
+        if mask is not None:
+            allowed = allowed & (mask if mask.dtype == torch.bool else ~torch.isneginf(mask))
+        if causal:
+            allowed = allowed & torch.ones(i, j, dtype=torch.bool).tril(j - i)
         group = h // k.shape[1]
-        expect[index[0], index[1] * group:(index[1] + 1) * group] = True
+        heads = slice(index[1] * group, (index[1] + 1) * group)
+        expect[index[0], heads] = allowed[index[0], heads, :, index[2]]
     ref, _ = reference_attention(q.nan_to_num(0, 0, 0), k.nan_to_num(0, 0, 0),
                                  v.nan_to_num(0, 0, 0), mask=mask, causal=causal)
     for backend in ("eager", "sdpa"):

@@ -52,6 +52,21 @@ def _agree(mask, **kw):
     return f"eager == sdpa, shape {tuple(a.shape)}{nan}{zeros}"
 
 
+def _as_if_zero(mask, causal=False, **kw):
+    """:func:`_agree`, and the rows that are not NaN equal those of the same call with every
+    NaN or inf of q, k and v put to 0 (a masked position's bad value changes nothing)."""
+    q, k, v = kw.pop("qkv")
+    said = _agree(mask, qkv=(q, k, v), causal=causal, **kw)
+    zero = [torch.where(torch.isfinite(t), t, 0.0) for t in (q, k, v)]
+    for backend in ("eager", "sdpa"):
+        got, want = (hw.attention(*x, mask=mask, causal=causal, backend=backend, **kw)
+                     for x in ((q, k, v), zero))
+        for a, b in zip(got, want, strict=True):
+            if a is not None and not torch.allclose(a[~a.isnan()], b[~a.isnan()], atol=1e-6):
+                raise AssertionError(f"{backend}: a masked bad value changed the answer")
+    return said.replace("eager == sdpa", "eager == sdpa == with 0 there")
+
+
 # ------------------------------------------------------------------------------ core API
 def attention_probes() -> list[Probe]:
     A = "attention"
@@ -106,6 +121,20 @@ def attention_probes() -> list[Probe]:
         lambda: _agree(None, qkv=(q, _with(k, (0, 0, 0, 1), NAN), v)), "ok")
     add("attention: NaN in value 1 (attended by all)",
         lambda: _agree(None, qkv=(q, k, _with(v, (0, 1, 1, 3), NAN))), "ok")
+    pad = torch.tensor([True, True, False])
+    add("attention: NaN in key 2, masked by padding",
+        lambda: _as_if_zero(pad, qkv=(q, _with(k, (0, 0, 2, 1), NAN), v)), "ok")
+    add("attention: inf in value 2, masked by a float -inf mask",
+        lambda: _as_if_zero(torch.tensor([0.0, 0.0, -INF]), qkv=(q, k, _with(v, (0, 1, 2), INF))),
+        "ok")
+    add("attention: NaN in key 2, the causal future of rows 0 and 1",
+        lambda: _as_if_zero(None, causal=True, qkv=(q, _with(k, (0, 1, 2, 0), NAN), v)), "ok")
+    add("attention: -inf in key 0, outside a sliding window of 2",
+        lambda: _as_if_zero(masks.sliding_window(3, 3, 2), qkv=(q, _with(k, (0, 0, 0), -INF), v)),
+        "ok")
+    add("attention: NaN in key 2, padding masks it, all weights",
+        lambda: _as_if_zero(pad, return_weights=True, qkv=(q, _with(k, (0, 0, 2, 1), NAN), v)),
+        "ok")
     add("attention: -inf additive mask everywhere (all rows masked)",
         lambda: _agree(torch.full((3,), -INF)), "ok")
     add("attention(scale=nan)", lambda: hw.attention(q, k, v, scale=NAN))
@@ -620,6 +649,14 @@ def _nan_head_entropy():
     return f"per-head entropy {stats.per_head('entropy')[0].isnan().tolist()} is NaN"
 
 
+def _masked_nan_entropy():
+    q, k, _ = _qkv()
+    pad = torch.tensor([True, True, False])
+    got = hw.stats.head_stats(q, _with(k, (0, 1, 2), NAN), mask=pad).entropy
+    want = hw.stats.head_stats(q, _with(k, (0, 1, 2), 0.0), mask=pad).entropy
+    return f"entropy as with 0 there: {torch.allclose(got, want, atol=1e-6)}"
+
+
 def _unequal_heads():
     from headwise.per_head import fuse, unfuse
     loop = unfuse(hw.MultiHeadAttention(8, 2))
@@ -657,6 +694,7 @@ def issue31_probes(tmp: Path) -> list[Probe]:
     add("MultiHeadAttention()", "hw.trace(mha)  # no input",
         lambda: hw.trace(hw.MultiHeadAttention(8, 2)))
     add("heads", "stats.head_stats(q with head 1 NaN, k)", _nan_head_entropy, "ok")
+    add("heads", "stats.head_stats(q, k with NaN at a padded key)", _masked_nan_entropy, "ok")
     add("heads", "stats.head_stats(q, k, token_ids=float ids)",
         lambda: hw.stats.head_stats(q, k, token_ids=torch.zeros(1, 3)))
     add("masks", "masks.causal(10**6)", lambda: masks.causal(10**6))

@@ -11,15 +11,17 @@ name from :data:`BACKENDS`; every backend has the same signature and the same se
 - a query row whose keys are all masked gets **zero output and zero weights**, with finite
   gradients (never NaN, never a uniform average over padding) — the only place zeros are
   promised;
-- NaN policy: NaN or inf in a query row makes that output row NaN; NaN or inf anywhere in a
-  head's keys or values (masked positions included) makes that head's whole output NaN, on
-  every backend alike (fused kernels would otherwise differ block by block). ``scale`` must be
-  finite. One difference, off the CPU (a GPU, compiled or not), for the fused output without
-  weights: there headwise adds nothing to what CUDA's fused kernels do by themselves, which is
-  the policy (measured: flash, efficient and cuDNN, bf16/fp16/fp32) except under causal
-  masking, where a NaN or inf key or value makes NaN the rows that can see it and may leave
-  the earlier rows finite; enforcing it there would cost a third of the forward or a device
-  sync (:func:`headwise.fast.kernel_nan`);
+- NaN policy (docs/design.md): NaN or inf in a query row makes that output row NaN; in a key or
+  value, every row that may attend its position (without a mask, the head's whole output); a
+  position a row may not attend leaves that row as if it held 0, whatever it holds
+  (:func:`headwise.masks.neutral`), on every backend alike (fused kernels would otherwise
+  differ block by block). ``scale`` must be finite. One difference, off the CPU (a GPU,
+  compiled or not), for the fused output without weights: there headwise adds nothing to what
+  CUDA's fused kernels do by themselves (measured: flash, efficient and cuDNN,
+  bf16/fp16/fp32): a NaN or inf key or value reaches every row of its head, masked positions
+  included, except under causal masking, where it reaches the rows that can see it; enforcing
+  the rule there would cost a third of the forward or a device sync
+  (:func:`headwise.fast.kernel_nan`);
 - ``weights`` are per head, ``(b, h, i, j)``, the softmax probabilities before dropout.
 
 ``"eager"`` is the readable reference, here beside the dispatch. ``"sdpa"``
@@ -47,7 +49,7 @@ from headwise import masks as _masks
 from headwise import strict as _strict
 from headwise import weights as _weights
 from headwise._device import check_tensor_device
-from headwise.attend.fused import nan_policy, sdpa, sdpa_kernel_name
+from headwise.attend.fused import checked, sdpa, sdpa_kernel_name
 from headwise.heads import expand_kv
 from headwise.observe import Memory, StepKind, WeightsSource, record
 
@@ -181,6 +183,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
             e^sink_h)``.
     """
     scale = _scale(scale, q.shape[-1])
+    k, _, bad, _ = checked(q, k, None, mask, causal)  # (None: finite) the NaN policy's rows
     # fp16 overflows at 65504 and rounds to 11 bits: widen q and k to float32 and keep scores
     # and softmax in float32, as the fused kernels accumulate; the weights come back in q's
     # dtype. Product first, then scale: the order checkpoints were written with before issue 11
@@ -205,8 +208,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
         weights = weights.masked_fill(dead, 0.0)
         kind = StepKind.SOFTMAX_WITH_SINKS
-    # NaN or inf in a query row or a head's keys: NaN, never "fully masked" zeros (NaN policy).
-    weights = nan_policy(weights.to(q.dtype), q, k)
+    # NaN or inf in a query row or a key its row may attend: NaN, never "fully masked" zeros
+    weights = weights.to(q.dtype)
+    if bad is not None:
+        weights = weights.masked_fill(bad, float("nan"))
     record(kind, weights)
     return weights
 
@@ -232,12 +237,17 @@ def eager(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return
     _strict.check(strict, "the eager backend was chosen by name (it builds (b, h, i, j)); "
                   "use backend='sdpa'")
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    k, v, bad_w, bad = checked(q, k, v, mask, causal)  # (None: finite) masked positions: 0
     weights = attention_weights(q, k, mask=mask, causal=causal, scale=scale, softcap=softcap,
                                 sinks=sinks)
+    if bad_w is not None:
+        weights = weights.masked_fill(bad_w, float("nan"))
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     if dropout_p > 0:
         record(StepKind.DROPOUT, probs, p=dropout_p)
-    out = nan_policy(torch.einsum("bhij,bhje->bhie", probs, v), q, v)
+    out = torch.einsum("bhij,bhje->bhie", probs, v)
+    if bad is not None:
+        out = out.masked_fill(bad, float("nan"))
     record(StepKind.WEIGHTED_SUM, out, backend="eager", kernel=None, fused=False,
            memory=Memory.QUADRATIC, reason=_eager_reason(return_weights, softcap, sinks),
            weights_source=WeightsSource("softmax") if return_weights else None)

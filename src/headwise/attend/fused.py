@@ -2,8 +2,8 @@
 fed what they are fast on (4-D tensors, masks in their smallest broadcast form, causality as
 ``is_causal`` where the kernel accepts it), and per-head weights recomputed exactly, in chunks
 (:mod:`headwise.weights`; :func:`_weights_plan` says how). Registered under its name by
-:mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy every backend applies
-(:func:`nan_policy`), kept here because the fused kernel is where it has to be enforced.
+:mod:`headwise.attend`, whose ``"auto"`` rule picks it; also the NaN policy's check every backend
+calls (:func:`checked`), kept here because the fused kernel is where it has to be enforced.
 
 Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads, ``i`` query position, ``j``
 key position, ``d`` head dim.
@@ -31,7 +31,7 @@ from headwise.observe import (
     record,
 )
 
-__all__ = ["sdpa", "sdpa_kernel_name", "nan_policy"]
+__all__ = ["sdpa", "sdpa_kernel_name", "checked"]
 
 
 def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_weights=False,
@@ -52,6 +52,14 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         if selection is not None and selection.everything:
             _check_budget(strict, q, k)
     plan = _weights_plan(selection, q, k, v, dropout_p, strict_on)
+    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
+    # max treats the row as fully masked), a NaN key reaches the rows of its block only, and a
+    # NaN at a masked position reaches the rows it is masked for. Off the CPU the kernels
+    # propagate NaN themselves (headwise.fast.kernel_nan): there the output is theirs (with or
+    # without weights from their LSE), with no mask built and no value read back.
+    bad_w = bad = None
+    if plan not in (None, "lse") or not kernel_nan(q):
+        k, v, bad_w, bad = checked(q, k, v, mask, is_causal)
     weights = lse = lse_kernel = None
     if plan == WEIGHTS_AT_V:
         weights, out = _weights.softmax_rows(q, k, v, mask=mask, causal=is_causal, scale=scale)
@@ -59,13 +67,8 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         out, lse, lse_kernel = _fused_with_lse(q, k, v, mask, is_causal, dropout_p, scale)
     else:
         out = _fused(q, k, v, mask, is_causal, dropout_p, scale)
-    # NaN policy: the fused CPU kernel turns a query row holding NaN into zeros (its running
-    # max treats the row as fully masked), and a NaN key reaches the rows of its block only.
-    # Off the CPU the kernels propagate NaN themselves (headwise.fast.kernel_nan): there the
-    # output is theirs (with or without weights from their LSE), with no mask built and no
-    # value read back.
-    if plan not in (None, "lse") or not kernel_nan(q):
-        out = nan_policy(out, q, k, v)
+    if bad is not None:
+        out = out.masked_fill(bad, float("nan"))
     if active():
         _record_sdpa(out, q, k, selection, plan, lse_kernel, kernel, reason, mask,
                      is_causal, causal_in_mask)
@@ -77,7 +80,30 @@ def sdpa(q, k, v, *, mask=None, causal=False, dropout_p=0.0, scale=None, return_
         if lse is None:
             lse = _weights.logsumexp(q, k, mask=mask, causal=is_causal, scale=scale)
         weights = _from_lse(q, k, lse, mask, is_causal, scale, selection)
+    if bad_w is not None and weights is not None:
+        weights = _rows_of(weights, bad_w, selection, k.shape[2])
     return out, weights
+
+
+def checked(q, k, v, mask, causal):
+    """``(k, v, weights_bad, out_bad)``: the keys and values every backend computes with, and
+    the ``(b, h, i, 1)`` rows whose weights and whose output the NaN policy makes NaN (None,
+    with ``k`` and ``v`` untouched, when one float32 total finds q, k and v finite: every call
+    but a broken one). Otherwise the masked-NaN rule, :func:`headwise.masks.neutral`: a
+    position a row may not attend leaves that row as if it held 0. ``v`` may be None (weights
+    alone); ``mask`` as the kernel takes it (4-D or fewer dims), ``causal`` bottom-right."""
+    if finite(q, k) if v is None else finite(q, k, v):
+        return k, v, None, None
+    return _masks.neutral(q, k, v, mask, causal)
+
+
+def _rows_of(weights, bad, selection, nk: int):
+    """``weights (b, hs, is, js)`` of ``selection`` with NaN in the rows ``bad (b, h, i, 1)``
+    names."""
+    heads, rows, _ = (selection or _weights.Selection()).resolve(
+        bad.shape[1], bad.shape[2], nk, bad.device)
+    return weights.masked_fill(_weights.take(_weights.take(bad, 1, heads), 2, rows),
+                               float("nan"))
 
 
 # Weights recomputed at a time on a GPU when triton is missing (torch ops, float32 blocks):
@@ -273,24 +299,6 @@ def _takes_mask_and_causal(q, k, v, mask, dropout_p, gqa) -> bool:
 
 
 _TAKE_MASK_AND_CAUSAL = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
-
-
-def nan_policy(out: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
-    """``out (b, h, i, .)`` with NaN in every query row of ``q`` holding NaN or inf and in every
-    head whose ``k``/``v`` (``(b, g, j, .)``) hold one. A float32 sum per row or head finds them
-    in one pass without a copy (NaN or inf in, non-finite sum out).
-
-    On the CPU one total over q, k and v comes first: finite (every call but a broken one), and
-    ``out`` is returned as it is, for 3 reductions and one read of a scalar instead of a dozen
-    small ops and a copy of ``out`` (on a GPU that read would be a device sync, so the
-    per-row and per-head masks are always built there, and under torch.compile, which fuses
-    them and cannot branch on a value)."""
-    if finite(q, *kv):  # (None off the CPU and under compile: the masks below, fused)
-        return out
-    bad = ~torch.isfinite(q.sum(dim=-1, keepdim=True, dtype=torch.float32))  # (b, h, i, 1)
-    for t in kv:
-        bad = bad | _bad_heads(t, q.shape[1])
-    return out.masked_fill(bad, float("nan"))
 
 
 def _mask_kind(mask: torch.Tensor) -> str:

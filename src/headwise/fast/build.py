@@ -12,6 +12,8 @@ and when; this module only runs the compiler and opens the result).
   library copied in its place) or its sources, a function the table needs missing. Mapping a
   truncated library dies of SIGBUS, so nothing is opened before it is verified;
 - :func:`open_library`: ``ctypes`` with each function's C signature, from a compact table;
+- :func:`ensure`: the cached library, verified, else rebuilt (with :func:`start`), waiting only
+  as long as the caller chooses;
 - :func:`target`: the compiler and the library's path.
 """
 
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from headwise import _io
 
-__all__ = ["TYPES", "compile_library", "kill", "open_library", "source_key", "start",
+__all__ = ["TYPES", "compile_library", "ensure", "kill", "open_library", "source_key", "start",
            "stamp_path", "target", "verify"]
 
 # the letters of a signature (open_library): pointer, long, int, float
@@ -116,6 +118,30 @@ def verify(path: Path, sources, flags, symbols) -> str:
         return "its bytes do not match its stamp's sha256 (another file in its place)"
     missing = [s for s in symbols if b"\0" + s.encode() + b"\0" not in data]
     return f"it lacks {missing[0]} (an older build)" if missing else ""
+
+
+def ensure(cc: str, path: Path, sources, flags, signatures: dict[str, str], state: dict, *,
+           wait: float, timeout: float) -> tuple:
+    """``(library or None, why, stale)``: the library at ``path`` opened with ``signatures``
+    (:func:`open_library`) only once :func:`verify` passes; a missing one, or one whose stamp
+    does not verify (``stale`` says why), is built by :func:`start` (one build per ``state``:
+    a build under way is joined), waiting at most ``wait`` s for it. ``why`` (one line) says
+    why no library is returned: the build is still under way (it goes on, killed after
+    ``timeout`` s), it failed, or the new library does not verify either."""
+    stale = verify(path, sources, flags, signatures) if path.exists() else ""
+    if stale or not path.exists():  # never mapped unverified: a truncated one is SIGBUS
+        thread = state.get("thread") or start(cc, sources, flags, path, state, timeout)
+        thread.join(wait)
+        note = f"the cached {path.name} is rebuilt, as {stale}; " if stale else ""
+        if thread.is_alive():
+            return None, (f"{note}{cc} is still building {Path(sources[0]).name}: this process "
+                          f"uses the torch path; the build goes on (killed after {timeout:g} s) "
+                          "and later processes load it"), stale
+        if state.get("failed"):
+            return None, note + state["failed"], stale
+        if bad := verify(path, sources, flags, signatures):
+            return None, f"{note}the new {path.name} is not usable: {bad}", stale
+    return open_library(path, signatures), "", stale
 
 
 def kill(proc: subprocess.Popen) -> None:

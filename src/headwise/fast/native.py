@@ -76,12 +76,14 @@ def status(wait: float = 0.0) -> str:
 
 
 def isa() -> str | None:
-    """The bfloat16, 4-bit and 8-bit products' path, ``"avx512-bf16"`` or ``"avx2"``, or None."""
+    """The path the bfloat16, 4-bit and 8-bit products run: ``"avx512-bf16"`` or ``"avx2"``
+    (None without the library: :func:`status` says why)."""
     return None if _kernel() is None else "avx512-bf16" if _state["wide"] else "avx2"
 
 
 def use_isa(name: str) -> None:
-    """Run the bfloat16 and 4-bit kernels on path ``name`` from now on (as :data:`ISA_ENV`)."""
+    """From now on in this process, run the bfloat16 and 4-bit kernels on path ``name`` as
+    :data:`ISA_ENV` would have from the start (a benchmark's rows on each path)."""
     if name not in ISAS:
         raise ValueError(f"use_isa: expected one of {ISAS}, got {name!r}")
     os.environ[ISA_ENV] = name
@@ -89,16 +91,20 @@ def use_isa(name: str) -> None:
         _state.pop("fn", None)
 
 
-def library():  # (the loaded library, "wide", "f16c") as the wrappers pass them, or None
+def library():
+    """``(the loaded library, "wide", "f16c")`` as the wrappers pass them, or None."""
     return None if _kernel() is None else (_state["fn"], _state["wide"], _state["f16c"])
 
 
 def declined() -> dict[str, str]:
-    """Each kernel's first reason to decline a product (torch's kernel ran instead)."""
+    """For each kernel that declined a product it was asked for, the first reason (the caller
+    then ran torch's kernel), e.g. ``{"q4_matmul": "more than 4 rows"}``."""
     return dict(_declined)
 
 
-def decline(kernel: str, why: str) -> None:  # (its first reason, for declined()); None
+def decline(kernel: str, why: str) -> None:
+    """Keep ``why`` as ``kernel``'s reason to decline a product, if it is its first
+    (:func:`declined`)."""
     _declined.setdefault(kernel, why)
 
 
@@ -237,7 +243,7 @@ def rms_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | Non
 
 
 def rms_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    # (whether rms_rows takes x and w)
+    """Whether :func:`rms_rows` takes ``x`` and ``w``."""
     return (x.dim() == 2 and x.stride(1) == 1 and w.shape == (x.shape[1],) and w.is_contiguous()
             and applies(x, w, bf16=True))
 
@@ -250,7 +256,7 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` returns, to float32 rounding
     (its exp a ~1 ulp polynomial; bfloat16 read as float32, the output rounded once). Finite
     inputs only: the caller has checked them (the step's NaN policy), since a NaN is not spread
-    as :func:`headwise.attend.fused.nan_policy` says. None when the kernel does not apply."""
+    as :func:`headwise.attend.fused.checked` says. None when the kernel does not apply."""
     b, h, i, d = q.shape
     g, n = k.shape[1], k.shape[2]
     if (i != 1 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != b or k.shape[3] != d
@@ -346,28 +352,16 @@ def _kernel():
 
 
 def _settle(wait: float) -> dict:
-    """``{"fn": library or None, "why": reason}``, waiting at most ``wait`` s for a build."""
+    """``{"fn": library or None, "why": reason}``, waiting at most ``wait`` s for a build: the
+    cached library once verified, else rebuilt (:func:`headwise.fast.build.ensure`)."""
     try:
         found = _compiler()
         if not isinstance(found, tuple):
             return {"fn": None, "why": found}
-        cc, path = found
-        stale = build.verify(path, SOURCES, FLAGS, SIGNATURES) if path.exists() else ""
-        if stale or not path.exists():  # never mapped unverified: a truncated one is SIGBUS
-            thread = (_state.get("thread")
-                      or build.start(cc, SOURCES, FLAGS, path, _state, BUILD_TIMEOUT_S))
-            thread.join(wait)
-            note = f"the cached {path.name} is rebuilt, as {stale}; " if stale else ""
-            if thread.is_alive():
-                return {"fn": None, "why": (
-                    f"{note}{cc} is still building {SOURCE.name}: this process uses the torch "
-                    f"path; the build goes on (killed after {BUILD_TIMEOUT_S} s) and later "
-                    "processes load it")}
-            if _state.get("failed"):
-                return {"fn": None, "why": note + _state["failed"]}
-            if bad := build.verify(path, SOURCES, FLAGS, SIGNATURES):
-                return {"fn": None, "why": f"{note}the new {path.name} is not usable: {bad}"}
-        lib = build.open_library(path, SIGNATURES)
+        lib, why, stale = build.ensure(*found, SOURCES, FLAGS, SIGNATURES, _state, wait=wait,
+                                       timeout=BUILD_TIMEOUT_S)
+        if lib is None:
+            return {"fn": None, "why": why}
         features = lib.headwise_features()  # bit 0: F16C, bit 1: the AVX512-BF16 path
         wide = features >> 1 & 1 and os.environ.get(ISA_ENV, "auto") != "avx2"
         return {"fn": lib, "why": "", "wide": int(wide), "f16c": features & 1, "stale": stale}

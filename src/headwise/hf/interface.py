@@ -18,6 +18,7 @@ import torch
 
 from headwise import observe
 from headwise.attend import check_selection, dispatch
+from headwise.attend.fused import checked
 from headwise.hf import kvcache, select
 from headwise.hf.model import NAME
 from headwise.weights import Selection, logsumexp, take
@@ -117,7 +118,8 @@ def _with_sinks(q, k, v, mask, causal, dropout, scale, wanted, sinks):
     shrink by one factor per row: ``Z / (Z + e^sink) = sigmoid(lse - sink)`` (exact)."""
     out, weights = dispatch(q, k, v, mask=mask, causal=causal, dropout_p=dropout, scale=scale,
                             return_weights=wanted)
-    lse = logsumexp(q, k, mask=mask, causal=causal, scale=scale)  # (b, h, i), 0 if fully masked
+    clean = checked(q, k, None, mask, causal)[0]  # masked bad keys as 0 (the NaN policy)
+    lse = logsumexp(q, clean, mask=mask, causal=causal, scale=scale)  # (b, h, i); 0: all masked
     keep = torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])
     out = out * keep.unsqueeze(-1).to(out.dtype)
     if weights is not None:

@@ -27,7 +27,7 @@ The package: :mod:`~headwise.weights.select` (the :class:`Selection` and its blo
 """
 
 from headwise.weights.lse import from_lse, logsumexp, mask_scores
-from headwise.weights.rows import ROW_BLOCK_ELEMENTS, nonfinite_rows, release_memory, softmax_rows
+from headwise.weights.rows import ROW_BLOCK_ELEMENTS, release_memory, softmax_rows
 from headwise.weights.select import (
     BLOCK_ELEMENTS,
     CHUNK_ELEMENTS,
@@ -39,5 +39,5 @@ from headwise.weights.select import (
 )
 
 __all__ = ["Selection", "as_selection", "chunk_rows", "from_lse", "logsumexp", "mask_scores",
-           "nonfinite_rows", "release_memory", "row_chunks", "softmax_rows", "take",
+           "release_memory", "row_chunks", "softmax_rows", "take",
            "BLOCK_ELEMENTS", "CHUNK_ELEMENTS", "ROW_BLOCK_ELEMENTS"]

@@ -1,5 +1,5 @@
 """Whole rows of weights as their softmax, with the output ``weights @ v`` from the same blocks
-(:func:`softmax_rows`), and the NaN policy on weights (:func:`nonfinite_rows`).
+(:func:`softmax_rows`), with the NaN policy's rows (:func:`headwise.masks.neutral`).
 
 Axis legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads, ``i`` query position,
 ``j`` key position, ``d`` head dim, ``e`` value head dim.
@@ -30,7 +30,7 @@ from headwise.fast import large as _large
 from headwise.weights.lse import mask_scores
 from headwise.weights.select import kv_heads, positions, sub_rows, take
 
-__all__ = ["nonfinite_rows", "release_memory", "softmax_rows", "ROW_BLOCK_ELEMENTS"]
+__all__ = ["release_memory", "softmax_rows", "ROW_BLOCK_ELEMENTS"]
 
 # Scores of one block of rows (every selected head): 1M floats = 4 MiB in float32. Measured on
 # SmolLM2's shapes (h=9, g=3, d=64, causal, 1 thread, AMD EPYC Zen 4, 1 MiB L2/core): all
@@ -64,6 +64,7 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     heads = slice(0, h) if heads is None else heads
     rows = slice(0, nq) if rows is None else rows
+    k, v, bad = _checked(q, k, v, mask, causal, heads, rows)  # the NaN policy
     work = torch.promote_types(q.dtype, torch.float32)
     # every head: the g key/value heads, each read by its h/g query heads as one matrix;
     # a selection: each selected head with its own key/value head (gathered: small)
@@ -93,11 +94,21 @@ def softmax_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
             keys = (nk, nk) if where is None else _seen(where[r0:r1], nq, nk)
             block = (x, r0, r1, keys, sub_rows(rows, r0, r1))
             _block(block, qg, kT, vs, w, out, scratch, bx, heads, scale, nq, nk)
-    ks = take(k, 1, kv)
-    if not finite(qs, ks):  # the NaN policy (None off the CPU: the masks, always)
-        ks = ks if not grouped else ks.repeat_interleave(hs // groups, dim=1)
-        w.masked_fill_(nonfinite_rows(qs, ks), float("nan"))  # (no `if any`: a GPU sync)
+    if bad is not None:  # (no `if any`: a GPU sync)
+        w.masked_fill_(bad[0], float("nan"))
+        if out is not None:
+            out.masked_fill_(bad[1], float("nan"))
     return w, out
+
+
+def _checked(q, k, v, mask, causal, heads, rows):
+    """``(k, v, bad)``: unless one float32 total finds q, k and v finite (``bad`` None; None
+    off the CPU too: the masks, always), the masked-NaN rule (:func:`headwise.masks.neutral`:
+    bad values put to 0) and ``bad``, the selected rows' ``(weights, output)`` NaN masks."""
+    if finite(q, k) if v is None else finite(q, k, v):
+        return k, v, None
+    k, v, *bad = _masks.neutral(q, k, v, mask, causal)
+    return k, v, [take(take(x, 1, heads), 2, rows) for x in bad]
 
 
 def _seen(where: list[int], nq: int, nk: int) -> tuple[int, int]:
@@ -136,13 +147,6 @@ def _block(block, qg, kT, vs, w, out, scratch, mask, heads, scale, nq, nk) -> No
     if out is not None:
         o = torch.bmm(s, vs[x, :, :hi])                                # (G, R*c, e)
         out[x, :, r0:r1].copy_(o.view(groups * per, c, -1))
-
-
-def nonfinite_rows(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
-    """``(b, hs, is, 1)`` True for the rows the NaN policy makes NaN: their query ``qs (b, hs,
-    is, d)`` holds NaN or inf, or their head's keys ``ks (b, hs, j, d)`` do."""
-    bad = ~torch.isfinite(qs.sum(dim=-1, keepdim=True, dtype=torch.float32))
-    return bad | ~torch.isfinite(ks.sum(dim=(-2, -1), dtype=torch.float32))[..., None, None]
 
 
 def release_memory() -> None:
