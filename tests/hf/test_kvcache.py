@@ -10,9 +10,10 @@ import torch
 
 from tests.hf.tiny import build, transformers  # noqa: F401  (skips without transformers)
 
-from headwise.hf import HeadwiseKVCache
-from headwise.hf.kvcache import model_shape
-from headwise.kvplan import KVPlan
+pytest.importorskip("transformers")  # (before headwise.hf, which needs it)
+from headwise.hf import HeadwiseKVCache  # noqa: E402
+from headwise.hf.kvcache import model_shape  # noqa: E402
+from headwise.kvplan import KVPlan  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "gemma3", "qwen2", "gpt_oss"]
 
