@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 EXTRAS ?= dev,pretrained,data,browser
 PYTEST_ARGS ?=
 
-.PHONY: venv install demo test test-cpus lint bench clean browser corpora peers
+.PHONY: venv install demo test test-cpus lint bench clean browser corpora peers kvpress
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,5 +90,19 @@ peers: $(PEERS)/.installed $(PEERS_ATTNREAD)/.installed
 	$(PEERS)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|transformer-lens|nnsight|bertviz|gguf) '
 	$(PEERS_ATTNREAD)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|nnsight|attnread|gguf) '
 
+# kvpress 0.5.5 (benchmarks/kv.py compares its presses with headwise's head-wise cache) pins an
+# older transformers than headwise's: an environment of its own, over the local CPU torch.
+KVPRESS        ?= .kvpress
+KVPRESS_PKGS   ?= kvpress==0.5.5 gguf
+
+$(KVPRESS)/.installed:
+	$(PYTHON) -m venv $(KVPRESS)
+	$(KVPRESS)/bin/python -m pip install -q $(PEER_TORCH)
+	$(KVPRESS)/bin/python -m pip install -q $(KVPRESS_PKGS)
+	touch $@
+
+kvpress: $(KVPRESS)/.installed
+	$(KVPRESS)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|kvpress|gguf) '
+
 clean:
-	rm -rf $(VENV) $(PEERS) $(PEERS_ATTNREAD) headwise-demo .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PEERS) $(PEERS_ATTNREAD) $(KVPRESS) headwise-demo .pytest_cache .hypothesis

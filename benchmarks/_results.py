@@ -33,7 +33,7 @@ JOURNAL = "commit 9ae4871"
 # on one machine never reorders the sections another wrote; a name not here sorts after them.
 ORDER = ["ceilings", "attention", "weights", "generate", "train", "bert", "head_view",
          "cli_startup", "llama_decode", "prune", "busy", "importance", "hf", "gguf_load", "stats",
-         "peers", "long", "tests"]
+         "peers", "long", "kv", "tests"]
 
 
 @dataclass(frozen=True)

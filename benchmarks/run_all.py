@@ -49,6 +49,7 @@ BENCHMARKS = {
     "gguf_load": ([], ["--rounds", "3"]),
     "peers": ([], ["--quick"]),
     "long": ([], ["--quick"]),
+    "kv": ([], ["--quick"]),
 }
 
 

@@ -35,6 +35,8 @@ _EXPORTS = {
     "attention_weights": "headwise.attend",
     "register_backend": "headwise.attend",
     "KVCache": "headwise.cache",
+    "KVPlan": "headwise.kvplan",
+    "kv_plan": "headwise.analysis.kv",
     "ActivationCache": "headwise.lens",
     "capture": "headwise.lens",
     "head_view": "headwise.lens",

@@ -29,7 +29,17 @@ import torch
 
 from headwise import limits
 
-__all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "SelfAttentionCache"]
+__all__ = ["CrossAttentionCache", "Filled", "KVCache", "LayerCache", "Ragged",
+           "SelfAttentionCache"]
+
+
+class Ragged:
+    """Base of the head-wise cache and its layers (:mod:`headwise.decode.ragged`): each key/value
+    group kept as a :class:`~headwise.kvplan.KVPlan` says, in buffers of different lengths, so
+    no one ``k`` tensor holds a layer; the module path hands such a layer the attention itself
+    (``attend``) instead of asking it for every cached key."""
+
+    ragged = True
 
 
 class Filled:

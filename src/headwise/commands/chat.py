@@ -51,6 +51,12 @@ FLAGS = (
     flag("--compile", action="store_true",
          help="replay the decoding step as a CUDA graph (--device cuda): one launch per token; "
               "the same reply"),
+    F.OneOf((flag("--kv-plan", metavar="FILE.json",
+                  help="decode with this head-wise KV plan (headwise kvplan makes one): its "
+                       "streaming key/value groups keep only sinks + a window"),
+             flag("--kv-budget", type=float, metavar="F",
+                  help="make a head-wise KV plan streaming this share of groups first (ranked "
+                       "by their streaming mass on 1024 Austen tokens, headwise.long.profile)"))),
     flag("--view", metavar="FILE.html",
          help="also write the head view of prompt + answer (the answer marked, query heads "
               "grouped under their key/value heads)"),
@@ -90,8 +96,39 @@ def _check(args: argparse.Namespace, device) -> None:
         raise ValueError("the prompt is empty; pass a message, e.g. headwise chat \"Hello!\"")
     if args.top_p is not None and args.temperature is None:
         raise ValueError("--top-p samples; give --temperature too (e.g. --temperature 0.7)")
+    if args.kv_budget is not None and not 0 <= args.kv_budget <= 1:
+        raise ValueError(f"--kv-budget must be in [0, 1] (the share of key/value groups that "
+                         f"stream), got {args.kv_budget}")
     if args.view is not None and not args.view.lower().endswith((".html", ".htm")):
         raise ValueError(f"--view {args.view}: expected a .html file (e.g. --view answer.html)")
+
+
+def _plan(args: argparse.Namespace, chat):
+    """The head-wise KV plan ``--kv-plan`` names or ``--kv-budget`` asks for (None: none)."""
+    if args.kv_plan is None and args.kv_budget is None:
+        return None
+    from headwise.kvplan import KVPlan
+
+    c = chat.model.config
+    shape = (c.num_layers, c.kv_heads, c.head_size)
+    if args.kv_plan is not None:
+        plan = KVPlan.load(args.kv_plan)
+        plan.check(shape, chat.config.name)
+        return plan
+    import torch
+
+    from headwise.analysis.kv import kv_plan
+    from headwise.data import austen_text
+    from headwise.long import profile
+
+    ids = torch.tensor([chat.tokenizer.encode(austen_text()[:40_000])[:2048]])
+    ranks = profile(chat.model, ids[:, :1024], sinks=4, window=256, progress=False)
+    plan = kv_plan(chat.model, ids[:, :1024], heldout=ids[:, 1024:], budget=args.kv_budget,
+                   name=chat.config.name, scores=ranks, sinks=4, window=256)
+    print(f"[kv plan: {plan.fraction:.0%} of key/value groups streaming (sinks {plan.sinks}, "
+          f"window {plan.window}); held-out loss {plan.loss['plan']:.4f} against "
+          f"{plan.loss['full']:.4f} with the full cache]", file=sys.stderr)
+    return plan
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     check_length(len(prompt), args.max_new_tokens, file.config.context_length, file.config.name)
     chat = load_gguf(file, dtype=torch.bfloat16 if args.bf16 else torch.float32,
                      device=device, q4=args.q4)
+    plan = _plan(args, chat)
     start = time.perf_counter()
     first: list[float] = []
 
@@ -129,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     prompt, answer = chat.reply(args.prompt, system=args.system,
                                 max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                on_text=show, compile=args.compile)
+                                on_text=show, compile=args.compile, kv_plan=plan)
     end = time.perf_counter()
     t_first = first[0] if first else end
     decode_rate = (len(answer) - 1) / (end - t_first) if len(answer) > 1 and end > t_first else 0

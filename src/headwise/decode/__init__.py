@@ -9,10 +9,12 @@
   one-row form, and the forms themselves beside it (``attention``, ``block``, ``norms``,
   ``feedforward``, ``embedding``);
 - :mod:`~headwise.decode.vouch`: the KV cache's NaN vouching (which cached positions are known
-  finite) and the one-call self-attention that relies on it.
+  finite) and the one-call self-attention that relies on it;
+- :mod:`~headwise.decode.ragged`: the head-wise KV cache (streaming groups in a ring of sinks +
+  window, the others whole, as a :class:`~headwise.kvplan.KVPlan` says).
 
 May import (the rule and its check: the table in ``tests/test_wings.py``): ``models``,
-``layers``, ``attend``, ``fast``, ``cache``, ``rope`` and ``observe``. Nothing
+``layers``, ``attend``, ``fast``, ``cache``, ``rope``, ``observe`` and ``kvplan``. Nothing
 below it imports it (``models/``, ``layers/``, ``cache`` and ``fast/`` never do; the cache is
 told about vouching through a slot, not an import), so importing this wing cannot cycle. Only
 the shims ``headwise.step`` and ``headwise.decoding`` import it, to keep those names for users.
@@ -32,6 +34,8 @@ _EXPORTS = {
     "DecodeStep": "headwise.decode.step",
     "FORMS": "headwise.decode.forms",
     "form_of": "headwise.decode.forms",
+    "HeadwiseCache": "headwise.decode.ragged",
+    "headwise_cache": "headwise.decode.ragged",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -58,6 +58,8 @@ class AttentionRow:
         """``x (b, m)`` -> heads ``(b, h*d)``; appends this position's k, v to ``cache``.
         ``rot``: this position's RoPE ``(cos, signed sin)`` from
         :meth:`~headwise.rope.RotaryEmbedding.angles` (None without RoPE)."""
+        if getattr(cache, "ragged", False):  # each group over its own part of the cache
+            return self._ragged(x, cache, rot)
         row = got = None
         if self.qkv is not None and self.vouch:  # RoPE, the cache write and the attention
             row = _rows.linear(x, self.qkv)      # in one C call where it applies
@@ -90,7 +92,7 @@ class AttentionRow:
         write at the step's position and the attention (as of position ``pos``), in bfloat16
         the rounding of its float32 output; False where :meth:`self_attend` takes another path
         (then the step runs unbound)."""
-        if self.qkv is None or not self.vouch:
+        if self.qkv is None or not self.vouch or getattr(cache, "ragged", False):
             return False
         r = 0 if self.rope is None else self.rope.rotary_dim
         row = plan.buffer("q|k|v", (self.h + 2 * self.g) * self.d, x.dtype)
@@ -111,6 +113,8 @@ class AttentionRow:
         and the one new query sees every filled position, which is the policy here (unfilled
         positions hold zeros); the eager reference (soft-capping, sinks, a named backend) applies
         it itself."""
+        if getattr(cache, "ragged", False):  # (Python-int positions: no CUDA graph)
+            return self._ragged(x, cache, rot)
         pos, allowed, bias = at
         q, k, v, _ = self._project(x, rot)
         k, v = cache.write(k, v, pos)
@@ -122,6 +126,13 @@ class AttentionRow:
         q = q.reshape(b, self.g, self.h // self.g, self.d)
         # (the CUDA kernels may lay the output out as (b, h/g, g, d): reshape, not view)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).reshape(b, -1)
+
+    def _ragged(self, x: torch.Tensor, cache, rot) -> torch.Tensor:
+        """Self-attention through a head-wise cache layer (:mod:`headwise.decode.ragged`):
+        it writes this position's k, v as its plan keeps them and attends each part of the
+        cache with the C kernel where it applies."""
+        q, k, v, _ = self._project(x, rot)
+        return cache.attend(q, k, v, **self.kw).reshape(x.shape[0], -1)
 
     def _project(self, x: torch.Tensor, rot, row: torch.Tensor | None = None):
         """``(q (b, h, 1, d), k (b, g, 1, d), v (b, g, 1, d), fresh)``: the projections, RoPE

@@ -36,6 +36,8 @@ class GenerationConfig:
         compile: replay the decoding step as a CUDA graph (the model on a CUDA device, the
             cache on, greedy or sampling): the first step after the prompt is captured, every
             later one is a single launch. The same tokens as without it.
+        kv_plan: a :class:`~headwise.kvplan.KVPlan`: decode with the head-wise cache it
+            describes (:mod:`headwise.decode.ragged`; decoder-only models, the cache on).
 
     What depends on the model (``eos_id`` / ``pad_id`` within its vocabulary, the prompt plus
     ``max_new_tokens`` within its ``max_len``, ``compile`` on a CUDA device) is checked by
@@ -54,6 +56,7 @@ class GenerationConfig:
     use_cache: bool = True
     seed: int | None = None
     compile: bool = False
+    kv_plan: object = None
 
     def __post_init__(self):
         for name, low in (("max_new_tokens", 0), ("beam_size", 1)):
@@ -76,6 +79,12 @@ class GenerationConfig:
                                       or value < 0):
                 raise ValueError(f"generate: {name} must be None or a token id (an int >= 0), "
                                  f"got {value!r}")
+        if self.kv_plan is not None and type(self.kv_plan).__name__ != "KVPlan":
+            raise TypeError(f"generate: kv_plan must be a headwise KVPlan, got "
+                            f"{type(self.kv_plan).__name__}; load one with KVPlan.load(path)")
+        if self.kv_plan is not None and (not self.use_cache or self.compile):
+            raise ValueError("generate: kv_plan shapes the KV cache: it needs use_cache=True "
+                             "and compile=False")
         if not isinstance(self.compile, bool):
             raise TypeError(f"generate: compile must be True or False, got {self.compile!r}")
 

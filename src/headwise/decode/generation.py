@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from einops import repeat
 
 from headwise.decode.config import STRATEGIES, GenerationConfig, check_sampling, settle
+from headwise.decode.ragged import headwise_cache
 from headwise.decode.step import DecodeStep
 from headwise.decode.step import usable as step_usable
 from headwise.fast import fixed_shapes, graphs, host
@@ -104,7 +105,7 @@ def _run(model, tokens, c: GenerationConfig, src, src_valid_lens, *, keep_logits
         with torch.inference_mode():
             stepper = _Stepper(model, tokens, src, src_valid_lens,
                                c.beam_size if strategy == "beam" else 1, c.use_cache,
-                               tokens.shape[1] + max_new_tokens, c.compile)
+                               tokens.shape[1] + max_new_tokens, c.compile, c.kv_plan)
             if strategy == "beam":
                 return _beam(stepper, tokens, max_new_tokens, c.beam_size, eos_id, pad_id,
                              c.length_penalty), None
@@ -214,7 +215,7 @@ class _Stepper:
     """
 
     def __init__(self, model, tokens, src, src_valid_lens, beams, use_cache, max_len,
-                 compile=False):
+                 compile=False, kv_plan=None):
         self.use_cache = use_cache
         b = tokens.shape[0] * beams
         if isinstance(model, Transformer):
@@ -233,7 +234,8 @@ class _Stepper:
         steps = max_len - tokens.shape[1]
         if fixed_shapes(dec.lm_head.weight):  # the device's step reads the whole cache
             max_len = -(-max_len // ALIGN) * ALIGN
-        self.cache = model.new_cache(b, max_len) if use_cache else None
+        self.cache = (None if not use_cache else model.new_cache(b, max_len) if kv_plan is None
+                      else headwise_cache(model, kv_plan, b, max_len))
         # After the prompt, one token per step runs through the flattened decoder (same cache,
         # same attention backend) unless an observer or a hook needs to see the modules.
         self._step = (DecodeStep(model, self.cache, mask, steps=steps, graph=compile)

@@ -122,6 +122,10 @@ def choose(decoder: nn.Module, cache: KVCache, *, steps: int | None = None,
     :class:`DecodeStep` takes them); ValueError for ``graph=True`` off a CUDA device."""
     p = decoder.lm_head.weight
     static = fixed_shapes(p) if static is None else static
+    if graph and getattr(cache, "ragged", False):
+        raise ValueError("DecodeStep: graph=True replays a fixed-shape step, which a head-wise "
+                         "KV cache (ring buffers at Python-int slots) does not take; pass "
+                         "graph=False")
     if graph and not (static and graphs(p, cache.k)):
         raise ValueError(f"DecodeStep: graph=True replays a fixed-shape step as a CUDA graph; "
                          f"the model is on {p.device}; move it to a GPU or pass graph=False")

@@ -20,20 +20,22 @@ or not, a GGUF file or an installed model's name, ``"minilm"``, ``"smollm2"``, a
 ``tools`` (the head view with the model's tokenizer, a traced forward, the next-token loss of
 importance). This wing imports ``transformers`` (the ``pretrained`` extra). May import (the rule
 and its check: the table in ``tests/test_wings.py``): ``attend``, ``weights``, ``heads``,
-``observe`` and ``installed``, and ``hf.tools`` also ``tracing`` and ``viz``; the core never
+``observe``, ``installed``, ``kvplan`` and ``decode.ragged``,
+and ``hf.tools`` also ``tracing`` and ``viz``; the core never
 imports it (importing it registers its layer finder with :mod:`headwise.finders`, which the core
 asks), and the head tools reach it only for a transformers model.
 """
 
 from headwise import finders
 from headwise.hf.interface import attention_forward, register
+from headwise.hf.kvcache import HeadwiseKVCache
 from headwise.hf.local import load
 from headwise.hf.model import FINDER, NAME, attention_layers, use
 from headwise.hf.prune import load_pruned, prune_heads
 from headwise.hf.select import weights
 from headwise.hf.tools import explain, head_view, next_token_loss
 
-__all__ = ["NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
+__all__ = ["HeadwiseKVCache", "NAME", "attention_forward", "attention_layers", "load_pruned", "prune_heads", "register",
            "use", "weights"]
 __all__ += ["explain", "head_view", "load", "next_token_loss"]  # the head tools' HF side
 

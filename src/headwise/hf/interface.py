@@ -19,7 +19,7 @@ import torch
 from headwise import observe
 from headwise.attend import check_selection, dispatch
 from headwise.attend.fused import checked
-from headwise.hf import select
+from headwise.hf import kvcache, select
 from headwise.hf.model import NAME
 from headwise.weights import Selection, logsumexp, take
 
@@ -53,6 +53,12 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
     scale, for head statistics, except under soft-capping or sinks, which they do not model)
     and each per-head output ``(b, h, i, e)`` (``heads``), whose edits reach ``o_proj``.
     """
+    layer = kvcache.claimed(key)  # a head-wise cache's new keys: each group over its own part
+    if layer is not None:
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        out = kvcache.attend(layer, query, key, value, attention_mask, scaling, softcap, s_aux,
+                             causal and attention_mask is None)
+        return out.transpose(1, 2).contiguous(), None
     # 1) causality: HF's sdpa rule (a mask carries it; None means module.is_causal)
     key, value, causal = _causality(module, query, key, value, attention_mask, is_causal)
     # 2) which weights: the layer's selection (headwise.hf.weights) or output_attentions

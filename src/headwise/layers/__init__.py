@@ -125,10 +125,14 @@ class MultiHeadAttention(nn.Module):
         if return_weights is not False:
             check_selection(return_weights, self.backend, self.num_heads, q.shape[2], k.shape[2])
         # 3) attend, each head separately
-        out, weights = dispatch(q, k, v, mask=mask, causal=causal, return_weights=return_weights,
-                                dropout_p=self.dropout_p if self.training else 0.0,
-                                backend=self.backend, softcap=self.softcap, sinks=self.sinks,
-                                strict=self.strict)
+        if getattr(cache, "ragged", False):  # a head-wise cache attends each group itself
+            out, weights = self._ragged(q, k, v, mask, causal, return_weights, cache), None
+        else:
+            out, weights = dispatch(q, k, v, mask=mask, causal=causal,
+                                    return_weights=return_weights,
+                                    dropout_p=self.dropout_p if self.training else 0.0,
+                                    backend=self.backend, softcap=self.softcap, sinks=self.sinks,
+                                    strict=self.strict)
         observe.attention(self, q, k, mask, causal, None, key is query, softcap=self.softcap,
                           sinks=self.sinks)
         if head_mask is not None:
@@ -165,10 +169,21 @@ class MultiHeadAttention(nn.Module):
         v = self._split(v, "v", self.num_kv_heads)
         if self.rope is not None:  # positions enter here, per head, before keys are cached
             q, k = self._rotate(q, k, 0 if cache is None else cache.offset)
-        if cache is not None:  # self: append and return all positions; cross: store
-            k, v = cache.update(k, v)
+        if cache is not None and not getattr(cache, "ragged", False):
+            k, v = cache.update(k, v)  # self: append and return all positions; cross: store
             record(StepKind.KV_CACHE, k, reused=False)
         return q, k, v
+
+    def _ragged(self, q, k, v, mask, causal, return_weights, cache):
+        """Attention through a head-wise cache layer (:mod:`headwise.decode.ragged`), which
+        writes the new keys/values as its plan keeps them and attends each group over its own."""
+        if return_weights is not False or self.window is not None:
+            raise ValueError("MultiHeadAttention: a head-wise KV cache returns no weights and "
+                             "takes no sliding window; use model.new_cache for those")
+        if mask is not None:  # (b, 1, i, j) over the logical positions
+            mask = mask.expand(q.shape[0], 1, q.shape[2], cache.offset + q.shape[2])
+        return cache.attend(q, k, v, mask=mask, causal=causal, backend=self.backend,
+                            softcap=self.softcap, sinks=self.sinks)
 
     def _rotate(self, q, k, offset: int):
         cos, sin = self.rope.angles(offset, q.shape[2], q)

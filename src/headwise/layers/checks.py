@@ -10,7 +10,7 @@ import torch
 from headwise import limits
 from headwise import masks as _masks
 from headwise._device import check_tensor_device
-from headwise.cache import CrossAttentionCache, SelfAttentionCache
+from headwise.cache import CrossAttentionCache, Ragged, SelfAttentionCache
 from headwise.fast.int4 import dtype_of
 from headwise.rope import RotaryEmbedding
 
@@ -19,7 +19,8 @@ __all__ = ["batched", "config", "dtypes", "inputs", "variants"]
 
 def inputs(mha, query, key, value, mask, valid_lens, head_mask, cache=None):
     """Validate once at the boundary; return the combined (True = may attend) mask."""
-    if cache is not None and not isinstance(cache, (SelfAttentionCache, CrossAttentionCache)):
+    if cache is not None and not isinstance(cache, (SelfAttentionCache, CrossAttentionCache,
+                                                       Ragged)):
         raise TypeError(f"MultiHeadAttention: cache must be one layer of a headwise.KVCache "
                         f"(cache.layers[i].self_attn or .cross_attn), got "
                         f"{type(cache).__name__}")

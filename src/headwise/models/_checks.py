@@ -85,8 +85,11 @@ def key_mask(ids: torch.Tensor | None, lens: torch.Tensor | None, n: int,
 def cache(kv, config, layers: int, where: str, cross: bool) -> None:
     """A :class:`~headwise.KVCache` must be made for this model (``model.new_cache``): same
     layers, key/value heads and head size, cross-attention slots iff an encoder-decoder."""
-    from headwise.cache import KVCache
+    from headwise.cache import KVCache, Ragged
 
+    if isinstance(kv, Ragged):  # a head-wise cache: its plan holds the model's shape
+        kv.plan.check((layers, *set(config.layer_kv_heads("decoder_self")), config.head_size))
+        return
     if not isinstance(kv, KVCache):
         raise TypeError(f"{where}: cache must be a headwise.KVCache from model.new_cache(...), "
                         f"got {type(kv).__name__}")

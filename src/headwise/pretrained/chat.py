@@ -255,12 +255,13 @@ class ChatModel:
               max_new_tokens: int = 256, temperature: float | None = None,
               top_p: float | None = None, seed: int | None = None,
               on_text: Callable[[str], None] | None = None,
-              compile: bool = False) -> tuple[list[int], list[int]]:
+              compile: bool = False, kv_plan=None) -> tuple[list[int], list[int]]:
         """Generate the assistant's answer (greedy unless ``temperature`` is given), calling
         ``on_text`` with each new piece of text as it is decoded. Returns ``(prompt ids,
         answer ids)``; the answer ends at ``<|im_end|>`` (not included) or after
         ``max_new_tokens``. ``compile``: replay the decoding step as a CUDA graph
-        (:func:`headwise.generate`; the model on a GPU)."""
+        (:func:`headwise.generate`; the model on a GPU). ``kv_plan``: decode with that
+        :class:`~headwise.kvplan.KVPlan`'s head-wise cache."""
         from headwise.decode.generation import generate
 
         prompt = self.prompt(messages, system=system, max_new_tokens=max_new_tokens)
@@ -281,7 +282,7 @@ class ChatModel:
         generate(self.model, prompt, max_new_tokens=max_new_tokens,
                  strategy="sample" if sample else "greedy",
                  temperature=temperature if sample else 1.0, top_p=top_p, seed=seed,
-                 eos_id=eos, on_token=on_token, compile=compile)
+                 eos_id=eos, on_token=on_token, compile=compile, kv_plan=kv_plan)
         if on_text is not None and (rest := stream.flush()):
             on_text(rest)
         return prompt[0].tolist(), answer
