@@ -12,7 +12,8 @@ from headwise.decode.step import DecodeStep
 
 def test_every_public_name_resolves_to_its_submodule():
     assert set(decode.__all__) == {"DecodeStep", "FORMS", "GenerationConfig", "form_of",
-                                   "generate", "generate_with_logits"}
+                                   "generate", "generate_with_logits", "HeadwiseCache",
+                                   "headwise_cache"}
     for name in decode.__all__:
         assert getattr(decode, name) is not None, name
     assert decode.generate is generate and decode.DecodeStep is DecodeStep
