@@ -53,7 +53,8 @@ def leaf(holds: str) -> Rule:
 DECODING_KERNELS = ("fast.rows", "fast.native")
 
 # Imported by every wing; they import nothing of headwise.
-LEAVES = frozenset({"errors", "limits", "kinds", "finders", "_device", "_io", "_lazy"})
+LEAVES = frozenset({"errors", "limits", "kinds", "finders", "_device", "_io", "_lazy",
+                    "_progress"})
 
 # The one table of the wings' import rules. The wing packages' docstrings say the same in their
 # "May import" sentence (checked below: test_each_wing_docstring_says_what_its_row_says).
@@ -66,6 +67,7 @@ WINGS: dict[str, Rule] = {
     "_device": leaf("device parsing and tensor-device checks"),
     "_io": leaf("atomic file writes"),
     "_lazy": leaf("public names a package loads on first use"),
+    "_progress": leaf("the one progress bar (rich)"),
     "heads": leaf("split/merge patterns, head selections, the pruning plan"),
     "observe": leaf("the observer channel and its step table"),
     "strict": leaf("strict mode"),
@@ -117,7 +119,7 @@ WINGS: dict[str, Rule] = {
     "analysis.catalogue": rule("the head catalogue (its page: viz)", "viz.catalogue"),
     "long": rule("per-head long-context statistics in one streaming pass",
                  "masks", "heads", "attend", "weights", "observe", "stats", "layers", "fast",
-                 "data", "hf"),
+                 "data", "hf", "kvplan"),
     "commands": rule("one module per subcommand", ANYTHING),
     "cli": rule("the command line", "commands", "headwise"),
     "__main__": rule("python -m headwise", "cli"),

@@ -19,7 +19,8 @@ retrieval score from a needle prompt, head classes, the sinks + window restricti
 
 May import (the rule and its check: the table in ``tests/test_wings.py``): the core
 (``masks``, ``heads``, ``attend``, ``weights``, ``observe``, ``stats``, ``layers``, ``fast``),
-``data`` (the synthetic needle prompt) and ``hf`` (a transformers model's layers).
+``data`` (the synthetic needle prompt), ``hf`` (a transformers model's layers) and ``kvplan``
+(the sinks + window rule that the restriction applies).
 """
 
 from headwise.long.checks import default_block

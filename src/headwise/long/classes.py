@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headwise.kvplan import streaming_allowed
 from headwise.layers import MultiHeadAttention
 from headwise.long.checks import attention_layers, counts
 from headwise.long.profile import classes
@@ -129,9 +130,8 @@ def _masker(heads: list[int], sinks: int, window: int):
         b, n = hidden.shape[0], hidden.shape[1]
         h = counts(module)[0]
         i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        causal = j <= i
-        allowed = causal.expand(b, h, n, n).clone()
-        allowed[:, heads] &= (j < sinks) | (i - j < window)
+        allowed = (j <= i).expand(b, h, n, n).clone()
+        allowed[:, heads] = streaming_allowed(i, j, sinks, window)  # the KV plan's one rule
         name = "mask" if isinstance(module, MultiHeadAttention) else "attention_mask"
         old = kwargs.get(name)
         if old is not None:

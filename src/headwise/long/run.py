@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from headwise import finders
+from headwise import _progress, finders
 from headwise import masks as _masks
 from headwise import observe as _observe
 from headwise import weights as _weights
@@ -63,14 +63,15 @@ def profile(model, ids: torch.Tensor, *, block: int | None = None, sinks: int = 
                          "ids; pass one text per id (e.g. tokenizer.decode([x]) for each)")
     budget = _weights.CHUNK_ELEMENTS if budget is None else budget
     found: dict[int, dict] = {}
-    with _bar(len(plan["layers"]), progress) as advance:
+    with _progress.bar("headwise long: layers", enabled=progress, transient=True) as bar:
+        task = bar.add_task("layers", total=len(plan["layers"]))
         def seen(module, q, k, mask, causal, scale, self_attention, softcap, sink_logits):
             index = plan["index"].get(id(module))
             if index is None or index not in plan["layers"] or index in found:
                 return
             found[index] = _layer(plan, q, k, mask, causal, scale, softcap, sink_logits,
                                   budget, dtype)
-            advance()
+            bar.advance(task)
 
         with _observe.observing(_observe.Observer(softmax=seen)):
             _forward(model, ids, attention_mask) if forward is None else forward()
@@ -134,34 +135,3 @@ def _assemble(plan, per_layer: list[dict], n: int, tokens) -> LongProfile:
                        topk_keys=top[..., 0, :].round().long(), topk_mass=top[..., 1, :],
                        scores=scores, reduced=reduced,
                        tokens=[str(t) for t in tokens])
-
-
-class _bar:
-    """A rich progress bar over layers with an ETA, or nothing (``progress=False``)."""
-
-    def __init__(self, total: int, on: bool):
-        self.total, self.on, self.bar = total, on, None
-
-    def __enter__(self):
-        if not self.on:
-            return lambda: None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(TextColumn("headwise long: layers"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                            TimeRemainingColumn(), transient=True)
-        self.bar.__enter__()
-        task = self.bar.add_task("layers", total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False

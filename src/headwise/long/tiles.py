@@ -218,15 +218,12 @@ def _softmax(s: torch.Tensor, p: torch.Tensor, sink: torch.Tensor | None):
         dead = torch.isneginf(s.amax(-1))
         p.masked_fill_(dead[..., None], 0.0)
         return p, ~dead
-    top = s.amax(-1, keepdim=True)
-    if sink is not None:
-        top = torch.maximum(top, sink.expand_as(top))
+    top = torch.maximum(s.amax(-1, keepdim=True), sink.expand(*s.shape[:-1], 1))
     top = top.masked_fill(torch.isneginf(top), 0.0)
     torch.sub(s, top, out=p)
     p.exp_()
     z = p.sum(-1, keepdim=True)
     live = z[..., 0] > 0
-    if sink is not None:
-        z = z + torch.exp(sink - top)
+    z = z + torch.exp(sink - top)
     p.div_(z.clamp(min=torch.finfo(p.dtype).tiny))
     return p, live

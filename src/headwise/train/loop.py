@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from headwise import _progress
 from headwise import checkpoint as ckpt
 from headwise.data import Seq2SeqBatch
 from headwise.errors import TrainingDiverged
@@ -247,29 +248,14 @@ def _save(run: _Run, done: int) -> None:
     barrier(run.dist)
 
 
-def _progress(enabled: bool):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]:.4f}"),
-                    TextColumn("{task.fields[tps]:>7,.0f} tok/s"), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled,
-                    transient=False)
-
-
 def _loop(run: _Run, progress: bool, on_eval, stop: StopOnSigint) -> None:
     """Steps ``start_step .. steps``, evaluating and saving on schedule; on Ctrl-C, saves the
     last finished step and raises ``KeyboardInterrupt``."""
     cfg, d = run.cfg, run.dist
     run.model.train()
     tokens_seen, timed_from = 0, time.perf_counter()
-    bar = _progress(progress and d.main)
+    bar = _progress.bar("[bold]train", "loss {task.fields[loss]:.4f}",
+                        "{task.fields[tps]:>7,.0f} tok/s", enabled=progress and d.main)
     with bar:
         handle = bar.add_task("train", total=cfg.steps, completed=run.start_step,
                               loss=float("nan"), tps=0.0)
